@@ -1,0 +1,227 @@
+"""Text tokenizers: byte-level BPE (GPT-2 style) wrapping the Hugging Face `tokenizers` library."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from torch import Tensor
+
+from tokenizers_mm.tokens import Tokens, collate
+
+DEFAULT_SPECIAL_TOKENS = ("<|endoftext|>",)
+TOKENIZER_FILE = "tokenizer.json"
+CONFIG_FILE = "tokenizer_config.json"
+
+
+class TextEncoding(NamedTuple):
+    """One encoded string: ``ids`` (N,) long tensor, the token strings and character offsets."""
+
+    ids: Tensor
+    tokens: list[str]
+    offsets: list[tuple[int, int]]
+
+
+class BPETokenizer:
+    """Byte-level BPE: any Unicode string encodes, and ``decode(encode(s).ids) == s`` exactly.
+
+    Args:
+        tokenizer: a trained `tokenizers.Tokenizer` with byte-level pre-tokenizer and decoder.
+        eos_token: end-of-text token (also the padding token unless ``pad_token`` is given).
+        pad_token: padding token; defaults to ``eos_token`` as in GPT-2.
+        bos_token: optional begin-of-text token.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        eos_token: str = "<|endoftext|>",
+        pad_token: str | None = None,
+        bos_token: str | None = None,
+    ) -> None:
+        self._tok = tokenizer
+        self.eos_token = eos_token
+        self.pad_token = pad_token or eos_token
+        self.bos_token = bos_token
+        for role, token in (("eos", eos_token), ("pad", self.pad_token), ("bos", bos_token)):
+            if token is not None and tokenizer.token_to_id(token) is None:
+                raise ValueError(f"{role}_token {token!r} is not in the vocabulary")
+
+    # ----------------------------------------------------------------- building
+    @classmethod
+    def train(
+        cls,
+        files: Sequence[str | Path] | None = None,
+        iterator: Iterable[str] | None = None,
+        vocab_size: int = 8192,
+        min_frequency: int = 2,
+        special_tokens: Sequence[str] = DEFAULT_SPECIAL_TOKENS,
+        eos_token: str = "<|endoftext|>",
+        pad_token: str | None = None,
+        bos_token: str | None = None,
+    ) -> BPETokenizer:
+        """Train a byte-level BPE on text files or an iterator of strings."""
+        if (files is None) == (iterator is None):
+            raise ValueError("BPETokenizer.train needs exactly one of `files` or `iterator`")
+        alphabet = pre_tokenizers.ByteLevel.alphabet()
+        minimum = len(alphabet) + len(special_tokens)
+        if vocab_size < minimum:
+            raise ValueError(
+                f"vocab_size={vocab_size} is too small: byte-level BPE needs at least {minimum} "
+                f"(256 bytes + {len(special_tokens)} special tokens)"
+            )
+        for token in (eos_token, pad_token, bos_token):
+            if token is not None and token not in special_tokens:
+                raise ValueError(f"{token!r} must be listed in special_tokens={list(special_tokens)}")
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            min_frequency=min_frequency,
+            special_tokens=list(special_tokens),
+            initial_alphabet=alphabet,
+            show_progress=False,
+        )
+        if files is not None:
+            paths = [str(f) for f in files]
+            missing = [p for p in paths if not Path(p).is_file()]
+            if missing:
+                raise FileNotFoundError(f"training files not found: {missing[:5]}")
+            if not paths:
+                raise ValueError("BPETokenizer.train got an empty list of files")
+            tok.train(paths, trainer)
+        else:
+            tok.train_from_iterator(iterator, trainer)  # type: ignore[arg-type]
+        return cls(tok, eos_token=eos_token, pad_token=pad_token, bos_token=bos_token)
+
+    def save(self, directory: str | Path) -> Path:
+        """Write ``tokenizer.json`` and ``tokenizer_config.json`` into ``directory``."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        self._tok.save(str(directory / TOKENIZER_FILE))
+        config = {"type": "bpe", "eos_token": self.eos_token, "pad_token": self.pad_token,
+                  "bos_token": self.bos_token}
+        (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2))
+        return directory
+
+    @classmethod
+    def load(cls, path: str | Path) -> BPETokenizer:
+        """Load from a directory written by `save` or from a ``tokenizer.json`` file."""
+        path = Path(path)
+        file = path / TOKENIZER_FILE if path.is_dir() else path
+        if not file.is_file():
+            raise FileNotFoundError(f"no {TOKENIZER_FILE} at {path}")
+        config_file = file.parent / CONFIG_FILE
+        roles = json.loads(config_file.read_text()) if config_file.is_file() else {}
+        roles.pop("type", None)
+        return cls(Tokenizer.from_file(str(file)), **roles)
+
+    # ----------------------------------------------------------------- vocabulary
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def __len__(self) -> int:
+        return self.vocab_size
+
+    def token_to_id(self, token: str) -> int:
+        index = self._tok.token_to_id(token)
+        if index is None:
+            raise KeyError(f"token {token!r} is not in the vocabulary")
+        return index
+
+    def id_to_token(self, index: int) -> str:
+        token = self._tok.id_to_token(index)
+        if token is None:
+            raise KeyError(f"id {index} is outside the vocabulary of size {self.vocab_size}")
+        return token
+
+    @property
+    def eos_id(self) -> int:
+        return self.token_to_id(self.eos_token)
+
+    @property
+    def pad_id(self) -> int:
+        return self.token_to_id(self.pad_token)
+
+    @property
+    def bos_id(self) -> int | None:
+        return None if self.bos_token is None else self.token_to_id(self.bos_token)
+
+    # ----------------------------------------------------------------- encode / decode
+    def encode(self, text: str, add_bos: bool = False, add_eos: bool = False) -> TextEncoding:
+        """Encode one string. Empty text is an error: a model cannot start from nothing."""
+        if not isinstance(text, str):
+            raise TypeError(f"encode takes a str, got {type(text).__name__}")
+        if text == "":
+            raise ValueError("cannot encode empty text: give at least one character")
+        enc = self._tok.encode(text, add_special_tokens=False)
+        ids, tokens, offsets = list(enc.ids), list(enc.tokens), list(enc.offsets)
+        if add_bos:
+            if self.bos_token is None:
+                raise ValueError("add_bos=True but this tokenizer has no bos_token")
+            ids, tokens, offsets = [self.bos_id, *ids], [self.bos_token, *tokens], [(0, 0), *offsets]
+        if add_eos:
+            end = len(text)
+            ids, tokens, offsets = [*ids, self.eos_id], [*tokens, self.eos_token], [*offsets, (end, end)]
+        return TextEncoding(torch.tensor(ids, dtype=torch.long), tokens, offsets)
+
+    def decode(self, ids: Tensor | Sequence[int], skip_special_tokens: bool = False) -> str:
+        """Decode one sequence of ids back to text."""
+        if isinstance(ids, Tensor):
+            if ids.dim() != 1:
+                raise ValueError(f"decode takes one sequence (N,), got shape {tuple(ids.shape)}; use batch_decode")
+            ids = ids.tolist()
+        ids = list(ids)
+        bad = [i for i in ids if not 0 <= i < self.vocab_size]
+        if bad:
+            raise ValueError(f"ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
+        return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def batch_decode(self, ids: Tensor | Sequence[Sequence[int]], skip_special_tokens: bool = True) -> list[str]:
+        rows = ids.tolist() if isinstance(ids, Tensor) else ids
+        return [self.decode(row, skip_special_tokens=skip_special_tokens) for row in rows]
+
+    def batch_encode(
+        self,
+        texts: Sequence[str],
+        max_length: int | None = None,
+        truncation: bool = False,
+        truncation_side: str = "right",
+        padding_side: str = "right",
+        add_bos: bool = False,
+        add_eos: bool = False,
+    ) -> Tokens:
+        """Encode and pad a batch into `Tokens`.
+
+        A text longer than ``max_length`` is an error unless ``truncation=True``;
+        use ``padding_side="left"`` for batched generation.
+        """
+        if isinstance(texts, str):
+            raise TypeError("batch_encode takes a list of strings; use encode for one string")
+        if truncation_side not in ("left", "right"):
+            raise ValueError(f"truncation_side must be 'left' or 'right', got {truncation_side!r}")
+        rows = []
+        for i, text in enumerate(texts):
+            ids = self.encode(text, add_bos=add_bos, add_eos=add_eos).ids
+            if max_length is not None and len(ids) > max_length:
+                if not truncation:
+                    raise ValueError(
+                        f"text {i} has {len(ids)} tokens, more than max_length={max_length}; "
+                        "pass truncation=True to cut it"
+                    )
+                ids = ids[:max_length] if truncation_side == "right" else ids[-max_length:]
+            rows.append(ids)
+        return collate(rows, pad_id=self.pad_id, padding_side=padding_side, modality="text")
+
+    def iter_ids(self, texts: Iterable[str], add_eos: bool = True) -> Iterator[list[int]]:
+        """Stream token ids for many texts (used to build token files); empty texts are skipped."""
+        for text in texts:
+            if text:
+                ids = self._tok.encode(text, add_special_tokens=False).ids
+                yield ids + [self.eos_id] if add_eos else ids

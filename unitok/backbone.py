@@ -1,0 +1,217 @@
+"""The one backbone: a Block is a list of residual sublayers; a Backbone is a stack of Blocks.
+
+GPT/ViT block = ("attn", "mlp"). Other families add sublayer kinds to `SUBLAYERS` (cross
+attention, token-mixing MLP, conformer convolution) instead of writing new block classes.
+Pre-/post-norm, LayerNorm/RMSNorm and biases are config fields.
+
+Axis legend: B batch, N tokens, T key positions (cache + new), D model width, H heads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from unitok.config import Config
+from unitok.layers.activations import Activation
+from unitok.layers.attention import AttentionContext, Kernel, SelfAttention, build_attention_mask
+from unitok.layers.kv_cache import KVCache
+from unitok.layers.mlp import MLP
+from unitok.layers.norms import NormKind, make_norm
+from unitok.outputs import BackboneOutput
+
+
+@dataclass(frozen=True)
+class BackboneConfig(Config):
+    """Shape and wiring of the shared transformer stack.
+
+    Args:
+        d_model: width D. n_layers: number of Blocks. n_heads: attention heads.
+        d_ff: MLP hidden width (default 4·D).
+        block: the sublayers of every Block, by registry name.
+        norm / norm_position / norm_eps: which norm, before ("pre") or after ("post") each
+            residual add, and its epsilon.
+        bias: biases in linear layers and LayerNorms.
+        activation: MLP nonlinearity. causal: mask future tokens in self-attention.
+        dropout: on each sublayer's output before the residual add. attn_dropout: on weights.
+        final_norm: a norm after the last Block (pre-norm stacks need it).
+        attn_scale: attention score scale; None means 1/sqrt(head width).
+    """
+
+    d_model: int = 768
+    n_layers: int = 12
+    n_heads: int = 12
+    d_ff: int | None = None
+    block: tuple[str, ...] = ("attn", "mlp")
+    norm: NormKind = "layernorm"
+    norm_position: Literal["pre", "post"] = "pre"
+    norm_eps: float = 1e-5
+    bias: bool = True
+    activation: Activation = "gelu"
+    causal: bool = False
+    dropout: float = 0.0
+    attn_dropout: float = 0.0
+    final_norm: bool = True
+    attn_scale: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("d_model", "n_layers", "n_heads"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model={self.d_model} must be divisible by n_heads={self.n_heads}")
+        if self.d_ff is not None and self.d_ff <= 0:
+            raise ValueError(f"d_ff must be positive, got {self.d_ff}")
+        unknown = [s for s in self.block if s not in SUBLAYERS]
+        if unknown or not self.block:
+            raise ValueError(f"unknown sublayer(s) {unknown} in block={self.block}; known: {sorted(SUBLAYERS)}")
+        if self.norm_position not in ("pre", "post"):
+            raise ValueError(f"norm_position must be 'pre' or 'post', got {self.norm_position!r}")
+        if self.norm not in ("layernorm", "rmsnorm"):
+            raise ValueError(f"norm must be 'layernorm' or 'rmsnorm', got {self.norm!r}")
+        for name in ("dropout", "attn_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+
+    @property
+    def hidden_dim(self) -> int:
+        return self.d_ff if self.d_ff is not None else 4 * self.d_model
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+
+# --------------------------------------------------------------------------- sublayers
+class AttentionSublayer(SelfAttention):
+    """Self-attention with its own norm; causal or not as the backbone says."""
+
+    def __init__(self, cfg: BackboneConfig, layer_idx: int) -> None:
+        super().__init__(cfg.d_model, cfg.n_heads, bias=cfg.bias, dropout=cfg.attn_dropout,
+                         scale=cfg.attn_scale, layer_idx=layer_idx)
+        self.norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.bias)
+
+
+class MLPSublayer(MLP):
+    """Position-wise feed-forward with its own norm."""
+
+    def __init__(self, cfg: BackboneConfig, layer_idx: int) -> None:
+        super().__init__(cfg.d_model, cfg.hidden_dim, cfg.activation, bias=cfg.bias, dropout=cfg.dropout)
+        self.norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.bias)
+
+    def forward(self, x: Tensor, ctx: AttentionContext | None = None) -> Tensor:
+        return super().forward(x)
+
+
+# name -> constructor(cfg, layer_idx). Every sublayer has `.norm` and `forward(x, ctx)`.
+SUBLAYERS: dict[str, type[nn.Module]] = {
+    "attn": AttentionSublayer,
+    "mlp": MLPSublayer,
+}
+
+
+class Block(nn.Module):
+    """Residual sublayers in order: pre-norm x + f(norm(x)), or post-norm norm(x + f(x))."""
+
+    def __init__(self, cfg: BackboneConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.pre_norm = cfg.norm_position == "pre"
+        self.drop = nn.Dropout(cfg.dropout)
+        self.sublayers = nn.ModuleDict()
+        for i, name in enumerate(cfg.block):
+            key = name if cfg.block.count(name) == 1 else f"{name}{i}"
+            self.sublayers[key] = SUBLAYERS[name](cfg, layer_idx)
+
+    def forward(self, x: Tensor, ctx: AttentionContext) -> Tensor:  # (B, N, D) -> (B, N, D)
+        for sub in self.sublayers.values():
+            if self.pre_norm:
+                x = x + self.drop(sub(sub.norm(x), ctx))
+            else:
+                x = sub.norm(x + self.drop(sub(x, ctx)))
+        return x
+
+
+class Backbone(nn.Module):
+    """A stack of Blocks over (B, N, D) embeddings, with masks, KV cache and optional outputs."""
+
+    def __init__(self, cfg: BackboneConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
+        self.norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.bias) if cfg.final_norm else None
+
+    def new_cache(self, capacity: int = 0) -> KVCache:
+        return KVCache(self.config.n_layers, capacity)
+
+    def forward(
+        self,
+        x: Tensor,
+        attention_mask: Tensor | None = None,
+        cache: KVCache | None = None,
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+        kernel: Kernel = "sdpa",
+    ) -> BackboneOutput:
+        """Run the stack.
+
+        Args:
+            x: (B, N, D) embedded tokens.
+            attention_mask: (B, T) 1 for real tokens, 0 for padding; with a cache it covers
+                the cached positions followed by the N new ones.
+            cache: a `KVCache` to read and extend (incremental decoding).
+            output_hidden_states / output_attentions: also return per-layer states / weights
+                (attention weights come from the reference kernel, which materialises them).
+            kernel: "sdpa" (fused) or "reference" (plain math, for tests and inspection).
+        """
+        if x.dim() != 3 or x.shape[-1] != self.config.d_model:
+            raise ValueError(f"backbone expects (batch, tokens, {self.config.d_model}), got {tuple(x.shape)}")
+        n_new = x.shape[1]
+        n_keys = n_new + (cache.seq_len if cache is not None else 0)
+        if attention_mask is not None and bool(attention_mask.all()):
+            attention_mask = None  # nothing padded: let the fused kernel take its fast path
+        causal = self.config.causal
+        if attention_mask is None and causal and n_new == n_keys:
+            mask, is_causal = None, True
+        elif attention_mask is None and causal and n_new == 1:
+            mask, is_causal = None, False  # one new query may see every cached key
+        else:
+            mask = build_attention_mask(n_new, n_keys, causal, attention_mask, x.device)
+            is_causal = False
+        ctx = AttentionContext(mask=mask, is_causal=is_causal, cache=cache, kernel=kernel,
+                               attentions=[] if output_attentions else None)
+        hidden: list[Tensor] | None = [x] if output_hidden_states else None
+        for block in self.blocks:
+            x = block(x, ctx)
+            if hidden is not None:
+                hidden.append(x)
+        if self.norm is not None:
+            x = self.norm(x)
+            if hidden is not None:
+                hidden[-1] = x
+        return BackboneOutput(
+            last_hidden_state=x,
+            hidden_states=tuple(hidden) if hidden is not None else None,
+            attentions=tuple(ctx.attentions) if ctx.attentions is not None else None,
+            cache=cache,
+        )
+
+
+def init_weights(module: nn.Module, std: float = 0.02, residual_std: float | None = None) -> None:
+    """GPT-2 style init: normal(0, std) linears/embeddings, zero biases, unit norms;
+    output projections of residual branches scaled by ``residual_std`` when given."""
+    for name, m in module.named_modules():
+        if isinstance(m, nn.Linear):
+            s = residual_std if residual_std is not None and name.endswith(("proj", "fc_out")) else std
+            nn.init.normal_(m.weight, 0.0, s)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Embedding):
+            nn.init.normal_(m.weight, 0.0, std)
+        elif isinstance(m, nn.LayerNorm):
+            if m.weight is not None:
+                nn.init.ones_(m.weight)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)

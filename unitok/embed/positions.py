@@ -1,0 +1,59 @@
+"""Position encodings: learned tables and the fixed sinusoids of "Attention Is All You Need".
+
+Axis legend: B batch, N tokens, D model width.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+
+def sinusoidal_table(n_positions: int, d_model: int) -> Tensor:
+    """(P, D) table with PE[p, 2i] = sin(p / 10000^(2i/D)) and PE[p, 2i+1] = cos(p / 10000^(2i/D))."""
+    if d_model % 2:
+        raise ValueError(f"sinusoidal positions need an even d_model, got {d_model}")
+    position = torch.arange(n_positions, dtype=torch.float64)[:, None]
+    inv_freq = torch.exp(-math.log(10000.0) * torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+    table = torch.zeros(n_positions, d_model, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(position * inv_freq)
+    table[:, 1::2] = torch.cos(position * inv_freq)
+    return table.float()
+
+
+class LearnedPositions(nn.Module):
+    """A trainable (P, D) table indexed by position id (GPT-2's ``wpe``, BERT's position embeddings)."""
+
+    def __init__(self, n_positions: int, d_model: int, device=None, dtype=None) -> None:
+        super().__init__()
+        self.n_positions = n_positions
+        self.weight = nn.Parameter(torch.empty(n_positions, d_model, device=device, dtype=dtype))
+        nn.init.normal_(self.weight, std=0.02)
+
+    def forward(self, positions: Tensor) -> Tensor:  # (B, N) -> (B, N, D)
+        return nn.functional.embedding(positions, self.weight)
+
+
+class SinusoidalPositions(nn.Module):
+    """Fixed sinusoidal encodings; a buffer, so nothing to learn and nothing in the checkpoint."""
+
+    def __init__(self, n_positions: int, d_model: int) -> None:
+        super().__init__()
+        self.n_positions = n_positions
+        self.register_buffer("table", sinusoidal_table(n_positions, d_model), persistent=False)
+
+    def forward(self, positions: Tensor) -> Tensor:  # (B, N) -> (B, N, D)
+        return nn.functional.embedding(positions, self.table)
+
+
+def make_positions(kind: str, n_positions: int, d_model: int) -> nn.Module | None:
+    """Position encoding named by a config field ('learned', 'sinusoidal' or 'none')."""
+    if kind == "learned":
+        return LearnedPositions(n_positions, d_model)
+    if kind == "sinusoidal":
+        return SinusoidalPositions(n_positions, d_model)
+    if kind == "none":
+        return None
+    raise ValueError(f"unknown position encoding {kind!r}; expected 'learned', 'sinusoidal' or 'none'")

@@ -1,0 +1,72 @@
+"""Key/value cache for incremental decoding.
+
+Axis legend: B batch (× beams), H heads, T cached positions, K head width.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+class KVCache:
+    """Per-layer keys and values kept in buffers that grow geometrically.
+
+    Writing into a preallocated buffer instead of concatenating at every step keeps decoding
+    linear in the number of new tokens. ``capacity`` may be given up front (generation knows
+    prompt + max_new_tokens).
+    """
+
+    def __init__(self, n_layers: int, capacity: int = 0) -> None:
+        self.n_layers = n_layers
+        self.capacity = capacity
+        self._keys: list[Tensor | None] = [None] * n_layers
+        self._values: list[Tensor | None] = [None] * n_layers
+        self._lengths = [0] * n_layers
+
+    def __len__(self) -> int:
+        """Number of cached positions (of layer 0, which every forward updates first)."""
+        return self._lengths[0]
+
+    @property
+    def seq_len(self) -> int:
+        return self._lengths[0]
+
+    def update(self, layer: int, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
+        """Append (B, H, T_new, K) keys/values for ``layer``; return all cached (B, H, T, K)."""
+        start = self._lengths[layer]
+        end = start + keys.shape[2]
+        buf_k, buf_v = self._keys[layer], self._values[layer]
+        if buf_k is None or buf_k.shape[2] < end:
+            size = max(end, self.capacity, 2 * (buf_k.shape[2] if buf_k is not None else 0))
+            new_k = keys.new_empty(keys.shape[0], keys.shape[1], size, keys.shape[3])
+            new_v = values.new_empty(values.shape[0], values.shape[1], size, values.shape[3])
+            if buf_k is not None:
+                new_k[:, :, :start] = buf_k[:, :, :start]
+                new_v[:, :, :start] = buf_v[:, :, :start]  # type: ignore[index]
+            buf_k, buf_v = new_k, new_v
+            self._keys[layer], self._values[layer] = buf_k, buf_v
+        buf_k[:, :, start:end] = keys
+        buf_v[:, :, start:end] = values  # type: ignore[index]
+        self._lengths[layer] = end
+        return buf_k[:, :, :end], buf_v[:, :, :end]  # type: ignore[index]
+
+    def reorder(self, index: Tensor) -> None:
+        """Select batch rows (beam search keeps the cache of the surviving beams)."""
+        for layer in range(self.n_layers):
+            if self._keys[layer] is not None:
+                self._keys[layer] = self._keys[layer].index_select(0, index)  # type: ignore[union-attr]
+                self._values[layer] = self._values[layer].index_select(0, index)  # type: ignore[union-attr]
+
+    def layer(self, layer: int) -> tuple[Tensor, Tensor]:
+        """The cached (B, H, T, K) keys and values of one layer."""
+        end = self._lengths[layer]
+        if self._keys[layer] is None:
+            raise IndexError(f"layer {layer} has nothing cached")
+        return self._keys[layer][:, :, :end], self._values[layer][:, :, :end]  # type: ignore[index]
+
+    @torch.no_grad()
+    def to(self, device: torch.device | str) -> KVCache:
+        self._keys = [k.to(device) if k is not None else None for k in self._keys]
+        self._values = [v.to(device) if v is not None else None for v in self._values]
+        return self

@@ -1,0 +1,27 @@
+"""Position-wise feed-forward sublayer: D -> d_ff -> D.
+
+Axis legend: B batch, N tokens, D model width, F hidden width (d_ff).
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from unitok.layers.activations import Activation, make_activation
+
+
+class MLP(nn.Module):
+    """fc_in -> activation -> dropout -> fc_out (the Transformer's feed-forward network)."""
+
+    def __init__(
+        self, d_model: int, d_ff: int, activation: Activation = "gelu", bias: bool = True,
+        dropout: float = 0.0, device=None, dtype=None,
+    ) -> None:
+        super().__init__()
+        self.fc_in = nn.Linear(d_model, d_ff, bias=bias, device=device, dtype=dtype)
+        self.act = make_activation(activation)
+        self.drop = nn.Dropout(dropout)
+        self.fc_out = nn.Linear(d_ff, d_model, bias=bias, device=device, dtype=dtype)
+
+    def forward(self, x: Tensor) -> Tensor:  # (B, N, D) -> (B, N, D)
+        return self.fc_out(self.drop(self.act(self.fc_in(x))))

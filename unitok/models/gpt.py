@@ -1,0 +1,228 @@
+"""GPT: token + position embedding -> causal backbone -> tied LM head.
+
+Axis legend: B batch, N new tokens, T tokens seen (cache + new), D width, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from torch import Tensor, nn
+
+from tokenizers_mm import Tokens
+from unitok.backbone import Backbone, BackboneConfig, init_weights
+from unitok.config import Config
+from unitok.embed import TokenEmbedding, make_positions
+from unitok.generate import GenerationConfig, generate
+from unitok.layers.activations import Activation
+from unitok.layers.attention import Kernel
+from unitok.layers.kv_cache import KVCache
+from unitok.models.base import PretrainedModel
+from unitok.outputs import CausalLMOutput
+
+
+@dataclass(frozen=True)
+class GPTConfig(Config):
+    """A decoder-only language model.
+
+    Args:
+        vocab_size: V. context_length: the most positions one sequence may have.
+        d_model / n_layers / n_heads / d_ff: the backbone's shape (d_ff defaults to 4·D).
+        activation, norm_eps, bias: as in `BackboneConfig`.
+        dropout: on embeddings, residual branches and attention weights.
+        positions: "learned" (GPT-2) or "sinusoidal" (the original Transformer).
+        tie_embeddings: the LM head reuses the token embedding matrix.
+        eos_token_id / pad_token_id: defaults for generation.
+    """
+
+    vocab_size: int = 50257
+    context_length: int = 1024
+    d_model: int = 768
+    n_layers: int = 12
+    n_heads: int = 12
+    d_ff: int | None = None
+    activation: Activation = "gelu_tanh"
+    norm_eps: float = 1e-5
+    bias: bool = True
+    dropout: float = 0.0
+    positions: Literal["learned", "sinusoidal"] = "learned"
+    tie_embeddings: bool = True
+    eos_token_id: int | None = None
+    pad_token_id: int | None = None
+
+    presets = {
+        # The four GPT-2 sizes (Radford et al., 2019), with GPT-2's tokenizer size and EOS id.
+        "gpt2-small": dict(d_model=768, n_layers=12, n_heads=12, eos_token_id=50256),
+        "gpt2-medium": dict(d_model=1024, n_layers=24, n_heads=16, eos_token_id=50256),
+        "gpt2-large": dict(d_model=1280, n_layers=36, n_heads=20, eos_token_id=50256),
+        "gpt2-xl": dict(d_model=1600, n_layers=48, n_heads=25, eos_token_id=50256),
+        # Small models that train on a laptop CPU (vocabulary and context set by the data).
+        "gpt-nano": dict(vocab_size=4096, context_length=128, d_model=64, n_layers=2, n_heads=2),
+        "gpt-micro": dict(vocab_size=4096, context_length=128, d_model=128, n_layers=4, n_heads=4),
+        "gpt-mini": dict(vocab_size=8192, context_length=256, d_model=192, n_layers=6, n_heads=6),
+    }
+
+    def __post_init__(self) -> None:
+        if self.vocab_size < 1:
+            raise ValueError(f"vocab_size must be ≥ 1, got {self.vocab_size}")
+        if self.context_length < 1:
+            raise ValueError(f"context_length must be ≥ 1, got {self.context_length}")
+        if self.positions not in ("learned", "sinusoidal"):
+            raise ValueError(f"positions must be 'learned' or 'sinusoidal', got {self.positions!r}")
+        for name in ("eos_token_id", "pad_token_id"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value < self.vocab_size:
+                raise ValueError(f"{name}={value} is outside the vocabulary [0, {self.vocab_size})")
+        self.backbone_config()  # validates the shape fields
+
+    def backbone_config(self) -> BackboneConfig:
+        return BackboneConfig(
+            d_model=self.d_model, n_layers=self.n_layers, n_heads=self.n_heads, d_ff=self.d_ff,
+            block=("attn", "mlp"), norm="layernorm", norm_position="pre", norm_eps=self.norm_eps,
+            bias=self.bias, activation=self.activation, causal=True, dropout=self.dropout,
+            attn_dropout=self.dropout, final_norm=True,
+        )
+
+
+class GPT(PretrainedModel):
+    """Decoder-only transformer LM on the shared backbone (GPT-2 when built from its presets)."""
+
+    config_class = GPTConfig
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.tok_embed = TokenEmbedding(config.vocab_size, config.d_model)
+        self.pos_embed = make_positions(config.positions, config.context_length, config.d_model)
+        self.drop = nn.Dropout(config.dropout)
+        self.backbone = Backbone(config.backbone_config())
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        # GPT-2 init; residual projections scaled by 1/sqrt(2L) so the residual stream stays O(1).
+        init_weights(self, std=0.02, residual_std=0.02 / math.sqrt(2 * config.n_layers))
+        if config.tie_embeddings:
+            self.lm_head.weight = self.tok_embed.weight
+
+    @property
+    def tied_keys(self) -> tuple[str, ...]:
+        return ("lm_head.weight",) if self.config.tie_embeddings else ()
+
+    # ------------------------------------------------------------------ forward
+    def forward(
+        self,
+        input_ids: Tensor | Tokens,
+        attention_mask: Tensor | None = None,
+        position_ids: Tensor | None = None,
+        cache: KVCache | None = None,
+        use_cache: bool = False,
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+        kernel: Kernel = "sdpa",
+    ) -> CausalLMOutput:
+        """Next-token logits for every position.
+
+        Args:
+            input_ids: (B, N) ids, or a `Tokens` batch (its mask and positions are used).
+            attention_mask: (B, T) 1 for real tokens; with a cache it covers cache + new tokens.
+            position_ids: (B, N); by default counted from the first real token of each row,
+                so left padding does not shift positions.
+            cache / use_cache: continue from a `KVCache`, or start one (returned in ``.cache``).
+        """
+        hidden = self._run_backbone(input_ids, attention_mask, position_ids, cache, use_cache,
+                                    output_hidden_states, output_attentions, kernel)
+        return CausalLMOutput(
+            logits=self.lm_head(hidden.last_hidden_state),
+            last_hidden_state=hidden.last_hidden_state,
+            hidden_states=hidden.hidden_states,
+            attentions=hidden.attentions,
+            cache=hidden.cache,
+        )
+
+    def _run_backbone(self, input_ids, attention_mask, position_ids, cache, use_cache,
+                      output_hidden_states=False, output_attentions=False, kernel: Kernel = "sdpa"):
+        if isinstance(input_ids, Tokens):
+            if input_ids.ids is None:
+                raise ValueError("GPT reads token ids; this Tokens batch holds features")
+            attention_mask = input_ids.attention_mask if attention_mask is None else attention_mask
+            position_ids = input_ids.positions if position_ids is None else position_ids
+            input_ids = input_ids.ids
+        if not isinstance(input_ids, Tensor) or input_ids.dim() != 2:
+            shape = tuple(input_ids.shape) if isinstance(input_ids, Tensor) else type(input_ids).__name__
+            raise ValueError(f"input_ids must be a (batch, tokens) tensor, got {shape}")
+        if input_ids.shape[1] == 0:
+            raise ValueError("input_ids is empty: give at least one token")
+        if use_cache and cache is None:
+            cache = self.new_cache()
+        past = cache.seq_len if cache is not None else 0
+        n_total = past + input_ids.shape[1]
+        if n_total > self.config.context_length:
+            raise ValueError(
+                f"sequence of {n_total} tokens is longer than the context length "
+                f"{self.config.context_length}; truncate or use a model with a longer context"
+            )
+        if attention_mask is not None and attention_mask.shape != (input_ids.shape[0], n_total):
+            raise ValueError(
+                f"attention_mask must be (batch, cached + new) = {(input_ids.shape[0], n_total)}, "
+                f"got {tuple(attention_mask.shape)}"
+            )
+        if position_ids is None:
+            position_ids = self._positions(input_ids, attention_mask, past)
+        x = self.tok_embed(input_ids)
+        if self.pos_embed is not None:
+            x = x + self.pos_embed(position_ids)
+        return self.backbone(self.drop(x), attention_mask, cache, output_hidden_states, output_attentions, kernel)
+
+    @staticmethod
+    def _positions(input_ids: Tensor, attention_mask: Tensor | None, past: int) -> Tensor:
+        n = input_ids.shape[1]
+        if attention_mask is None:
+            return torch.arange(past, past + n, device=input_ids.device)[None].expand(input_ids.shape[0], -1)
+        counted = attention_mask.long().cumsum(-1) - 1
+        return counted.masked_fill(attention_mask == 0, 0)[:, -n:]
+
+    # ------------------------------------------------------------------ generation
+    def new_cache(self, capacity: int = 0) -> KVCache:
+        return self.backbone.new_cache(capacity)
+
+    def next_token_logits(self, new_ids: Tensor, attention_mask: Tensor, cache: KVCache) -> Tensor:
+        """(B, n) new ids -> (B, V) logits of the token after the last one; extends ``cache``."""
+        hidden = self._run_backbone(new_ids, attention_mask, None, cache, True).last_hidden_state
+        return self.lm_head(hidden[:, -1])
+
+    @torch.no_grad()
+    def generate(
+        self,
+        input_ids: Tensor | Tokens,
+        attention_mask: Tensor | None = None,
+        max_new_tokens: int = 32,
+        strategy: Literal["greedy", "sample", "beam"] = "greedy",
+        generator: torch.Generator | None = None,
+        **options: Any,
+    ) -> Tensor:
+        """Continue prompts; returns (B, S + new) ids including the prompt.
+
+        ``strategy``: "greedy", "sample" (``temperature``, ``top_k``, ``top_p``) or "beam"
+        (``num_beams``, ``length_penalty``, ``early_stopping``). Batched prompts must be left
+        padded (``BPETokenizer.batch_encode(..., padding_side="left")``). Generation stops at
+        ``eos_token_id`` (default: the config's).
+        """
+        if isinstance(input_ids, Tokens):
+            attention_mask = input_ids.attention_mask if attention_mask is None else attention_mask
+            input_ids = input_ids.ids  # type: ignore[assignment]
+        options.setdefault("eos_token_id", self.config.eos_token_id)
+        options.setdefault("pad_token_id", self.config.pad_token_id)
+        cfg = GenerationConfig.from_dict({"max_new_tokens": max_new_tokens, "strategy": strategy, **options})
+        total = input_ids.shape[-1] + max_new_tokens  # type: ignore[union-attr]
+        if total > self.config.context_length:
+            raise ValueError(
+                f"prompt ({input_ids.shape[-1]}) + max_new_tokens ({max_new_tokens}) = {total} exceeds "  # type: ignore[union-attr]
+                f"the context length {self.config.context_length}"
+            )
+        was_training = self.training
+        self.eval()
+        try:
+            return generate(self, input_ids, cfg, attention_mask, generator)  # type: ignore[arg-type]
+        finally:
+            self.train(was_training)

@@ -1,0 +1,32 @@
+"""Typed model outputs: the same shape of answer every time, optional fields None when not asked."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from unitok.layers.kv_cache import KVCache
+
+
+@dataclass
+class BackboneOutput:
+    """``last_hidden_state`` (B, N, D); ``hidden_states``: embeddings, then each block's output
+    (the last one after the final norm, as Hugging Face counts them), L + 1 in all;
+    ``attentions``: one (B, H, N, T) weight tensor per attention sublayer."""
+
+    last_hidden_state: Tensor
+    hidden_states: tuple[Tensor, ...] | None = None
+    attentions: tuple[Tensor, ...] | None = None
+    cache: KVCache | None = None
+
+
+@dataclass
+class CausalLMOutput:
+    """``logits`` (B, N, V) for the next token at every position, plus what the backbone returned."""
+
+    logits: Tensor
+    last_hidden_state: Tensor
+    hidden_states: tuple[Tensor, ...] | None = None
+    attentions: tuple[Tensor, ...] | None = None
+    cache: KVCache | None = None
