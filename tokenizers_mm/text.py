@@ -219,9 +219,19 @@ class BPETokenizer:
             rows.append(ids)
         return collate(rows, pad_id=self.pad_id, padding_side=padding_side, modality="text")
 
-    def iter_ids(self, texts: Iterable[str], add_eos: bool = True) -> Iterator[list[int]]:
-        """Stream token ids for many texts (used to build token files); empty texts are skipped."""
+    def iter_ids(self, texts: Iterable[str], add_eos: bool = True, chunk: int = 256) -> Iterator[list[int]]:
+        """Stream token ids for many texts (to build token files), each followed by EOS when
+        ``add_eos``; empty texts are skipped. Encodes in parallel chunks."""
+        pending: list[str] = []
+
+        def flush() -> Iterator[list[int]]:
+            for enc in self._tok.encode_batch(pending, add_special_tokens=False):
+                yield [*enc.ids, self.eos_id] if add_eos else list(enc.ids)
+            pending.clear()
+
         for text in texts:
             if text:
-                ids = self._tok.encode(text, add_special_tokens=False).ids
-                yield ids + [self.eos_id] if add_eos else ids
+                pending.append(text)
+                if len(pending) == chunk:
+                    yield from flush()
+        yield from flush()

@@ -1,0 +1,229 @@
+"""Throughput of unitok's GPT against Hugging Face ``GPT2LMHeadModel`` at the same config.
+
+What it measures, in one process and with identical weights (the HF model is built with
+random weights and converted with ``unitok.convert.from_transformers``):
+
+1. Training: tokens/s of forward + next-token cross-entropy + backward + AdamW step on a
+   (batch × seq_len) batch of random ids. Both models compute the loss the same way, outside
+   the model, from their logits.
+2. Generation: new tokens/s of greedy decoding with a KV cache, batch 1, ``--new-tokens``
+   tokens after a ``--prompt-len`` random prompt. EOS stopping is off on both sides, so both
+   generate exactly the same number of tokens; the two outputs are checked to be equal.
+
+Repetitions alternate between the two libraries (unitok, HF, HF, unitok, ...) so slow drifts
+of the machine hit both alike; the table reports the median of the repetitions and the ratio
+unitok / HF (> 1 means unitok is faster).
+
+Run (``make bench`` calls the first line)::
+
+    python benchmarks/gpt_vs_hf.py
+    python benchmarks/gpt_vs_hf.py --threads 1 --repeats 5
+    python benchmarks/gpt_vs_hf.py --device cuda --d-model 768 --n-layers 12 --n-heads 12
+
+Needs ``transformers`` (the ``dev`` extra).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line options (all have defaults that run in well under two minutes on 2 cores)."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--d-model", type=int, default=256)
+    p.add_argument("--n-layers", type=int, default=4)
+    p.add_argument("--n-heads", type=int, default=4)
+    p.add_argument("--vocab-size", type=int, default=8192)
+    p.add_argument("--context-length", type=int, default=256)
+    p.add_argument("--batch-size", type=int, default=8, help="training batch")
+    p.add_argument("--seq-len", type=int, default=128, help="training sequence length")
+    p.add_argument("--train-steps", type=int, default=3, help="optimizer steps per timed repetition")
+    p.add_argument("--prompt-len", type=int, default=16)
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=5, help="timed repetitions per library")
+    p.add_argument("--warmup", type=int, default=1, help="untimed repetitions per library")
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--skip-train", action="store_true")
+    p.add_argument("--skip-generate", action="store_true")
+    return p.parse_args(argv)
+
+
+# --------------------------------------------------------------------------- models
+def build_models(args: argparse.Namespace) -> tuple[nn.Module, nn.Module]:
+    """(unitok GPT, HF GPT2LMHeadModel) with the same random weights, dropout off, eval mode."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from unitok.convert import from_transformers
+
+    torch.manual_seed(args.seed)
+    hf_config = GPT2Config(
+        vocab_size=args.vocab_size, n_positions=args.context_length, n_embd=args.d_model,
+        n_layer=args.n_layers, n_head=args.n_heads, attn_pdrop=0.0, resid_pdrop=0.0,
+        embd_pdrop=0.0, bos_token_id=None, eos_token_id=None, pad_token_id=None,
+    )
+    hf = GPT2LMHeadModel(hf_config).eval()
+    ours = from_transformers(hf).eval()
+    # No EOS anywhere: generation must run for exactly max_new_tokens on both sides.
+    hf.generation_config.eos_token_id = None
+    hf.generation_config.bos_token_id = None
+    hf.generation_config.pad_token_id = 0
+    return ours.to(args.device), hf.to(args.device)
+
+
+def hf_attention_backend(hf: nn.Module) -> str:
+    """The attention implementation HF picked (sdpa / eager), for the report."""
+    return str(getattr(hf.config, "_attn_implementation", "?"))
+
+
+# --------------------------------------------------------------------------- timing
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def timed(fn: Callable[[], Any], device: str) -> float:
+    """Seconds one call of ``fn`` takes (device work included)."""
+    sync(device)
+    start = time.perf_counter()
+    fn()
+    sync(device)
+    return time.perf_counter() - start
+
+
+def alternate(runs: dict[str, Callable[[], Any]], repeats: int, warmup: int, device: str) -> dict[str, list[float]]:
+    """Time each callable ``repeats`` times, interleaved (order flips every round)."""
+    names = list(runs)
+    for _ in range(warmup):
+        for name in names:
+            runs[name]()
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(repeats):
+        for name in names if r % 2 == 0 else reversed(names):
+            times[name].append(timed(runs[name], device))
+    return times
+
+
+# --------------------------------------------------------------------------- workloads
+def lm_loss(logits: Tensor, ids: Tensor) -> Tensor:
+    """Next-token cross-entropy, computed the same way for both models."""
+    return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+
+
+def make_train_step(model: nn.Module, ids: Tensor, steps: int) -> Callable[[], float]:
+    """A closure running ``steps`` AdamW steps on ``model`` (its own optimizer); returns the loss."""
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def run() -> float:
+        loss = torch.zeros(())
+        for _ in range(steps):
+            opt.zero_grad(set_to_none=True)
+            loss = lm_loss(model(ids).logits, ids)
+            loss.backward()
+            opt.step()
+        return float(loss.detach())
+
+    return run
+
+
+def bench_train(ours: nn.Module, hf: nn.Module, args: argparse.Namespace) -> dict[str, float]:
+    """Training tokens/s (median over repetitions) for both models, on copies of them."""
+    g = torch.Generator().manual_seed(args.seed + 1)
+    ids = torch.randint(0, args.vocab_size, (args.batch_size, args.seq_len), generator=g).to(args.device)
+    # The same first-step loss confirms the two models (and the loss) are the same function.
+    with torch.no_grad():
+        loss_ours, loss_hf = float(lm_loss(ours(ids).logits, ids)), float(lm_loss(hf(ids).logits, ids))
+    runs = {"unitok": make_train_step(copy.deepcopy(ours), ids, args.train_steps),
+            "hf": make_train_step(copy.deepcopy(hf), ids, args.train_steps)}
+    times = alternate(runs, args.repeats, args.warmup, args.device)
+    tokens = args.batch_size * args.seq_len * args.train_steps
+    return {"unitok": tokens / statistics.median(times["unitok"]),
+            "hf": tokens / statistics.median(times["hf"]),
+            "loss_unitok": loss_ours, "loss_hf": loss_hf}
+
+
+def bench_generate(ours: nn.Module, hf: nn.Module, args: argparse.Namespace) -> dict[str, Any]:
+    """Greedy decoding new tokens/s (median) for both; checks the generated ids agree."""
+    g = torch.Generator().manual_seed(args.seed + 2)
+    ids = torch.randint(0, args.vocab_size, (1, args.prompt_len), generator=g).to(args.device)
+    mask = torch.ones_like(ids)
+    n = args.new_tokens
+    outputs: dict[str, Tensor] = {}
+
+    def run_ours() -> None:
+        outputs["unitok"] = ours.generate(ids, max_new_tokens=n, strategy="greedy", eos_token_id=None)
+
+    def run_hf() -> None:
+        outputs["hf"] = hf.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
+                                    do_sample=False, eos_token_id=None, pad_token_id=0)
+
+    ours.eval(), hf.eval()
+    times = alternate({"unitok": run_ours, "hf": run_hf}, args.repeats, args.warmup, args.device)
+    a, b = outputs["unitok"], outputs["hf"]
+    if a.shape != (1, args.prompt_len + n) or b.shape != a.shape:
+        raise AssertionError(f"generated shapes differ: unitok {tuple(a.shape)}, hf {tuple(b.shape)}")
+    same = bool(torch.equal(a.cpu(), b.cpu()))
+    if not same:
+        first = int((a != b).nonzero()[0, 1])
+        raise AssertionError(f"greedy outputs differ from position {first}: unitok {a[0, first:].tolist()[:8]}, "
+                             f"hf {b[0, first:].tolist()[:8]}")
+    return {"unitok": n / statistics.median(times["unitok"]), "hf": n / statistics.median(times["hf"]),
+            "same_output": same}
+
+
+# --------------------------------------------------------------------------- report
+def print_table(rows: list[tuple[str, float, float]]) -> None:
+    """metric | unitok | HF | ratio (unitok / HF)."""
+    print(f"{'metric':<28}{'unitok':>12}{'HF':>12}{'ratio':>9}")
+    for metric, ours, theirs in rows:
+        print(f"{metric:<28}{ours:>12.1f}{theirs:>12.1f}{ours / theirs:>8.2f}x")
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run the benchmark, print the table and return the figures."""
+    args = parse_args(argv)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit("--device cuda asked for, but CUDA is not available")
+    if args.prompt_len + args.new_tokens > args.context_length:
+        raise SystemExit("prompt-len + new-tokens exceeds context-length")
+    ours, hf = build_models(args)
+    n_params = sum(p.numel() for p in ours.parameters())
+    print(f"config: D={args.d_model} L={args.n_layers} H={args.n_heads} V={args.vocab_size} "
+          f"ctx={args.context_length} ({n_params / 1e6:.2f}M params) | device={args.device} "
+          f"threads={torch.get_num_threads()} torch={torch.__version__} "
+          f"hf_attn={hf_attention_backend(hf)} repeats={args.repeats}")
+    result: dict[str, Any] = {"threads": torch.get_num_threads(), "device": args.device}
+    rows: list[tuple[str, float, float]] = []
+    if not args.skip_train:
+        train = bench_train(ours, hf, args)
+        result["train"] = train
+        print(f"train: batch {args.batch_size}x{args.seq_len}, {args.train_steps} steps/rep; "
+              f"initial loss unitok {train['loss_unitok']:.5f} hf {train['loss_hf']:.5f}")
+        rows.append(("train tokens/s", train["unitok"], train["hf"]))
+    if not args.skip_generate:
+        gen = bench_generate(ours, hf, args)
+        result["generate"] = gen
+        print(f"generate: greedy, batch 1, prompt {args.prompt_len}, {args.new_tokens} new tokens; "
+              f"identical outputs: {gen['same_output']}")
+        rows.append(("generate new tokens/s", gen["unitok"], gen["hf"]))
+    print_table(rows)
+    return result
+
+
+if __name__ == "__main__":
+    main()

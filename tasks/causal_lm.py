@@ -1,0 +1,103 @@
+"""Causal language modelling: next-token cross-entropy for `GPT`, trained with AdamW."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from tasks.optim import warmup_cosine, weight_decay_groups
+from unitok.models import GPT, GPTConfig
+
+
+class CausalLMTask(L.LightningModule):
+    """Trains a GPT on (input_ids, labels) windows; logs loss and perplexity.
+
+    Args:
+        vocab_size / context_length / eos_token_id: linked from the data module by the CLI.
+        preset: a `GPTConfig` preset name; ``d_model``, ``n_layers``, ``n_heads``, ``dropout``
+            override it when given.
+        learning_rate / weight_decay / betas: AdamW (no decay on biases and norm gains).
+        warmup_steps / min_lr_ratio: linear warm-up, then cosine decay to
+            ``min_lr_ratio × learning_rate`` at the end of training.
+        generate_max_new_tokens: length of continuations in ``predict``.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        context_length: int,
+        preset: str = "gpt-micro",
+        d_model: int | None = None,
+        n_layers: int | None = None,
+        n_heads: int | None = None,
+        dropout: float | None = None,
+        eos_token_id: int | None = None,
+        learning_rate: float = 1e-3,
+        weight_decay: float = 0.1,
+        betas: tuple[float, float] = (0.9, 0.95),
+        warmup_steps: int = 100,
+        min_lr_ratio: float = 0.1,
+        generate_max_new_tokens: int = 48,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        overrides = {k: v for k, v in dict(d_model=d_model, n_layers=n_layers, n_heads=n_heads,
+                                           dropout=dropout).items() if v is not None}
+        config = GPTConfig.from_name(preset, vocab_size=vocab_size, context_length=context_length,
+                                     eos_token_id=eos_token_id, **overrides)
+        self.model = GPT(config)
+
+    def forward(self, input_ids: Tensor, **kwargs: Any):
+        return self.model(input_ids, **kwargs)
+
+    def _loss(self, batch: dict[str, Tensor]) -> Tensor:
+        logits = self.model(batch["input_ids"], attention_mask=batch.get("attention_mask")).logits
+        return F.cross_entropy(logits.flatten(0, 1).float(), batch["labels"].flatten(), ignore_index=-100)
+
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        loss = self._loss(batch)
+        self.log("train_loss", loss, prog_bar=True)
+        self.log("lr", self.optimizers().param_groups[0]["lr"], prog_bar=False)  # type: ignore[union-attr]
+        return loss
+
+    def _eval_step(self, batch: dict[str, Tensor], stage: str) -> Tensor:
+        loss = self._loss(batch)
+        self.log(f"{stage}_loss", loss, prog_bar=True, batch_size=batch["input_ids"].shape[0])
+        return loss
+
+    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        return self._eval_step(batch, "val")
+
+    def test_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        return self._eval_step(batch, "test")
+
+    def on_validation_epoch_end(self) -> None:
+        loss = self.trainer.callback_metrics.get("val_loss")
+        if loss is not None:
+            self.log("val_ppl", math.exp(min(float(loss), 50.0)), prog_bar=True)
+
+    def on_test_epoch_end(self) -> None:
+        loss = self.trainer.callback_metrics.get("test_loss")
+        if loss is not None:
+            self.log("test_ppl", math.exp(min(float(loss), 50.0)))
+
+    def predict_step(self, batch: list[str], batch_idx: int) -> list[str]:
+        """Continue each prompt string greedily; needs the data module's tokenizer."""
+        tok = self.trainer.datamodule.tokenizer  # type: ignore[union-attr]
+        prompts = tok.batch_encode(batch, padding_side="left").to(self.device)
+        out = self.model.generate(prompts, max_new_tokens=self.hparams.generate_max_new_tokens)
+        return [text for text in tok.batch_decode(out)]
+
+    def configure_optimizers(self):
+        groups = weight_decay_groups(self.model, self.hparams.weight_decay)
+        optimizer = torch.optim.AdamW(groups, lr=self.hparams.learning_rate, betas=tuple(self.hparams.betas))
+        total = max(1, int(self.trainer.estimated_stepping_batches))
+        schedule = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, warmup_cosine(self.hparams.warmup_steps, total, self.hparams.min_lr_ratio)
+        )
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}

@@ -1,0 +1,43 @@
+"""Optimiser pieces shared by every task: weight-decay groups and the warm-up + cosine schedule."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from torch import nn
+
+
+def weight_decay_groups(module: nn.Module, weight_decay: float) -> list[dict]:
+    """Two AdamW groups: matrices (linear and embedding weights) decay; biases and norm gains do not.
+
+    Tied parameters appear once.
+    """
+    decay, no_decay, seen = [], [], set()
+    for param in module.parameters():
+        if not param.requires_grad or id(param) in seen:
+            continue
+        seen.add(id(param))
+        (decay if param.dim() >= 2 else no_decay).append(param)
+    return [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+
+
+def warmup_cosine(warmup_steps: int, total_steps: int, min_ratio: float = 0.1) -> Callable[[int], float]:
+    """LR multiplier: linear warm-up from 0 to 1 over ``warmup_steps``, then cosine decay to
+    ``min_ratio`` at ``total_steps`` (and flat after)."""
+    if warmup_steps < 0 or total_steps < 1:
+        raise ValueError(f"need warmup_steps ≥ 0 and total_steps ≥ 1, got {warmup_steps}, {total_steps}")
+    if not 0.0 <= min_ratio <= 1.0:
+        raise ValueError(f"min_ratio must be in [0, 1], got {min_ratio}")
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        span = max(1, total_steps - warmup_steps)
+        progress = min(1.0, (step - warmup_steps) / span)
+        return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return factor

@@ -1,0 +1,231 @@
+"""Text data: users' files or the built-in corpus, tokenized once into a memory-mapped token file."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sysconfig
+from collections.abc import Sequence
+from pathlib import Path
+
+import lightning as L
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from tokenizers_mm import BPETokenizer
+
+# Parts of the standard library that are tests, vendored code or generated tables, not prose-like code.
+_SKIP_PARTS = {"site-packages", "dist-packages", "test", "tests", "idlelib", "lib2to3", "__pycache__", "encodings"}
+
+
+def stdlib_source_files(max_bytes: int | None = None) -> list[Path]:
+    """The Python standard library's own ``.py`` files (found through `sysconfig`), in a fixed
+    order, up to ``max_bytes`` in total: the built-in text corpus, on every Python install."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(
+        p for p in root.rglob("*.py")
+        if not _SKIP_PARTS.intersection(p.relative_to(root).parts) and p.is_file()
+    )
+    if not files:
+        raise FileNotFoundError(f"no Python source files under the standard library at {root}")
+    chosen, total = [], 0
+    for path in files:
+        size = path.stat().st_size
+        if max_bytes is not None and total + size > max_bytes and chosen:
+            break
+        chosen.append(path)
+        total += size
+    return chosen
+
+
+def read_texts(files: Sequence[Path]) -> list[str]:
+    return [p.read_text(encoding="utf-8", errors="replace") for p in files]
+
+
+class TokenWindows(Dataset):
+    """(input_ids, labels) windows of ``context_length`` tokens from a flat token file.
+
+    Random windows (training: ``num_samples`` offsets drawn from a seeded generator) or
+    consecutive non-overlapping ones (validation). The memmap is opened lazily, so the dataset
+    pickles cheaply into data-loader workers.
+    """
+
+    def __init__(self, path: Path, dtype: str, start: int, stop: int, context_length: int,
+                 num_samples: int | None = None, seed: int = 0) -> None:
+        if stop - start < context_length + 1:
+            raise ValueError(
+                f"split has {stop - start} tokens, fewer than context_length + 1 = {context_length + 1}; "
+                "use more text or a shorter context"
+            )
+        self.path, self.dtype, self.start, self.stop = path, dtype, start, stop
+        self.context_length = context_length
+        self.random = num_samples is not None
+        span = stop - start - context_length - 1
+        if self.random:
+            rng = np.random.default_rng(seed)
+            self.offsets = start + rng.integers(0, span + 1, size=num_samples)
+        else:
+            self.offsets = start + np.arange(0, span + 1, context_length)
+        self._tokens: np.memmap | None = None
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        if self._tokens is None:
+            self._tokens = np.memmap(self.path, dtype=self.dtype, mode="r")
+        o = int(self.offsets[index])
+        chunk = torch.from_numpy(self._tokens[o : o + self.context_length + 1].astype(np.int64))
+        return {"input_ids": chunk[:-1], "labels": chunk[1:]}
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_tokens": None}
+
+
+class TextDataModule(L.LightningDataModule):
+    """Language-modelling windows from text files, or from the built-in corpus when none are given.
+
+    The tokenizer (trained here, or loaded from ``tokenizer``) and the token file are cached
+    under ``cache_dir`` by a hash of the inputs, so a second run starts at once.
+
+    Args:
+        files: users' text files; None means the Python standard library's source.
+        builtin_max_bytes: how much of the standard library to read.
+        tokenizer: a saved `BPETokenizer` folder; None trains one with ``vocab_size``.
+        vocab_size: BPE vocabulary to train. context_length: tokens per window.
+        batch_size / num_workers: data loading.
+        val_fraction: the tail of the token stream held out for validation.
+        train_samples: random windows per training epoch.
+        cache_dir: where tokenizer and token files are kept. seed: window sampling seed.
+        predict_prompts: prompts continued by ``unitok predict``.
+    """
+
+    def __init__(
+        self,
+        files: list[str] | None = None,
+        builtin_max_bytes: int = 2_000_000,
+        tokenizer: str | None = None,
+        vocab_size: int = 4096,
+        context_length: int = 128,
+        batch_size: int = 32,
+        num_workers: int = 0,
+        val_fraction: float = 0.05,
+        train_samples: int = 20_000,
+        cache_dir: str = "runs/cache",
+        seed: int = 0,
+        predict_prompts: list[str] | None = None,
+    ) -> None:
+        super().__init__()
+        if not 0.0 < val_fraction < 1.0:
+            raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
+        if context_length < 1 or batch_size < 1:
+            raise ValueError(f"context_length and batch_size must be ≥ 1, got {context_length}, {batch_size}")
+        if files is not None and len(files) == 0:
+            raise ValueError("files is an empty list; leave it unset to use the built-in corpus")
+        self.files = [Path(f) for f in files] if files is not None else None
+        if self.files is not None:
+            missing = [str(f) for f in self.files if not f.is_file()]
+            if missing:
+                raise FileNotFoundError(f"text files not found: {missing[:5]}")
+        self.builtin_max_bytes = builtin_max_bytes
+        self.tokenizer_path = tokenizer
+        self.requested_vocab_size = vocab_size
+        self.context_length = context_length
+        self.batch_size = batch_size
+        self.num_workers = num_workers
+        self.val_fraction = val_fraction
+        self.train_samples = train_samples
+        self.cache_dir = Path(cache_dir)
+        self.seed = seed
+        self.predict_prompts = predict_prompts or ["def ", "class ", "import "]
+        self._tokenizer: BPETokenizer | None = None
+        self._token_file: Path | None = None
+        self._dtype = "uint16"
+        self._n_tokens = 0
+
+    # ------------------------------------------------------------------ sources and cache
+    def source_files(self) -> list[Path]:
+        return self.files if self.files is not None else stdlib_source_files(self.builtin_max_bytes)
+
+    def _cache_key(self, files: list[Path]) -> str:
+        h = hashlib.sha1()
+        for f in files:
+            stat = f.stat()
+            h.update(f"{f.resolve()}|{stat.st_size}|{stat.st_mtime_ns}\n".encode())
+        h.update(f"vocab={self.requested_vocab_size}|tok={self.tokenizer_path}".encode())
+        return h.hexdigest()[:16]
+
+    @property
+    def tokenizer(self) -> BPETokenizer:
+        """The tokenizer, trained (or loaded) and cached on first use."""
+        if self._tokenizer is None:
+            self._prepare()
+        return self._tokenizer  # type: ignore[return-value]
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.vocab_size
+
+    @property
+    def eos_token_id(self) -> int:
+        return self.tokenizer.eos_id
+
+    def _prepare(self) -> None:
+        files = self.source_files()
+        folder = self.cache_dir / self._cache_key(files)
+        meta_file = folder / "meta.json"
+        if meta_file.is_file():
+            meta = json.loads(meta_file.read_text())
+            self._tokenizer = BPETokenizer.load(folder)
+            self._token_file, self._dtype, self._n_tokens = folder / "tokens.bin", meta["dtype"], meta["n_tokens"]
+            return
+        folder.mkdir(parents=True, exist_ok=True)
+        texts = read_texts(files)
+        if self.tokenizer_path is not None:
+            tok = BPETokenizer.load(self.tokenizer_path)
+        else:
+            tok = BPETokenizer.train(iterator=iter(texts), vocab_size=self.requested_vocab_size)
+        dtype = "uint16" if tok.vocab_size <= np.iinfo(np.uint16).max + 1 else "uint32"
+        ids = np.fromiter((i for row in tok.iter_ids(texts) for i in row), dtype=dtype)
+        if ids.size == 0:
+            raise ValueError(f"the text files {[str(f) for f in files[:5]]} hold no text")
+        tmp = folder / "tokens.bin.tmp"
+        ids.tofile(tmp)
+        tmp.replace(folder / "tokens.bin")
+        tok.save(folder)
+        meta_file.write_text(json.dumps({"dtype": dtype, "n_tokens": int(ids.size),
+                                         "files": [str(f) for f in files]}))
+        self._tokenizer, self._token_file, self._dtype, self._n_tokens = tok, folder / "tokens.bin", dtype, int(ids.size)
+
+    def prepare_data(self) -> None:
+        self._prepare()
+
+    # ------------------------------------------------------------------ splits
+    def _split(self) -> tuple[int, int]:
+        self.tokenizer  # noqa: B018  (ensures the token file exists)
+        n_val = max(self.context_length + 1, int(self._n_tokens * self.val_fraction))
+        return self._n_tokens - n_val, self._n_tokens
+
+    def train_dataset(self) -> TokenWindows:
+        cut, _ = self._split()
+        return TokenWindows(self._token_file, self._dtype, 0, cut, self.context_length,  # type: ignore[arg-type]
+                            num_samples=self.train_samples, seed=self.seed)
+
+    def val_dataset(self) -> TokenWindows:
+        cut, end = self._split()
+        return TokenWindows(self._token_file, self._dtype, cut, end, self.context_length)  # type: ignore[arg-type]
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.train_dataset(), batch_size=self.batch_size, shuffle=True,
+                          num_workers=self.num_workers, drop_last=True,
+                          persistent_workers=self.num_workers > 0)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.val_dataset(), batch_size=self.batch_size, num_workers=self.num_workers)
+
+    def test_dataloader(self) -> DataLoader:
+        return self.val_dataloader()
+
+    def predict_dataloader(self) -> DataLoader:
+        return DataLoader(self.predict_prompts, batch_size=len(self.predict_prompts), collate_fn=list)

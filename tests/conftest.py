@@ -1,0 +1,30 @@
+"""Shared test setup: one torch thread (shared, noisy machines), small reference models."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+# With two threads a busy neighbour can make small models many times slower; one is steady.
+torch.set_num_threads(1)
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("MPLBACKEND", "Agg")
+
+
+@pytest.fixture(autouse=True)
+def _seed() -> None:
+    torch.manual_seed(0)
+
+
+def small_gpt2(**overrides):
+    """A random Hugging Face GPT-2 small enough for CPU tests (no dropout)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    options = dict(vocab_size=97, n_positions=64, n_embd=32, n_layer=2, n_head=4,
+                   attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0, bos_token_id=1, eos_token_id=2,
+                   pad_token_id=0)
+    options.update(overrides)
+    return GPT2LMHeadModel(GPT2Config(**options)).eval()

@@ -1,0 +1,127 @@
+"""BPETokenizer: training, exact round trips, special tokens, batching, save/load, bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tokenizers_mm import BPETokenizer, Tokens
+
+CORPUS = [
+    "def main(argv):\n    return 0\n",
+    "class Tokenizer:\n    \"\"\"Turns text into ids.\"\"\"\n",
+    "import os\nimport sys\nprint(os.getcwd(), sys.argv)\n",
+] * 20
+
+
+@pytest.fixture(scope="module")
+def tok() -> BPETokenizer:
+    return BPETokenizer.train(iterator=CORPUS, vocab_size=300)
+
+
+def test_train_reaches_requested_vocab_and_knows_eos(tok):
+    assert 257 < tok.vocab_size <= 300
+    assert tok.id_to_token(tok.eos_id) == "<|endoftext|>"
+    assert tok.pad_id == tok.eos_id  # GPT-2 convention: EOS doubles as padding
+
+
+def test_merges_learned_from_the_corpus_shorten_text(tok):
+    text = "def main(argv):\n    return 0\n"
+    assert len(tok.encode(text).ids) < len(text.encode()) / 2
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(min_size=1))
+def test_decode_inverts_encode_for_any_unicode(text):
+    tok = _shared_tok()
+    assert tok.decode(tok.encode(text).ids) == text
+
+
+_CACHE: dict = {}
+
+
+def _shared_tok() -> BPETokenizer:
+    if "tok" not in _CACHE:
+        _CACHE["tok"] = BPETokenizer.train(iterator=CORPUS, vocab_size=300)
+    return _CACHE["tok"]
+
+
+def test_round_trip_of_hard_cases(tok):
+    for text in ["naïve café", "emoji 🤖 and 中文", " leading space", "tabs\t\tand\r\nCRLF", "\x00\x7f",
+                 "<|endoftext|> inside text", "   "]:
+        assert tok.decode(tok.encode(text).ids) == text
+
+
+def test_special_token_in_text_is_one_id_and_skippable(tok):
+    enc = tok.encode("a<|endoftext|>b")
+    assert tok.eos_id in enc.ids.tolist()
+    assert tok.decode(enc.ids, skip_special_tokens=True) == "ab"
+
+
+def test_encode_returns_long_tensor_that_indexes_into_a_batch(tok):
+    enc = tok.encode("def main(")
+    assert enc.ids.dtype == torch.long and enc.ids.dim() == 1
+    assert enc.ids[None].shape == (1, len(enc.tokens))
+    assert enc.tokens and len(enc.offsets) == len(enc.tokens)
+
+
+def test_add_eos(tok):
+    ids = tok.encode("x", add_eos=True).ids
+    assert ids[-1].item() == tok.eos_id
+
+
+def test_save_load_round_trip(tok, tmp_path):
+    tok.save(tmp_path)
+    loaded = BPETokenizer.load(tmp_path)
+    assert loaded.vocab_size == tok.vocab_size and loaded.eos_id == tok.eos_id
+    text = "class Tokenizer: pass"
+    assert torch.equal(loaded.encode(text).ids, tok.encode(text).ids)
+    assert torch.equal(BPETokenizer.load(tmp_path / "tokenizer.json").encode(text).ids, tok.encode(text).ids)
+
+
+def test_train_from_files(tmp_path):
+    path = tmp_path / "corpus.txt"
+    path.write_text("".join(CORPUS))
+    tok = BPETokenizer.train(files=[path], vocab_size=280)
+    assert tok.decode(tok.encode("return 0").ids) == "return 0"
+
+
+def test_batch_encode_pads_right_or_left(tok):
+    right = tok.batch_encode(["import os", "x"])
+    assert isinstance(right, Tokens)
+    n_long, n_short = len(tok.encode("import os").ids), len(tok.encode("x").ids)
+    assert right.ids.shape == (2, n_long)
+    assert right.attention_mask[1].tolist() == [1] * n_short + [0] * (n_long - n_short)
+    assert right.ids[1, n_short:].eq(tok.pad_id).all()
+    left = tok.batch_encode(["import os", "x"], padding_side="left")
+    assert left.attention_mask[1].tolist() == [0] * (n_long - n_short) + [1] * n_short
+    assert torch.equal(left.ids[1, -n_short:], tok.encode("x").ids)
+
+
+def test_batch_encode_refuses_to_truncate_silently(tok):
+    with pytest.raises(ValueError, match="max_length=2"):
+        tok.batch_encode(["import os import sys"], max_length=2)
+    cut = tok.batch_encode(["import os import sys"], max_length=2, truncation=True)
+    assert cut.ids.shape == (1, 2)
+    assert torch.equal(cut.ids[0], tok.encode("import os import sys").ids[:2])
+    tail = tok.batch_encode(["import os import sys"], max_length=2, truncation=True, truncation_side="left")
+    assert torch.equal(tail.ids[0], tok.encode("import os import sys").ids[-2:])
+
+
+def test_bad_input_is_named(tok):
+    with pytest.raises(ValueError, match="empty text"):
+        tok.encode("")
+    with pytest.raises(TypeError, match="str"):
+        tok.encode(123)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        tok.decode([tok.vocab_size + 5])
+    with pytest.raises(TypeError, match="list of strings"):
+        tok.batch_encode("not a list")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="too small"):
+        BPETokenizer.train(iterator=CORPUS, vocab_size=100)
+    with pytest.raises(ValueError, match="exactly one"):
+        BPETokenizer.train(vocab_size=300)
+    with pytest.raises(FileNotFoundError):
+        BPETokenizer.load("/nonexistent/tokenizer")

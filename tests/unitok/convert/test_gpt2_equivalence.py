@@ -1,0 +1,124 @@
+"""unitok's GPT *is* GPT-2: a random Hugging Face GPT2LMHeadModel, converted, gives the same
+logits, hidden states and generated tokens (float32, atol 1e-5)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.conftest import small_gpt2
+from unitok.convert import from_transformers
+from unitok.models import GPT
+
+CONFIGS = {
+    "base": {},
+    "deeper-gelu-custom-ff": dict(n_layer=3, n_head=2, n_inner=48, activation_function="gelu"),
+    "relu-eps": dict(n_layer=1, n_embd=48, n_head=6, activation_function="relu", layer_norm_epsilon=1e-6),
+}
+
+
+@pytest.fixture(params=list(CONFIGS), ids=list(CONFIGS))
+def pair(request):
+    torch.manual_seed(0)
+    hf = small_gpt2(**CONFIGS[request.param])
+    return hf, from_transformers(hf).eval()
+
+
+def test_converted_model_is_a_unitok_gpt(pair):
+    hf, ours = pair
+    assert isinstance(ours, GPT)
+    assert ours.config.n_layers == hf.config.n_layer and ours.config.vocab_size == hf.config.vocab_size
+
+
+def test_same_logits_and_hidden_states(pair):
+    hf, ours = pair
+    ids = torch.randint(0, hf.config.vocab_size, (3, 17))
+    with torch.no_grad():
+        ref = hf(ids, output_hidden_states=True)
+        out = ours(ids, output_hidden_states=True)
+    torch.testing.assert_close(out.logits, ref.logits, atol=1e-5, rtol=0)
+    assert len(out.hidden_states) == len(ref.hidden_states)
+    for mine, theirs in zip(out.hidden_states, ref.hidden_states):
+        torch.testing.assert_close(mine, theirs, atol=1e-5, rtol=0)
+
+
+def test_same_logits_with_left_padding(pair):
+    hf, ours = pair
+    ids = torch.randint(3, hf.config.vocab_size, (2, 9))
+    mask = torch.ones_like(ids)
+    mask[1, :4] = 0
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        ref = hf(ids, attention_mask=mask, position_ids=positions).logits
+        out = ours(ids, attention_mask=mask).logits  # positions counted from the mask by default
+    real = mask.bool()
+    torch.testing.assert_close(out[real], ref[real], atol=1e-5, rtol=0)
+
+
+def _eos_that_greedy_emits(hf, prompt, steps=12):
+    """Pick as EOS a token greedy decoding produces mid-way, so EOS handling really matters."""
+    with torch.no_grad():
+        out = hf.generate(prompt, max_new_tokens=steps, do_sample=False, eos_token_id=None, pad_token_id=0)
+    return int(out[0, prompt.shape[1] + steps // 2])
+
+
+@pytest.mark.parametrize("eos", [False, True], ids=["no-eos", "eos-hit"])
+def test_greedy_generation_matches(pair, eos):
+    hf, ours = pair
+    prompt = torch.randint(3, hf.config.vocab_size, (1, 5))
+    eos_id = _eos_that_greedy_emits(hf, prompt) if eos else None
+    with torch.no_grad():
+        ref = hf.generate(prompt, max_new_tokens=12, do_sample=False, eos_token_id=eos_id, pad_token_id=0)
+    out = ours.generate(prompt, max_new_tokens=12, strategy="greedy", eos_token_id=eos_id, pad_token_id=0)
+    assert out.tolist() == ref.tolist()
+
+
+@pytest.mark.parametrize("num_beams,length_penalty,early", [(4, 1.0, False), (3, 0.5, False), (4, 2.0, True)])
+def test_beam_search_matches(pair, num_beams, length_penalty, early):
+    hf, ours = pair
+    prompt = torch.randint(3, hf.config.vocab_size, (1, 4))
+    eos_id = _eos_that_greedy_emits(hf, prompt)
+    kwargs = dict(max_new_tokens=10, num_beams=num_beams, length_penalty=length_penalty, early_stopping=early,
+                  eos_token_id=eos_id, pad_token_id=0)
+    with torch.no_grad():
+        ref = hf.generate(prompt, do_sample=False, **kwargs)
+    out = ours.generate(prompt, strategy="beam", **kwargs)
+    assert out.tolist() == ref.tolist()
+
+
+def test_batched_left_padded_generation_matches(pair):
+    hf, ours = pair
+    ids = torch.randint(3, hf.config.vocab_size, (2, 6))
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0
+    ids[0, :2] = 0
+    for strategy, extra in [("greedy", {}), ("beam", {"num_beams": 3})]:
+        with torch.no_grad():
+            ref = hf.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False,
+                              eos_token_id=None, pad_token_id=0, **extra)
+        out = ours.generate(ids, attention_mask=mask, max_new_tokens=8, strategy=strategy,
+                            eos_token_id=None, pad_token_id=0, **extra)
+        assert out.tolist() == ref.tolist(), strategy
+
+
+def test_sampling_matches_with_the_same_seed(pair):
+    hf, ours = pair
+    prompt = torch.randint(3, hf.config.vocab_size, (2, 4))
+    options = dict(max_new_tokens=10, temperature=0.8, top_k=20, top_p=0.9, eos_token_id=None, pad_token_id=0)
+    torch.manual_seed(123)
+    with torch.no_grad():
+        ref = hf.generate(prompt, do_sample=True, **options)
+    torch.manual_seed(123)
+    out = ours.generate(prompt, strategy="sample", **options)
+    assert out.tolist() == ref.tolist()
+
+
+def test_unsupported_gpt2_options_are_refused():
+    hf = small_gpt2(scale_attn_by_inverse_layer_idx=True)
+    with pytest.raises(ValueError, match="scale_attn_by_inverse_layer_idx"):
+        from_transformers(hf)
+
+
+def test_unknown_model_class_is_named():
+    with pytest.raises(ValueError, match="no converter for transformers class Linear"):
+        from_transformers(torch.nn.Linear(2, 2))

@@ -1,0 +1,56 @@
+"""Attention kernels and masks: the fused SDPA path equals the plain reference."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from unitok.layers import build_attention_mask, causal_mask, reference_attention, sdpa_attention
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("padded", [False, True])
+def test_sdpa_equals_reference(causal, padded):
+    q, k, v = (torch.randn(2, 3, 7, 8) for _ in range(3))
+    padding = torch.ones(2, 7, dtype=torch.long)
+    if padded:
+        padding[1, :3] = 0
+    mask = build_attention_mask(7, 7, causal, padding if padded else None)
+    ref, weights = reference_attention(q, k, v, mask)
+    fused = sdpa_attention(q, k, v, mask)
+    torch.testing.assert_close(fused, ref, atol=1e-6, rtol=0)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(2, 3, 7))
+
+
+def test_is_causal_flag_equals_explicit_mask():
+    q, k, v = (torch.randn(1, 2, 5, 4) for _ in range(3))
+    torch.testing.assert_close(sdpa_attention(q, k, v, is_causal=True),
+                               reference_attention(q, k, v, causal_mask(5, 5)[None, None])[0], atol=1e-6, rtol=0)
+
+
+def test_reference_is_softmax_of_scaled_scores():
+    q, k, v = torch.randn(1, 1, 3, 4), torch.randn(1, 1, 3, 4), torch.randn(1, 1, 3, 4)
+    _, weights = reference_attention(q, k, v)
+    expected = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(4), dim=-1)
+    torch.testing.assert_close(weights, expected)
+
+
+def test_causal_mask_with_cached_keys_aligns_queries_to_the_end():
+    # 2 new queries after 3 cached keys: query 0 is position 3, query 1 is position 4.
+    assert causal_mask(2, 5).tolist() == [[True, True, True, True, False], [True] * 5]
+
+
+def test_padding_query_rows_never_produce_nan():
+    padding = torch.tensor([[0, 0, 1, 1]])
+    mask = build_attention_mask(4, 4, True, padding)
+    q, k, v = (torch.randn(1, 1, 4, 2) for _ in range(3))
+    assert not torch.isnan(sdpa_attention(q, k, v, mask)).any()
+    # Real tokens never see padding.
+    assert not mask[0, 0, 2:, :2].any()
+
+
+def test_mask_length_mismatch_is_an_error():
+    with pytest.raises(ValueError, match="covers 3 positions, expected 4"):
+        build_attention_mask(4, 4, True, torch.ones(1, 3))

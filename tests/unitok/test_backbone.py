@@ -1,0 +1,88 @@
+"""The one Backbone across its config choices: shapes, finite outputs, gradients, options."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from unitok.backbone import SUBLAYERS, Backbone, BackboneConfig
+from unitok.embed import sinusoidal_table
+from unitok.layers import RMSNorm
+
+VARIANTS = {
+    "gpt (pre-norm, causal)": dict(causal=True),
+    "bert (post-norm, no final norm)": dict(norm_position="post", final_norm=False),
+    "t5-like (rmsnorm, no bias, relu)": dict(norm="rmsnorm", bias=False, activation="relu", attn_scale=1.0),
+    "wide mlp, silu": dict(d_ff=80, activation="silu"),
+}
+
+
+@pytest.mark.parametrize("overrides", VARIANTS.values(), ids=list(VARIANTS))
+def test_every_variant_runs_and_every_parameter_learns(overrides):
+    cfg = BackboneConfig(d_model=16, n_layers=2, n_heads=4, **overrides)
+    model = Backbone(cfg)
+    x = torch.randn(2, 5, 16)
+    out = model(x, output_hidden_states=True, output_attentions=True)
+    assert out.last_hidden_state.shape == (2, 5, 16)
+    assert torch.isfinite(out.last_hidden_state).all()
+    assert len(out.hidden_states) == cfg.n_layers + 1 and len(out.attentions) == cfg.n_layers
+    out.last_hidden_state.square().mean().backward()
+    silent = [n for n, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
+    assert not silent, f"parameters without gradient: {silent}"
+
+
+def test_sublayer_registry_builds_norm_choices():
+    cfg = BackboneConfig(d_model=8, n_layers=1, n_heads=2, norm="rmsnorm", bias=False)
+    block = Backbone(cfg).blocks[0]
+    assert list(block.sublayers) == ["attn", "mlp"]
+    assert isinstance(block.sublayers["attn"].norm, RMSNorm)
+    assert block.sublayers["mlp"].fc_in.bias is None
+    assert set(SUBLAYERS) >= {"attn", "mlp"}
+
+
+def test_pre_norm_and_post_norm_compute_the_documented_formulas():
+    torch.manual_seed(0)
+    x = torch.randn(1, 3, 8)
+    for position in ("pre", "post"):
+        cfg = BackboneConfig(d_model=8, n_layers=1, n_heads=2, block=("mlp",), norm_position=position,
+                             final_norm=False)
+        model = Backbone(cfg).eval()
+        mlp = model.blocks[0].sublayers["mlp"]
+        expected = x + mlp(mlp.norm(x)) if position == "pre" else mlp.norm(x + mlp(x))
+        torch.testing.assert_close(model(x).last_hidden_state, expected)
+
+
+def test_sinusoidal_table_is_the_lecture_formula():
+    table = sinusoidal_table(50, 16)
+    p, i = 7, 3
+    assert math.isclose(table[p, 2 * i].item(), math.sin(p / 10000 ** (2 * i / 16)), abs_tol=1e-6)
+    assert math.isclose(table[p, 2 * i + 1].item(), math.cos(p / 10000 ** (2 * i / 16)), abs_tol=1e-6)
+
+
+def test_rmsnorm_matches_its_definition():
+    norm = RMSNorm(4, eps=1e-6)
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(norm(x), x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(d_model=10, n_heads=3), "divisible"),
+        (dict(block=("attn", "convolution")), "unknown sublayer"),
+        (dict(norm_position="middle"), "norm_position"),
+        (dict(norm="batchnorm"), "norm must be"),
+        (dict(dropout=1.5), "dropout"),
+    ],
+)
+def test_bad_config_is_refused(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        BackboneConfig(**kwargs)
+
+
+def test_wrong_width_input_is_refused():
+    model = Backbone(BackboneConfig(d_model=8, n_layers=1, n_heads=2))
+    with pytest.raises(ValueError, match="expects \\(batch, tokens, 8\\)"):
+        model(torch.randn(1, 3, 9))

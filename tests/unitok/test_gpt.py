@@ -1,0 +1,183 @@
+"""GPT on the shared backbone: causality, padding, KV cache, kernels, checkpoints, bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from unitok.models import GPT, CheckpointMismatchError, GPTConfig
+
+
+def tiny(**overrides) -> GPT:
+    torch.manual_seed(0)
+    options = dict(vocab_size=50, context_length=32, d_model=32, n_layers=2, n_heads=4, eos_token_id=1)
+    return GPT(GPTConfig(**{**options, **overrides})).eval()
+
+
+@pytest.mark.parametrize("positions", ["learned", "sinusoidal"])
+def test_changing_token_t_never_changes_logits_before_t(positions):
+    model = tiny(positions=positions)
+    ids = torch.randint(2, 50, (1, 12))
+    changed = ids.clone()
+    changed[0, 7] = (ids[0, 7] + 1) % 50
+    with torch.no_grad():
+        a, b = model(ids).logits, model(changed).logits
+    torch.testing.assert_close(a[:, :7], b[:, :7], atol=0, rtol=0)
+    assert not torch.allclose(a[:, 7:], b[:, 7:])
+
+
+def test_left_padded_batch_equals_unpadded_single_sequences():
+    model = tiny()
+    rows = [torch.randint(2, 50, (n,)) for n in (9, 4, 6)]
+    width = max(len(r) for r in rows)
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r):] = r
+        mask[i, width - len(r):] = 1
+    with torch.no_grad():
+        batch = model(ids, attention_mask=mask).logits
+        for i, r in enumerate(rows):
+            single = model(r[None]).logits[0]
+            torch.testing.assert_close(batch[i, width - len(r):], single, atol=1e-5, rtol=0)
+
+
+def test_kv_cache_decoding_equals_full_forward():
+    model = tiny()
+    ids = torch.randint(2, 50, (2, 14))
+    with torch.no_grad():
+        full = model(ids).logits
+        cache = model.new_cache()
+        first = model(ids[:, :5], cache=cache).logits
+        steps = [model(ids[:, t : t + 1], cache=cache).logits for t in range(5, 14)]
+    incremental = torch.cat([first, *steps], dim=1)
+    torch.testing.assert_close(incremental, full, atol=1e-5, rtol=0)
+    assert cache.seq_len == 14
+
+
+def test_kv_cache_with_left_padding_equals_full_forward():
+    model = tiny()
+    ids = torch.randint(2, 50, (2, 10))
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0
+    with torch.no_grad():
+        full = model(ids, attention_mask=mask).logits
+        cache = model.new_cache()
+        head = model(ids[:, :6], attention_mask=mask[:, :6], cache=cache).logits
+        tail = [model(ids[:, t : t + 1], attention_mask=mask[:, : t + 1], cache=cache).logits for t in range(6, 10)]
+    got = torch.cat([head, *tail], dim=1)
+    torch.testing.assert_close(got[mask.bool()], full[mask.bool()], atol=1e-5, rtol=0)
+
+
+def test_sdpa_path_equals_reference_path_and_attention_maps_are_returned():
+    model = tiny()
+    ids = torch.randint(2, 50, (2, 11))
+    with torch.no_grad():
+        fused = model(ids).logits
+        ref = model(ids, kernel="reference", output_attentions=True)
+    torch.testing.assert_close(fused, ref.logits, atol=1e-5, rtol=0)
+    assert len(ref.attentions) == 2 and ref.attentions[0].shape == (2, 4, 11, 11)
+    weights = ref.attentions[1][0, 0]
+    torch.testing.assert_close(weights.sum(-1), torch.ones(11))
+    assert torch.triu(weights, diagonal=1).abs().max() == 0  # causal: nothing above the diagonal
+
+
+def test_tokens_batch_input_equals_plain_tensors():
+    from tokenizers_mm import collate
+
+    model = tiny()
+    batch = collate([[3, 4, 5], [6, 7]], pad_id=0, padding_side="left")
+    with torch.no_grad():
+        a = model(batch).logits
+        b = model(batch.ids, attention_mask=batch.attention_mask).logits
+    torch.testing.assert_close(a, b)
+
+
+def test_lm_head_is_tied_to_the_token_embedding():
+    model = tiny()
+    assert model.lm_head.weight is model.tok_embed.weight
+    untied = tiny(tie_embeddings=False)
+    assert untied.lm_head.weight is not untied.tok_embed.weight
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_save_load_round_trip_is_exact(tmp_path, tie):
+    model = tiny(tie_embeddings=tie)
+    model.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["family"] == "GPT"
+    loaded = GPT.from_pretrained(tmp_path)
+    assert loaded.config == model.config
+    for (name, a), (_, b) in zip(model.state_dict().items(), loaded.state_dict().items()):
+        assert torch.equal(a, b), name
+    ids = torch.randint(2, 50, (1, 8))
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, loaded.eval()(ids).logits)
+    if tie:
+        assert loaded.lm_head.weight is loaded.tok_embed.weight
+
+
+def test_mismatched_checkpoint_lists_every_bad_key(tmp_path):
+    tiny().save_pretrained(tmp_path)
+    state = load_file(tmp_path / "model.safetensors")
+    state.pop("backbone.norm.bias")
+    state["extra.weight"] = torch.zeros(2)
+    state["pos_embed.weight"] = torch.zeros(7, 32)
+    save_file(state, tmp_path / "model.safetensors")
+    with pytest.raises(CheckpointMismatchError) as info:
+        GPT.from_pretrained(tmp_path)
+    message = str(info.value)
+    assert "missing keys: backbone.norm.bias" in message
+    assert "unexpected keys: extra.weight" in message
+    assert "pos_embed.weight (checkpoint (7, 32), model (32, 32))" in message
+
+
+def test_loading_the_wrong_family_or_a_missing_folder_is_named(tmp_path):
+    tiny().save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "family": "BERT"}))
+    with pytest.raises(ValueError, match="holds a BERT checkpoint"):
+        GPT.from_pretrained(tmp_path)
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        GPT.from_pretrained(tmp_path / "nowhere")
+
+
+def test_presets_are_data():
+    small = GPTConfig.from_name("gpt2-small")
+    assert (small.d_model, small.n_layers, small.n_heads, small.vocab_size) == (768, 12, 12, 50257)
+    assert GPTConfig.from_name("gpt2-xl").d_model == 1600
+    assert GPTConfig.from_name("gpt-nano", vocab_size=300).vocab_size == 300
+    assert GPTConfig.from_dict(small.to_dict()) == small
+    assert sum(p.numel() for p in GPT(GPTConfig.from_name("gpt-nano")).parameters()) > 0
+
+
+@pytest.mark.parametrize(
+    "call, error, message",
+    [
+        (lambda m: m(torch.tensor([[3, 50]])), ValueError, r"token ids \[50\] are outside the vocabulary \[0, 50\)"),
+        (lambda m: m(torch.randint(0, 50, (1, 33))), ValueError, "longer than the context length 32"),
+        (lambda m: m(torch.zeros(1, 0, dtype=torch.long)), ValueError, "empty"),
+        (lambda m: m(torch.zeros(4, dtype=torch.long)), ValueError, r"\(batch, tokens\)"),
+        (lambda m: m.generate(torch.zeros(1, 0, dtype=torch.long)), ValueError, "empty prompt"),
+        (lambda m: m.generate(torch.ones(1, 30, dtype=torch.long), max_new_tokens=5), ValueError,
+         "exceeds the context length 32"),
+        (lambda m: m.generate(torch.ones(1, 3, dtype=torch.long), strategy="nucleus"), ValueError, "unknown strategy"),
+        (lambda m: m.generate(torch.ones(1, 3, dtype=torch.long), num_beam=2), ValueError, "did you mean 'num_beams'"),
+        (lambda m: m.generate(torch.ones(1, 3, dtype=torch.long), strategy="sample", top_p=1.5), ValueError, "top_p"),
+    ],
+    ids=["id>=vocab", "too-long", "empty", "1-d", "empty-prompt", "prompt+new>context", "strategy", "typo", "top_p"],
+)
+def test_bad_input_raises_a_clear_error(call, error, message):
+    with pytest.raises(error, match=message):
+        call(tiny())
+
+
+def test_config_typos_and_unknown_presets_are_named():
+    with pytest.raises(ValueError, match="unknown GPTConfig preset 'gpt2-smal' \\(did you mean 'gpt2-small'\\?\\)"):
+        GPTConfig.from_name("gpt2-smal")
+    with pytest.raises(ValueError, match="unknown GPTConfig key\\(s\\): 'n_layer' \\(did you mean 'n_layers'\\?\\)"):
+        GPTConfig.from_dict({"n_layer": 2})
+    with pytest.raises(ValueError, match="eos_token_id=99 is outside"):
+        GPTConfig(vocab_size=50, eos_token_id=99)
