@@ -87,11 +87,15 @@ class CausalLMTask(L.LightningModule):
             self.log("test_ppl", math.exp(min(float(loss), 50.0)))
 
     def predict_step(self, batch: list[str], batch_idx: int) -> list[str]:
-        """Continue each prompt string greedily; needs the data module's tokenizer."""
+        """Continue each prompt string greedily (as far as the context allows); needs the data
+        module's tokenizer."""
         tok = self.trainer.datamodule.tokenizer  # type: ignore[union-attr]
         prompts = tok.batch_encode(batch, padding_side="left").to(self.device)
-        out = self.model.generate(prompts, max_new_tokens=self.hparams.generate_max_new_tokens)
-        return [text for text in tok.batch_decode(out)]
+        room = self.model.config.context_length - prompts.seq_len
+        if room < 1:
+            raise ValueError(f"prompts of {prompts.seq_len} tokens leave no room in context {self.model.config.context_length}")
+        out = self.model.generate(prompts, max_new_tokens=min(room, self.hparams.generate_max_new_tokens))
+        return tok.batch_decode(out)
 
     def configure_optimizers(self):
         groups = weight_decay_groups(self.model, self.hparams.weight_decay)

@@ -1,0 +1,36 @@
+# unitok: every target sets up .venv on first use (pyproject.toml + constraints.txt).
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install run test bench lint clean
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]' -c constraints.txt
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# The main job: train a tiny GPT on the built-in corpus, then continue a few prompts.
+run: $(STAMP)
+	$(BIN)/unitok fit --config configs/gpt/tiny.yaml
+	$(BIN)/unitok sample --model runs/gpt_tiny/pretrained --max_new_tokens 48 \
+		--prompt "def main(" --prompt "class Parser" --strategy beam --num_beams 4
+	$(BIN)/unitok sample --model runs/gpt_tiny/pretrained --max_new_tokens 48 \
+		--prompt "import os" --strategy sample --top_k 40 --top_p 0.95 --temperature 0.8
+
+# The whole test suite (slow tests included), CPU only.
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/gpt_vs_hf.py
+
+lint: $(STAMP)
+	$(BIN)/ruff check unitok tokenizers_mm tasks tests benchmarks
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

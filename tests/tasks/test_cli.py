@@ -1,0 +1,70 @@
+"""The `unitok` command: recipes parse, `fit` runs as a subprocess and leaves a checkpoint and
+a model folder, `predict`/`test` use the checkpoint, `unitok sample` continues prompts."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tasks.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIGS = sorted((ROOT / "configs").rglob("*.yaml"))
+TINY = ROOT / "configs" / "gpt" / "tiny.yaml"
+# Small enough for a test: a slice of the corpus, a small vocabulary, short windows.
+QUICK = ["--data.builtin_max_bytes", "150000", "--data.vocab_size", "400", "--data.context_length", "32",
+         "--data.batch_size", "4", "--trainer.limit_val_batches", "2", "--trainer.enable_progress_bar", "false"]
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=[str(c.relative_to(ROOT / "configs")) for c in CONFIGS])
+def test_every_recipe_parses(config, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", str(config), "--print_config"])
+    assert exit_info.value.code in (0, None)
+    printed = capsys.readouterr().out
+    assert "class_path" in printed and "trainer:" in printed
+
+
+def test_a_config_typo_is_a_clear_error(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", str(TINY), "--model.learning_rat", "0.1", "--print_config"])
+    assert exit_info.value.code != 0
+    assert "learning_rat" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_fit_subprocess_then_predict_test_and_sample(tmp_path, monkeypatch, capsys):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    command = [sys.executable, "-m", "tasks.cli", "fit", "--config", str(TINY), "--trainer.max_steps", "5",
+               "--trainer.val_check_interval", "5", "--model.generate_max_new_tokens", "5", *QUICK]
+    run = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    checkpoints = tmp_path / "runs" / "gpt_tiny" / "checkpoints"
+    assert (checkpoints / "last.ckpt").is_file()
+    pretrained = tmp_path / "runs" / "gpt_tiny" / "pretrained"
+    assert {"model.safetensors", "config.json", "tokenizer.json"} <= {p.name for p in pretrained.iterdir()}
+    assert list((tmp_path / "runs" / "gpt_tiny").glob("version_*/metrics.csv"))
+
+    monkeypatch.chdir(tmp_path)
+    ckpt = str(checkpoints / "last.ckpt")
+    main(["predict", "--config", str(TINY), "--ckpt_path", ckpt, *QUICK,
+          "--data.predict_prompts", "['def main(', 'import ']"])
+    printed = capsys.readouterr().out
+    assert "def main(" in printed and "import " in printed
+    main(["test", "--config", str(TINY), "--ckpt_path", ckpt, *QUICK])
+    assert "test_loss" in capsys.readouterr().out
+
+    main(["sample", "--model", str(pretrained), "--prompt", "def main(", "--prompt", "class ",
+          "--max_new_tokens", "6", "--strategy", "beam", "--num_beams", "2"])
+    printed = capsys.readouterr().out
+    assert "def main(" in printed and "class " in printed
+
+    from tasks.sample import main as sample_main
+
+    texts = sample_main(["--model", str(pretrained), "--prompt", "def main(", "--max_new_tokens", "6",
+                         "--strategy", "sample", "--top_k", "5"])
+    assert len(texts) == 1 and texts[0].startswith("def main(") and len(texts[0]) > len("def main(")
