@@ -48,12 +48,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--context-length", type=int, default=256)
     p.add_argument("--batch-size", type=int, default=8, help="training batch")
     p.add_argument("--seq-len", type=int, default=128, help="training sequence length")
-    p.add_argument("--train-steps", type=int, default=3, help="optimizer steps per timed repetition")
+    p.add_argument("--train-steps", type=int, default=2, help="optimizer steps per repetition")
     p.add_argument("--prompt-len", type=int, default=16)
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=5, help="timed repetitions per library")
     p.add_argument("--warmup", type=int, default=1, help="untimed repetitions per library")
-    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch.set_num_threads (default: torch's choice)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip-train", action="store_true")
@@ -103,7 +104,9 @@ def timed(fn: Callable[[], Any], device: str) -> float:
     return time.perf_counter() - start
 
 
-def alternate(runs: dict[str, Callable[[], Any]], repeats: int, warmup: int, device: str) -> dict[str, list[float]]:
+def alternate(
+    runs: dict[str, Callable[[], Any]], repeats: int, warmup: int, device: str
+) -> dict[str, list[float]]:
     """Time each callable ``repeats`` times, interleaved (order flips every round)."""
     names = list(runs)
     for _ in range(warmup):
@@ -123,7 +126,7 @@ def lm_loss(logits: Tensor, ids: Tensor) -> Tensor:
 
 
 def make_train_step(model: nn.Module, ids: Tensor, steps: int) -> Callable[[], float]:
-    """A closure running ``steps`` AdamW steps on ``model`` (its own optimizer); returns the loss."""
+    """A closure running ``steps`` AdamW steps on ``model`` (own optimizer); returns the loss."""
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
@@ -142,10 +145,12 @@ def make_train_step(model: nn.Module, ids: Tensor, steps: int) -> Callable[[], f
 def bench_train(ours: nn.Module, hf: nn.Module, args: argparse.Namespace) -> dict[str, float]:
     """Training tokens/s (median over repetitions) for both models, on copies of them."""
     g = torch.Generator().manual_seed(args.seed + 1)
-    ids = torch.randint(0, args.vocab_size, (args.batch_size, args.seq_len), generator=g).to(args.device)
+    shape = (args.batch_size, args.seq_len)
+    ids = torch.randint(0, args.vocab_size, shape, generator=g).to(args.device)
     # The same first-step loss confirms the two models (and the loss) are the same function.
     with torch.no_grad():
-        loss_ours, loss_hf = float(lm_loss(ours(ids).logits, ids)), float(lm_loss(hf(ids).logits, ids))
+        loss_ours = float(lm_loss(ours(ids).logits, ids))
+        loss_hf = float(lm_loss(hf(ids).logits, ids))
     runs = {"unitok": make_train_step(copy.deepcopy(ours), ids, args.train_steps),
             "hf": make_train_step(copy.deepcopy(hf), ids, args.train_steps)}
     times = alternate(runs, args.repeats, args.warmup, args.device)
@@ -164,24 +169,27 @@ def bench_generate(ours: nn.Module, hf: nn.Module, args: argparse.Namespace) -> 
     outputs: dict[str, Tensor] = {}
 
     def run_ours() -> None:
-        outputs["unitok"] = ours.generate(ids, max_new_tokens=n, strategy="greedy", eos_token_id=None)
+        outputs["unitok"] = ours.generate(ids, max_new_tokens=n, strategy="greedy",
+                                          eos_token_id=None)
 
     def run_hf() -> None:
         outputs["hf"] = hf.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
                                     do_sample=False, eos_token_id=None, pad_token_id=0)
 
-    ours.eval(), hf.eval()
+    ours.eval()
+    hf.eval()
     times = alternate({"unitok": run_ours, "hf": run_hf}, args.repeats, args.warmup, args.device)
     a, b = outputs["unitok"], outputs["hf"]
     if a.shape != (1, args.prompt_len + n) or b.shape != a.shape:
-        raise AssertionError(f"generated shapes differ: unitok {tuple(a.shape)}, hf {tuple(b.shape)}")
+        raise AssertionError(f"generated shapes differ: unitok {tuple(a.shape)}, "
+                             f"hf {tuple(b.shape)}")
     same = bool(torch.equal(a.cpu(), b.cpu()))
     if not same:
         first = int((a != b).nonzero()[0, 1])
-        raise AssertionError(f"greedy outputs differ from position {first}: unitok {a[0, first:].tolist()[:8]}, "
-                             f"hf {b[0, first:].tolist()[:8]}")
-    return {"unitok": n / statistics.median(times["unitok"]), "hf": n / statistics.median(times["hf"]),
-            "same_output": same}
+        raise AssertionError(f"greedy outputs differ from position {first}: "
+                             f"unitok {a[0, first:].tolist()[:8]}, hf {b[0, first:].tolist()[:8]}")
+    return {"unitok": n / statistics.median(times["unitok"]),
+            "hf": n / statistics.median(times["hf"]), "same_output": same}
 
 
 # --------------------------------------------------------------------------- report
@@ -201,6 +209,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         raise SystemExit("--device cuda asked for, but CUDA is not available")
     if args.prompt_len + args.new_tokens > args.context_length:
         raise SystemExit("prompt-len + new-tokens exceeds context-length")
+    start = time.perf_counter()
     ours, hf = build_models(args)
     n_params = sum(p.numel() for p in ours.parameters())
     print(f"config: D={args.d_model} L={args.n_layers} H={args.n_heads} V={args.vocab_size} "
@@ -222,6 +231,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               f"identical outputs: {gen['same_output']}")
         rows.append(("generate new tokens/s", gen["unitok"], gen["hf"]))
     print_table(rows)
+    result["seconds"] = time.perf_counter() - start
+    print(f"({result['seconds']:.0f} s)")
     return result
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-import torch
 from torch import Tensor, nn
 
 from unitok.config import Config
@@ -126,11 +125,12 @@ class Block(nn.Module):
             self.sublayers[key] = SUBLAYERS[name](cfg, layer_idx)
 
     def forward(self, x: Tensor, ctx: AttentionContext) -> Tensor:  # (B, N, D) -> (B, N, D)
+        drop = self.drop if self.training and self.drop.p > 0 else None
         for sub in self.sublayers.values():
-            if self.pre_norm:
-                x = x + self.drop(sub(sub.norm(x), ctx))
-            else:
-                x = sub.norm(x + self.drop(sub(x, ctx)))
+            y = sub(sub.norm(x) if self.pre_norm else x, ctx)
+            if drop is not None:
+                y = drop(y)
+            x = x + y if self.pre_norm else sub.norm(x + y)
         return x
 
 

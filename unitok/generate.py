@@ -24,8 +24,9 @@ Strategy = Literal["greedy", "sample", "beam"]
 class Decoder(Protocol):
     def new_cache(self, capacity: int) -> KVCache: ...
 
-    def next_token_logits(self, new_ids: Tensor, attention_mask: Tensor, cache: KVCache) -> Tensor:
-        """(B, n) new ids, (B, T) mask of cache + new -> (B, V) logits after the last new id."""
+    def next_token_logits(self, new_ids: Tensor, attention_mask: Tensor | None, cache: KVCache) -> Tensor:
+        """(B, n) new ids, (B, T) mask of cache + new (None: nothing padded) -> (B, V) logits
+        after the last new id."""
         ...
 
 
@@ -119,12 +120,16 @@ def generate(
     if cfg.strategy == "beam":
         return _beam_search(model, input_ids, mask, cfg)
     pad = cfg.pad_token_id if cfg.pad_token_id is not None else cfg.eos_token_id
-    cache = model.new_cache(input_ids.shape[1] + cfg.max_new_tokens)
+    B, S = input_ids.shape
+    cache = model.new_cache(S + cfg.max_new_tokens)
+    # Without padding the model needs no mask: no per-step concatenation, and the backbone
+    # takes its fused causal / single-query path directly.
+    step_mask: Tensor | None = None if bool(mask.all()) else mask
     ids = input_ids
     new = input_ids
-    running = torch.ones(ids.shape[0], dtype=torch.bool, device=ids.device)
+    running = torch.ones(B, dtype=torch.bool, device=ids.device)
     for _ in range(cfg.max_new_tokens):
-        logits = model.next_token_logits(new, mask, cache).float()
+        logits = model.next_token_logits(new, step_mask, cache).float()
         if cfg.strategy == "greedy":
             token = logits.argmax(dim=-1)
         else:
@@ -136,7 +141,8 @@ def generate(
         if cfg.eos_token_id is not None and not bool(running.any()):
             break
         new = token[:, None]
-        mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
+        if step_mask is not None:
+            step_mask = torch.cat([step_mask, step_mask.new_ones(B, 1)], dim=1)
     return ids
 
 

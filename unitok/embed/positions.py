@@ -35,6 +35,10 @@ class LearnedPositions(nn.Module):
     def forward(self, positions: Tensor) -> Tensor:  # (B, N) -> (B, N, D)
         return nn.functional.embedding(positions, self.weight)
 
+    def span(self, start: int, length: int) -> Tensor:
+        """(length, D) encodings of positions start … start+length-1 (no index tensor needed)."""
+        return self.weight.narrow(0, start, length)
+
 
 class SinusoidalPositions(nn.Module):
     """Fixed sinusoidal encodings; a buffer, so nothing to learn and nothing in the checkpoint."""
@@ -46,6 +50,10 @@ class SinusoidalPositions(nn.Module):
 
     def forward(self, positions: Tensor) -> Tensor:  # (B, N) -> (B, N, D)
         return nn.functional.embedding(positions, self.table)
+
+    def span(self, start: int, length: int) -> Tensor:
+        """(length, D) encodings of positions start … start+length-1."""
+        return self.table.narrow(0, start, length)
 
 
 def make_positions(kind: str, n_positions: int, d_model: int) -> nn.Module | None:

@@ -118,7 +118,7 @@ class SelfAttention(nn.Module):
 
     def forward(self, x: Tensor, ctx: AttentionContext) -> Tensor:  # (B, N, D) -> (B, N, D)
         B, N, D = x.shape
-        q, k, v = self.qkv(x).view(B, N, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = self.qkv(x).view(B, N, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         if ctx.cache is not None:
             k, v = ctx.cache.update(self.layer_idx, k, v)  # (B, H, T, K) with T ≥ N
         dropout_p = self.dropout if self.training else 0.0

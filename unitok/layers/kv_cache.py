@@ -46,10 +46,10 @@ class KVCache:
                 new_v[:, :, :start] = buf_v[:, :, :start]  # type: ignore[index]
             buf_k, buf_v = new_k, new_v
             self._keys[layer], self._values[layer] = buf_k, buf_v
-        buf_k[:, :, start:end] = keys
-        buf_v[:, :, start:end] = values  # type: ignore[index]
+        buf_k.narrow(2, start, end - start).copy_(keys)
+        buf_v.narrow(2, start, end - start).copy_(values)  # type: ignore[union-attr]
         self._lengths[layer] = end
-        return buf_k[:, :, :end], buf_v[:, :, :end]  # type: ignore[index]
+        return buf_k.narrow(2, 0, end), buf_v.narrow(2, 0, end)  # type: ignore[union-attr]
 
     def reorder(self, index: Tensor) -> None:
         """Select batch rows (beam search keeps the cache of the surviving beams)."""

@@ -24,4 +24,7 @@ class MLP(nn.Module):
         self.fc_out = nn.Linear(d_ff, d_model, bias=bias, device=device, dtype=dtype)
 
     def forward(self, x: Tensor) -> Tensor:  # (B, N, D) -> (B, N, D)
-        return self.fc_out(self.drop(self.act(self.fc_in(x))))
+        h = self.act(self.fc_in(x))
+        if self.training and self.drop.p > 0:
+            h = self.drop(h)
+        return self.fc_out(h)

@@ -141,7 +141,8 @@ class GPT(PretrainedModel):
         )
 
     def _run_backbone(self, input_ids, attention_mask, position_ids, cache, use_cache,
-                      output_hidden_states=False, output_attentions=False, kernel: Kernel = "sdpa"):
+                      output_hidden_states=False, output_attentions=False, kernel: Kernel = "sdpa",
+                      check_ids: bool = True):
         if isinstance(input_ids, Tokens):
             if input_ids.ids is None:
                 raise ValueError("GPT reads token ids; this Tokens batch holds features")
@@ -167,18 +168,22 @@ class GPT(PretrainedModel):
                 f"attention_mask must be (batch, cached + new) = {(input_ids.shape[0], n_total)}, "
                 f"got {tuple(attention_mask.shape)}"
             )
-        if position_ids is None:
-            position_ids = self._positions(input_ids, attention_mask, past)
-        x = self.tok_embed(input_ids)
+        x = self.tok_embed(input_ids, check=check_ids)
         if self.pos_embed is not None:
-            x = x + self.pos_embed(position_ids)
-        return self.backbone(self.drop(x), attention_mask, cache, output_hidden_states, output_attentions, kernel)
+            if position_ids is None and attention_mask is None:
+                x = x + self.pos_embed.span(past, input_ids.shape[1])  # (N, D) broadcast over the batch
+            else:
+                if position_ids is None:
+                    position_ids = self._positions(input_ids, attention_mask, past)
+                x = x + self.pos_embed(position_ids)
+        if self.training and self.drop.p > 0:
+            x = self.drop(x)
+        return self.backbone(x, attention_mask, cache, output_hidden_states, output_attentions, kernel)
 
     @staticmethod
-    def _positions(input_ids: Tensor, attention_mask: Tensor | None, past: int) -> Tensor:
+    def _positions(input_ids: Tensor, attention_mask: Tensor, past: int) -> Tensor:
+        """Position ids counted from each row's first real token (left padding does not shift them)."""
         n = input_ids.shape[1]
-        if attention_mask is None:
-            return torch.arange(past, past + n, device=input_ids.device)[None].expand(input_ids.shape[0], -1)
         counted = attention_mask.long().cumsum(-1) - 1
         return counted.masked_fill(attention_mask == 0, 0)[:, -n:]
 
@@ -186,9 +191,11 @@ class GPT(PretrainedModel):
     def new_cache(self, capacity: int = 0) -> KVCache:
         return self.backbone.new_cache(capacity)
 
-    def next_token_logits(self, new_ids: Tensor, attention_mask: Tensor, cache: KVCache) -> Tensor:
+    def next_token_logits(self, new_ids: Tensor, attention_mask: Tensor | None, cache: KVCache) -> Tensor:
         """(B, n) new ids -> (B, V) logits of the token after the last one; extends ``cache``."""
-        hidden = self._run_backbone(new_ids, attention_mask, None, cache, True).last_hidden_state
+        # Ids after the prompt come from the model's own argmax/sampling: no range check needed.
+        hidden = self._run_backbone(new_ids, attention_mask, None, cache, True,
+                                    check_ids=cache.seq_len == 0).last_hidden_state
         return self.lm_head(hidden[:, -1])
 
     @torch.no_grad()
