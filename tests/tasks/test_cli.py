@@ -57,6 +57,8 @@ def test_fit_subprocess_then_predict_test_and_sample(tmp_path, monkeypatch, caps
     assert "def main(" in printed and "import " in printed
     main(["test", "--config", str(TINY), "--ckpt_path", ckpt, *QUICK])
     assert "test_loss" in capsys.readouterr().out
+    main(["validate", "--config", str(TINY), "--ckpt_path", ckpt, *QUICK])
+    assert "val_loss" in capsys.readouterr().out
 
     main(["sample", "--model", str(pretrained), "--prompt", "def main(", "--prompt", "class ",
           "--max_new_tokens", "6", "--strategy", "beam", "--num_beams", "2"])

@@ -7,7 +7,7 @@ Masks are boolean and broadcast to (B, H, N, T); True means "may attend".
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -88,7 +88,6 @@ class AttentionContext:
     cache: KVCache | None = None
     kernel: Kernel = "sdpa"
     attentions: list[Tensor] | None = None  # filled with (B, H, N, T) weights when requested
-    extras: dict = field(default_factory=dict)
 
 
 class SelfAttention(nn.Module):

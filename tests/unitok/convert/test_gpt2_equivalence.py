@@ -113,6 +113,19 @@ def test_sampling_matches_with_the_same_seed(pair):
     assert out.tolist() == ref.tolist()
 
 
+def test_bare_gpt2model_converts_with_the_tied_head():
+    from transformers import GPT2Model
+
+    hf = small_gpt2()
+    body = GPT2Model(hf.config).eval()
+    body.load_state_dict(hf.transformer.state_dict())
+    ours = from_transformers(body).eval()
+    ids = torch.randint(0, hf.config.vocab_size, (1, 6))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids).last_hidden_state, body(ids).last_hidden_state, atol=1e-5, rtol=0)
+        torch.testing.assert_close(ours(ids).logits, hf(ids).logits, atol=1e-5, rtol=0)
+
+
 def test_unsupported_gpt2_options_are_refused():
     hf = small_gpt2(scale_attn_by_inverse_layer_idx=True)
     with pytest.raises(ValueError, match="scale_attn_by_inverse_layer_idx"):
