@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sysconfig
 from collections.abc import Sequence
 from pathlib import Path
@@ -190,12 +191,15 @@ class TextDataModule(L.LightningDataModule):
         ids = np.fromiter((i for row in tok.iter_ids(texts) for i in row), dtype=dtype)
         if ids.size == 0:
             raise ValueError(f"the text files {[str(f) for f in files[:5]]} hold no text")
-        tmp = folder / "tokens.bin.tmp"
+        tmp = folder / f"tokens.bin.{os.getpid()}.tmp"  # several processes may build the same cache
         ids.tofile(tmp)
         tmp.replace(folder / "tokens.bin")
         tok.save(folder)
-        meta_file.write_text(json.dumps({"dtype": dtype, "n_tokens": int(ids.size),
-                                         "files": [str(f) for f in files]}))
+        # meta.json last, atomically: its presence means the folder is complete.
+        meta_tmp = folder / f"meta.json.{os.getpid()}.tmp"
+        meta_tmp.write_text(json.dumps({"dtype": dtype, "n_tokens": int(ids.size),
+                                        "files": [str(f) for f in files]}))
+        meta_tmp.replace(meta_file)
         self._tokenizer, self._token_file, self._dtype, self._n_tokens = tok, folder / "tokens.bin", dtype, int(ids.size)
 
     def prepare_data(self) -> None:
