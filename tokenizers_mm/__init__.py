@@ -1,6 +1,17 @@
 """tokenizers_mm: parameter-free, picklable transforms from raw data to `Tokens` batches."""
 
+from tokenizers_mm.image import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    ImagePreprocessConfig,
+    PatchTokenizer,
+    patchify,
+    unpatchify,
+)
 from tokenizers_mm.text import BPETokenizer, TextEncoding
 from tokenizers_mm.tokens import Tokens, collate
 
-__all__ = ["BPETokenizer", "TextEncoding", "Tokens", "collate"]
+__all__ = [
+    "IMAGENET_MEAN", "IMAGENET_STD", "BPETokenizer", "ImagePreprocessConfig", "PatchTokenizer",
+    "TextEncoding", "Tokens", "collate", "patchify", "unpatchify",
+]

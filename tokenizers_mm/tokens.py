@@ -19,6 +19,7 @@ class Tokens:
     Exactly one of ``ids`` (B, N) integer ids or ``features`` (B, N, F) continuous vectors is set.
     ``attention_mask`` (B, N) is 1 for real tokens and 0 for padding; ``positions`` and
     ``segments`` (B, N) are optional per-token integers (position ids, segment/type ids).
+    ``grid`` records the (rows, columns) layout of image patches, so models can place them.
     """
 
     ids: Tensor | None = None
@@ -27,6 +28,7 @@ class Tokens:
     positions: Tensor | None = None
     segments: Tensor | None = None
     modality: str = "text"
+    grid: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         if (self.ids is None) == (self.features is None):

@@ -1,6 +1,6 @@
 """The one backbone: a Block is a list of residual sublayers; a Backbone is a stack of Blocks.
 
-GPT/ViT block = ("attn", "mlp"). Other families add sublayer kinds to `SUBLAYERS` (cross
+GPT/ViT block = ("attn", "mlp"); MLP-Mixer block = ("token_mlp", "mlp"). Other families add sublayer kinds to `SUBLAYERS` (cross
 attention, token-mixing MLP, conformer convolution) instead of writing new block classes.
 Pre-/post-norm, LayerNorm/RMSNorm and biases are config fields.
 
@@ -38,6 +38,8 @@ class BackboneConfig(Config):
         dropout: on each sublayer's output before the residual add. attn_dropout: on weights.
         final_norm: a norm after the last Block (pre-norm stacks need it).
         attn_scale: attention score scale; None means 1/sqrt(head width).
+        n_tokens / token_mlp_dim: sequence length and hidden width of the token-mixing MLP
+            ("token_mlp" sublayer, MLP-Mixer); token_mlp_dim defaults to D/2.
     """
 
     d_model: int = 768
@@ -55,6 +57,8 @@ class BackboneConfig(Config):
     attn_dropout: float = 0.0
     final_norm: bool = True
     attn_scale: float | None = None
+    n_tokens: int | None = None
+    token_mlp_dim: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("d_model", "n_layers", "n_heads"):
@@ -67,6 +71,8 @@ class BackboneConfig(Config):
         unknown = [s for s in self.block if s not in SUBLAYERS]
         if unknown or not self.block:
             raise ValueError(f"unknown sublayer(s) {unknown} in block={self.block}; known: {sorted(SUBLAYERS)}")
+        if "token_mlp" in self.block and (self.n_tokens is None or self.n_tokens < 1):
+            raise ValueError(f"a token_mlp sublayer mixes a fixed number of tokens: set n_tokens, got {self.n_tokens}")
         if self.norm_position not in ("pre", "post"):
             raise ValueError(f"norm_position must be 'pre' or 'post', got {self.norm_position!r}")
         if self.norm not in ("layernorm", "rmsnorm"):
@@ -105,10 +111,28 @@ class MLPSublayer(MLP):
         return super().forward(x)
 
 
+class TokenMLPSublayer(MLP):
+    """MLP-Mixer's token mixing: one MLP across the N tokens, shared by every channel."""
+
+    def __init__(self, cfg: BackboneConfig, layer_idx: int) -> None:
+        hidden = cfg.token_mlp_dim if cfg.token_mlp_dim is not None else cfg.d_model // 2
+        super().__init__(cfg.n_tokens, hidden, cfg.activation, bias=cfg.bias, dropout=cfg.dropout)  # type: ignore[arg-type]
+        self.norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.bias)
+
+    def forward(self, x: Tensor, ctx: AttentionContext | None = None) -> Tensor:  # (B, N, D) -> (B, N, D)
+        if x.shape[1] != self.fc_in.in_features:
+            raise ValueError(
+                f"the token-mixing MLP was built for {self.fc_in.in_features} tokens, got {x.shape[1]}; "
+                "MLP-Mixer needs the image size it was configured with"
+            )
+        return super().forward(x.transpose(1, 2)).transpose(1, 2)  # mix along N for each of D channels
+
+
 # name -> constructor(cfg, layer_idx). Every sublayer has `.norm` and `forward(x, ctx)`.
 SUBLAYERS: dict[str, type[nn.Module]] = {
     "attn": AttentionSublayer,
     "mlp": MLPSublayer,
+    "token_mlp": TokenMLPSublayer,
 }
 
 

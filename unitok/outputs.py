@@ -30,3 +30,19 @@ class CausalLMOutput:
     hidden_states: tuple[Tensor, ...] | None = None
     attentions: tuple[Tensor, ...] | None = None
     cache: KVCache | None = None
+
+
+@dataclass
+class ImageClassifierOutput:
+    """``logits`` (B, K); ``pooled`` (B, D) features the head read; ``last_hidden_state``
+    (B, prefix + N, D); ``grid`` the (rows, columns) of patches. Distilled models also give
+    ``logits_cls`` and ``logits_dist`` (``logits`` is their average)."""
+
+    logits: Tensor | None
+    pooled: Tensor
+    last_hidden_state: Tensor
+    grid: tuple[int, int]
+    hidden_states: tuple[Tensor, ...] | None = None
+    attentions: tuple[Tensor, ...] | None = None
+    logits_cls: Tensor | None = None
+    logits_dist: Tensor | None = None

@@ -1,8 +1,10 @@
 """Import weights from the reference implementations into unitok models, outputs unchanged.
 
-`from_transformers` dispatches on the Hugging Face class; each family registers its converter.
+`from_transformers` (Hugging Face) dispatches on the model class through a registry;
+`from_timm` handles timm's ViT, DeiT and MLP-Mixer.
 """
 
+from unitok.convert.timm import from_timm
 from unitok.convert.transformers import from_transformers, register_transformers_converter
 
-__all__ = ["from_transformers", "register_transformers_converter"]
+__all__ = ["from_timm", "from_transformers", "register_transformers_converter"]

@@ -1,5 +1,6 @@
 """Learned embedders that turn `Tokens` into (B, N, D) vectors, and position encodings."""
 
+from unitok.embed.patches import PatchEmbedding, resample_grid_positions, sincos_2d_table
 from unitok.embed.positions import (
     LearnedPositions,
     SinusoidalPositions,
@@ -8,4 +9,7 @@ from unitok.embed.positions import (
 )
 from unitok.embed.tokens import TokenEmbedding
 
-__all__ = ["LearnedPositions", "SinusoidalPositions", "TokenEmbedding", "make_positions", "sinusoidal_table"]
+__all__ = [
+    "LearnedPositions", "PatchEmbedding", "SinusoidalPositions", "TokenEmbedding", "make_positions",
+    "resample_grid_positions", "sincos_2d_table", "sinusoidal_table",
+]

@@ -2,5 +2,10 @@
 
 from unitok.models.base import CheckpointMismatchError, PretrainedModel
 from unitok.models.gpt import GPT, GPTConfig
+from unitok.models.mixer import MixerConfig, MLPMixer
+from unitok.models.vit import DeiT, ViT, ViTConfig
 
-__all__ = ["GPT", "CheckpointMismatchError", "GPTConfig", "PretrainedModel"]
+__all__ = [
+    "GPT", "CheckpointMismatchError", "DeiT", "GPTConfig", "MLPMixer", "MixerConfig", "PretrainedModel",
+    "ViT", "ViTConfig",
+]

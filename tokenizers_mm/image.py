@@ -1,0 +1,213 @@
+"""Images -> normalised P×P patches (the ViT "16×16 words"), and back.
+
+Axis legend: B batch, C channels, H/W pixel height/width, P patch size,
+h/w patch-grid rows/columns (H/P, W/P), N = h·w patches, F = C·P·P features per patch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from tokenizers_mm.tokens import Tokens
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+Interpolation = Literal["bicubic", "bilinear", "nearest"]
+
+
+def patchify(pixels: Tensor, patch_size: int) -> Tensor:
+    """(B, C, H, W) -> (B, h·w, C·P·P), patches in row-major grid order.
+
+    Each patch is flattened channel-first (C, P, P) — the order of a Conv2d kernel, so a Linear
+    on these features with the kernel reshaped to (D, C·P·P) is that Conv2d with stride P.
+    """
+    B, C, H, W = pixels.shape
+    P = patch_size
+    if H % P or W % P:
+        raise ValueError(f"image size {H}×{W} is not divisible by the patch size {P}")
+    x = pixels.reshape(B, C, H // P, P, W // P, P)  # (B, C, h, P, w, P)
+    return x.permute(0, 2, 4, 1, 3, 5).reshape(B, (H // P) * (W // P), C * P * P)
+
+
+def unpatchify(patches: Tensor, grid: tuple[int, int], patch_size: int, channels: int) -> Tensor:
+    """(B, h·w, C·P·P) -> (B, C, h·P, w·P): the exact inverse of `patchify`."""
+    B, N, Fdim = patches.shape
+    h, w = grid
+    P = patch_size
+    if N != h * w or Fdim != channels * P * P:
+        raise ValueError(
+            f"patches of shape {tuple(patches.shape)} do not fit grid {grid} × ({channels}·{P}·{P}) features"
+        )
+    x = patches.reshape(B, h, w, channels, P, P).permute(0, 3, 1, 4, 2, 5)  # (B, C, h, P, w, P)
+    return x.reshape(B, channels, h * P, w * P)
+
+
+@dataclass(frozen=True)
+class ImagePreprocessConfig:
+    """How raw images become model input; stored with a model so inference matches training.
+
+    Args:
+        patch_size: P. channels: C the model expects.
+        mean / std: per-channel normalisation of [0, 1] pixels.
+        image_size: (H, W) to resize to (only used when ``resize`` is set).
+        resize: resize every image to ``image_size`` (else sizes must divide by P).
+        interpolation: resize filter. crop_pct: resize to image_size / crop_pct, then
+            centre-crop image_size (the timm evaluation recipe); None: plain resize.
+        pad: zero-pad (after normalisation) up to the next multiple of P instead of failing.
+    """
+
+    patch_size: int = 16
+    channels: int = 3
+    mean: tuple[float, ...] = IMAGENET_MEAN
+    std: tuple[float, ...] = IMAGENET_STD
+    image_size: tuple[int, int] | None = None
+    resize: bool = False
+    interpolation: Interpolation = "bicubic"
+    crop_pct: float | None = None
+    pad: bool = False
+
+    def __post_init__(self) -> None:
+        if self.patch_size < 1:
+            raise ValueError(f"patch_size must be ≥ 1, got {self.patch_size}")
+        if len(self.mean) != self.channels or len(self.std) != self.channels:
+            raise ValueError(f"mean/std need {self.channels} values (one per channel), got {self.mean}, {self.std}")
+        if any(s <= 0 for s in self.std):
+            raise ValueError(f"std must be positive, got {self.std}")
+        if self.resize and self.image_size is None:
+            raise ValueError("resize=True needs image_size=(height, width)")
+        if self.crop_pct is not None and not 0 < self.crop_pct <= 1:
+            raise ValueError(f"crop_pct must be in (0, 1], got {self.crop_pct}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class PatchTokenizer:
+    """Images (PIL, uint8 or float tensors/arrays, single or batched) -> `Tokens` of patches.
+
+    uint8 input is scaled from [0, 255]; float input must already be in [0, 1]. Nothing is
+    resized or padded unless the config says so: a size that does not divide by P is an error.
+    """
+
+    def __init__(self, config: ImagePreprocessConfig | None = None, **options: Any) -> None:
+        if config is not None and options:
+            raise ValueError("give either an ImagePreprocessConfig or keyword options, not both")
+        if config is None:
+            for key in ("mean", "std", "image_size"):
+                if isinstance(options.get(key), list):
+                    options[key] = tuple(options[key])
+            config = ImagePreprocessConfig(**options)
+        self.config = config
+
+    @property
+    def patch_size(self) -> int:
+        return self.config.patch_size
+
+    # ------------------------------------------------------------------ pixels
+    def to_tensor(self, images: Any) -> Tensor:
+        """Any supported image input -> float (B, C, H, W) in [0, 1] (not yet normalised)."""
+        if isinstance(images, (list, tuple)):
+            if not images:
+                raise ValueError("got an empty list of images")
+            tensors = [self.to_tensor(im) for im in images]
+            shapes = {tuple(t.shape[1:]) for t in tensors}
+            if len(shapes) > 1 and not self.config.resize:
+                raise ValueError(f"images of different sizes {sorted(shapes)} need resize=True to batch")
+            if len(shapes) > 1:
+                tensors = [self._resize(t) for t in tensors]
+            return torch.cat(tensors)
+        if _is_pil(images):
+            images = np.asarray(images.convert("RGB") if self.config.channels == 3 else images)
+            images = torch.from_numpy(images.copy())
+            images = images[None] if images.dim() == 2 else images.permute(2, 0, 1)  # HWC -> CHW
+        elif isinstance(images, np.ndarray):
+            images = torch.from_numpy(images)
+        if not isinstance(images, Tensor):
+            raise TypeError(f"unsupported image type {type(images).__name__}; give PIL images, tensors or arrays")
+        if images.dim() == 3:
+            images = images[None]
+        if images.dim() != 4:
+            raise ValueError(f"images must be (C, H, W) or (B, C, H, W), got shape {tuple(images.shape)}")
+        if images.shape[1] != self.config.channels:
+            raise ValueError(
+                f"expected {self.config.channels} channels (B, C, H, W), got {images.shape[1]} "
+                f"in shape {tuple(images.shape)}"
+            )
+        if images.dtype == torch.uint8:
+            return images.float() / 255.0
+        if not images.dtype.is_floating_point:
+            raise TypeError(f"images must be uint8 or float, got {images.dtype}")
+        if torch.isnan(images).any():
+            raise ValueError("images contain NaN")
+        low, high = float(images.min()), float(images.max())
+        if low < 0.0 or high > 1.0:
+            raise ValueError(
+                f"float images must be in [0, 1], got values in [{low:.3g}, {high:.3g}]; "
+                "scale them (or pass uint8)"
+            )
+        return images.float()
+
+    def _resize(self, pixels: Tensor) -> Tensor:
+        H, W = self.config.image_size  # type: ignore[misc]
+        mode = self.config.interpolation
+        kwargs = {"antialias": True} if mode in ("bicubic", "bilinear") else {}
+        if self.config.crop_pct is not None:
+            big = (int(H / self.config.crop_pct), int(W / self.config.crop_pct))
+            pixels = F.interpolate(pixels, size=big, mode=mode, **kwargs)
+            top, left = (big[0] - H) // 2, (big[1] - W) // 2
+            return pixels[..., top : top + H, left : left + W].clamp(0, 1)
+        return F.interpolate(pixels, size=(H, W), mode=mode, **kwargs).clamp(0, 1)
+
+    def preprocess(self, images: Any) -> Tensor:
+        """Images -> normalised float (B, C, H, W), resized/padded only when configured."""
+        pixels = self.to_tensor(images)
+        if self.config.resize:
+            pixels = self._resize(pixels)
+        mean = torch.tensor(self.config.mean).view(1, -1, 1, 1)
+        std = torch.tensor(self.config.std).view(1, -1, 1, 1)
+        pixels = (pixels - mean) / std
+        P = self.patch_size
+        H, W = pixels.shape[-2:]
+        if H % P or W % P:
+            if not self.config.pad:
+                raise ValueError(
+                    f"image size {H}×{W} is not divisible by the patch size {P}; "
+                    "configure resize=True with image_size, or pad=True"
+                )
+            pixels = F.pad(pixels, (0, (-W) % P, 0, (-H) % P))
+        return pixels
+
+    # ------------------------------------------------------------------ tokens
+    def encode(self, images: Any) -> Tokens:
+        """Images -> `Tokens` with (B, N, C·P·P) patch features and the patch grid."""
+        pixels = self.preprocess(images)
+        H, W = pixels.shape[-2:]
+        features = patchify(pixels, self.patch_size)
+        mask = torch.ones(features.shape[:2], dtype=torch.long)
+        return Tokens(features=features, attention_mask=mask, modality="image",
+                      grid=(H // self.patch_size, W // self.patch_size))
+
+    def decode(self, tokens: Tokens, denormalize: bool = True) -> Tensor:
+        """`Tokens` of patches -> (B, C, H, W) pixels (in [0, 1] when ``denormalize``)."""
+        if tokens.features is None or tokens.grid is None:
+            raise ValueError("decode needs image Tokens with features and a grid")
+        pixels = unpatchify(tokens.features, tokens.grid, self.patch_size, self.config.channels)
+        if denormalize:
+            mean = torch.tensor(self.config.mean).view(1, -1, 1, 1)
+            std = torch.tensor(self.config.std).view(1, -1, 1, 1)
+            pixels = pixels * std + mean
+        return pixels
+
+    def __call__(self, images: Any) -> Tokens:
+        return self.encode(images)
+
+
+def _is_pil(obj: Any) -> bool:
+    return type(obj).__module__.startswith("PIL.")
+

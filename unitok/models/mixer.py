@@ -1,0 +1,113 @@
+"""MLP-Mixer (Tolstikhin et al., 2021): the one backbone with ("token_mlp", "mlp") blocks.
+
+Axis legend: B batch, N patches, D width, K classes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from tokenizers_mm import Tokens
+from unitok.backbone import Backbone, BackboneConfig, init_weights
+from unitok.config import Config
+from unitok.embed import PatchEmbedding
+from unitok.layers.activations import Activation
+from unitok.models.vision import ImageModel
+from unitok.outputs import ImageClassifierOutput
+
+
+@dataclass(frozen=True)
+class MixerConfig(Config):
+    """MLP-Mixer: patches mixed by a token MLP (across patches) and a channel MLP (per patch).
+
+    The token MLP has one weight per patch position, so the image size is fixed:
+    ``image_size`` / ``patch_size`` set the number of patches it mixes.
+    """
+
+    image_size: tuple[int, int] = (224, 224)
+    patch_size: int = 16
+    channels: int = 3
+    num_classes: int = 1000
+    d_model: int = 512
+    n_layers: int = 8
+    token_mlp_dim: int = 256
+    d_ff: int = 2048
+    activation: Activation = "gelu"
+    norm_eps: float = 1e-6
+    dropout: float = 0.0
+    mean: tuple[float, ...] = (0.5, 0.5, 0.5)
+    std: tuple[float, ...] = (0.5, 0.5, 0.5)
+    interpolation: Literal["bicubic", "bilinear", "nearest"] = "bicubic"
+    crop_pct: float | None = 0.875
+
+    presets = {
+        "mixer-s16-224": dict(d_model=512, n_layers=8, token_mlp_dim=256, d_ff=2048),
+        "mixer-b16-224": dict(d_model=768, n_layers=12, token_mlp_dim=384, d_ff=3072),
+        "mixer-l16-224": dict(d_model=1024, n_layers=24, token_mlp_dim=512, d_ff=4096),
+        "mixer-digits": dict(image_size=(32, 32), patch_size=8, channels=1, num_classes=10, d_model=64,
+                             n_layers=4, token_mlp_dim=32, d_ff=256, mean=(0.5,), std=(0.5,), crop_pct=None),
+    }
+
+    def __post_init__(self) -> None:
+        if isinstance(self.image_size, int):
+            object.__setattr__(self, "image_size", (self.image_size, self.image_size))
+        object.__setattr__(self, "image_size", tuple(self.image_size))
+        object.__setattr__(self, "mean", tuple(self.mean))
+        object.__setattr__(self, "std", tuple(self.std))
+        H, W = self.image_size
+        if H % self.patch_size or W % self.patch_size:
+            raise ValueError(f"image_size {H}×{W} is not divisible by patch_size {self.patch_size}")
+        self.backbone_config()
+
+    @property
+    def n_patches(self) -> int:
+        return (self.image_size[0] // self.patch_size) * (self.image_size[1] // self.patch_size)
+
+    def backbone_config(self) -> BackboneConfig:
+        return BackboneConfig(
+            d_model=self.d_model, n_layers=self.n_layers, n_heads=1, d_ff=self.d_ff,
+            block=("token_mlp", "mlp"), norm="layernorm", norm_position="pre", norm_eps=self.norm_eps,
+            activation=self.activation, dropout=self.dropout, final_norm=True,
+            n_tokens=self.n_patches, token_mlp_dim=self.token_mlp_dim,
+        )
+
+
+class MLPMixer(ImageModel):
+    """Patch embedding -> Mixer blocks -> mean over patches -> linear head."""
+
+    config_class = MixerConfig
+
+    def __init__(self, config: MixerConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.patch_embed = PatchEmbedding(config.channels, config.patch_size, config.d_model)
+        self.drop = nn.Dropout(config.dropout)
+        self.backbone = Backbone(config.backbone_config())
+        self.head = nn.Linear(config.d_model, config.num_classes) if config.num_classes else None
+        init_weights(self, std=0.02)
+
+    def forward(self, pixel_values: Tensor | Tokens, output_hidden_states: bool = False) -> ImageClassifierOutput:
+        patches, grid = self._patches(pixel_values)
+        if patches.shape[1] != self.config.n_patches:
+            H, W = self.config.image_size
+            raise ValueError(
+                f"MLP-Mixer mixes exactly {self.config.n_patches} patches ({H}×{W} images); got "
+                f"{patches.shape[1]} (grid {grid}); resize images to {H}×{W}"
+            )
+        out = self.backbone(self.drop(self.patch_embed(patches)), output_hidden_states=output_hidden_states)
+        pooled = out.last_hidden_state.mean(dim=1)
+        return ImageClassifierOutput(
+            logits=self.head(pooled) if self.head is not None else None, pooled=pooled,
+            last_hidden_state=out.last_hidden_state, grid=grid, hidden_states=out.hidden_states,
+        )
+
+    def reset_classifier(self, num_classes: int) -> None:
+        self.config = self.config.replace(num_classes=num_classes)
+        self.head = nn.Linear(self.config.d_model, num_classes) if num_classes else None
+        if self.head is not None:
+            torch.nn.init.zeros_(self.head.weight)
+            torch.nn.init.zeros_(self.head.bias)
