@@ -6,32 +6,26 @@ Axis legend: B batch, N patches, D width, K classes.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 from torch import Tensor, nn
 
 from tokenizers_mm import Tokens
 from unitok.backbone import Backbone, BackboneConfig, init_weights
-from unitok.config import Config
 from unitok.embed import PatchEmbedding
 from unitok.layers.activations import Activation
-from unitok.models.vision import ImageModel
+from unitok.models.vision import ImageConfig, ImageModel
 from unitok.outputs import ImageClassifierOutput
 
 
 @dataclass(frozen=True)
-class MixerConfig(Config):
+class MixerConfig(ImageConfig):
     """MLP-Mixer: patches mixed by a token MLP (across patches) and a channel MLP (per patch).
 
     The token MLP has one weight per patch position, so the image size is fixed:
     ``image_size`` / ``patch_size`` set the number of patches it mixes.
     """
 
-    image_size: tuple[int, int] = (224, 224)
-    patch_size: int = 16
-    channels: int = 3
-    num_classes: int = 1000
     d_model: int = 512
     n_layers: int = 8
     token_mlp_dim: int = 256
@@ -39,10 +33,8 @@ class MixerConfig(Config):
     activation: Activation = "gelu"
     norm_eps: float = 1e-6
     dropout: float = 0.0
-    mean: tuple[float, ...] = (0.5, 0.5, 0.5)
+    mean: tuple[float, ...] = (0.5, 0.5, 0.5)  # timm's Mixer weights use 0.5 normalisation
     std: tuple[float, ...] = (0.5, 0.5, 0.5)
-    interpolation: Literal["bicubic", "bilinear", "nearest"] = "bicubic"
-    crop_pct: float | None = 0.875
 
     presets = {
         "mixer-s16-224": dict(d_model=512, n_layers=8, token_mlp_dim=256, d_ff=2048),
@@ -53,14 +45,7 @@ class MixerConfig(Config):
     }
 
     def __post_init__(self) -> None:
-        if isinstance(self.image_size, int):
-            object.__setattr__(self, "image_size", (self.image_size, self.image_size))
-        object.__setattr__(self, "image_size", tuple(self.image_size))
-        object.__setattr__(self, "mean", tuple(self.mean))
-        object.__setattr__(self, "std", tuple(self.std))
-        H, W = self.image_size
-        if H % self.patch_size or W % self.patch_size:
-            raise ValueError(f"image_size {H}×{W} is not divisible by patch_size {self.patch_size}")
+        super().__post_init__()
         self.backbone_config()
 
     @property

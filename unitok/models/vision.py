@@ -3,34 +3,81 @@
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
-from tokenizers_mm import ImagePreprocessConfig, PatchTokenizer, Tokens, patchify
+from tokenizers_mm import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    ImagePreprocessConfig,
+    PatchTokenizer,
+    Tokens,
+    patchify,
+)
+from unitok.config import Config
 from unitok.models.base import PretrainedModel
 
 
+@dataclass(frozen=True)
+class ImageConfig(Config):
+    """Input and label fields every image family shares (preprocessing travels with the model).
+
+    Args:
+        image_size: (H, W) the model is configured for. patch_size: P. channels: C.
+        num_classes: K (0: no head). mean / std / interpolation / crop_pct: how raw images
+            are prepared (`ImageModel.image_tokenizer`).
+    """
+
+    image_size: tuple[int, int] = (224, 224)
+    patch_size: int = 16
+    channels: int = 3
+    num_classes: int = 1000
+    mean: tuple[float, ...] = IMAGENET_MEAN
+    std: tuple[float, ...] = IMAGENET_STD
+    interpolation: Literal["bicubic", "bilinear", "nearest"] = "bicubic"
+    crop_pct: float | None = 0.875
+
+    def __post_init__(self) -> None:
+        if isinstance(self.image_size, int):  # a square size given as one number
+            object.__setattr__(self, "image_size", (self.image_size, self.image_size))
+        for name in ("image_size", "mean", "std"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+        H, W = self.image_size
+        if self.patch_size < 1 or H % self.patch_size or W % self.patch_size:
+            raise ValueError(f"image_size {H}×{W} is not divisible by patch_size {self.patch_size}")
+        if self.num_classes < 0:
+            raise ValueError(f"num_classes must be ≥ 0, got {self.num_classes}")
+        self.preprocess_config()  # validates mean/std against channels
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        return self.image_size[0] // self.patch_size, self.image_size[1] // self.patch_size
+
+    def preprocess_config(self, resize: bool = False) -> ImagePreprocessConfig:
+        return ImagePreprocessConfig(
+            patch_size=self.patch_size, channels=self.channels, mean=self.mean, std=self.std,
+            image_size=self.image_size, resize=resize, interpolation=self.interpolation,
+            crop_pct=self.crop_pct if resize else None,
+        )
+
+
 class ImageModel(PretrainedModel):
-    """Base for ViT / DeiT / MLP-Mixer. The config carries ``image_size``, ``patch_size``,
-    ``channels``, ``mean``, ``std``, ``interpolation`` and ``crop_pct``."""
+    """Base for ViT / DeiT / MLP-Mixer, whose configs are `ImageConfig`s."""
+
+    config: ImageConfig
 
     @property
     def grid(self) -> tuple[int, int]:
         """The patch grid of the configured image size."""
-        H, W = self.config.image_size
-        return H // self.config.patch_size, W // self.config.patch_size
-
-    def preprocess_config(self, resize: bool = False) -> ImagePreprocessConfig:
-        c = self.config
-        return ImagePreprocessConfig(patch_size=c.patch_size, channels=c.channels, mean=tuple(c.mean),
-                                     std=tuple(c.std), image_size=tuple(c.image_size), resize=resize,
-                                     interpolation=c.interpolation, crop_pct=c.crop_pct if resize else None)
+        return self.config.grid
 
     def image_tokenizer(self, resize: bool = False) -> PatchTokenizer:
-        """The `PatchTokenizer` that prepares raw images exactly as this model expects."""
-        return PatchTokenizer(self.preprocess_config(resize))
+        """The `PatchTokenizer` that prepares raw images exactly as this model expects
+        (``resize=True``: resize / centre-crop to the configured size first)."""
+        return PatchTokenizer(self.config.preprocess_config(resize))
 
     def _patches(self, pixel_values: Tensor | Tokens) -> tuple[Tensor, tuple[int, int]]:
         """Normalised (B, C, H, W) pixels or image `Tokens` -> (B, N, C·P·P) patches and grid."""

@@ -13,25 +13,23 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from tokenizers_mm import IMAGENET_MEAN, IMAGENET_STD, Tokens
+from tokenizers_mm import Tokens
 from unitok.backbone import Backbone, BackboneConfig, init_weights
-from unitok.config import Config
 from unitok.embed import PatchEmbedding, resample_grid_positions, sincos_2d_table
 from unitok.layers.activations import Activation
 from unitok.layers.attention import Kernel
 from unitok.layers.norms import make_norm
-from unitok.models.vision import ImageModel
+from unitok.models.vision import ImageConfig, ImageModel
 from unitok.outputs import ImageClassifierOutput
 
 
 @dataclass(frozen=True)
-class ViTConfig(Config):
+class ViTConfig(ImageConfig):
     """A Vision Transformer (Dosovitskiy et al., 2021), DeiT's distillation token included.
 
     Args:
-        image_size / patch_size / channels: the configured input; other sizes divisible by
-            the patch size work too (positions are resampled).
-        num_classes: K (0: no head, features only).
+        image fields: see `ImageConfig`; other image sizes divisible by the patch size work
+            too (positions are resampled).
         d_model / n_layers / n_heads / d_ff / activation / norm_eps / bias / dropout: backbone.
         class_token / distill_token / num_registers: prefix tokens, in that order.
         positions: "learned", "sincos" (fixed 2-D) or "none".
@@ -40,13 +38,8 @@ class ViTConfig(Config):
         pool: read the class token ("cls") or average the patch tokens ("avg").
         pre_norm: a norm before the backbone (CLIP's ln_pre).
         fc_norm: norm after pooling instead of at the end of the backbone (default: pool="avg").
-        mean / std / interpolation / crop_pct: preprocessing, stored with the model.
     """
 
-    image_size: tuple[int, int] = (224, 224)
-    patch_size: int = 16
-    channels: int = 3
-    num_classes: int = 1000
     d_model: int = 768
     n_layers: int = 12
     n_heads: int = 12
@@ -63,10 +56,6 @@ class ViTConfig(Config):
     pool: Literal["cls", "avg"] = "cls"
     pre_norm: bool = False
     fc_norm: bool | None = None
-    mean: tuple[float, ...] = IMAGENET_MEAN
-    std: tuple[float, ...] = IMAGENET_STD
-    interpolation: Literal["bicubic", "bilinear", "nearest"] = "bicubic"
-    crop_pct: float | None = 0.875
 
     presets = {
         "vit-tiny-patch16-224": dict(d_model=192, n_layers=12, n_heads=3),
@@ -84,16 +73,9 @@ class ViTConfig(Config):
     }
 
     def __post_init__(self) -> None:
-        if isinstance(self.image_size, int):  # a square size given as one number
-            object.__setattr__(self, "image_size", (self.image_size, self.image_size))
-        object.__setattr__(self, "image_size", tuple(self.image_size))
-        object.__setattr__(self, "mean", tuple(self.mean))
-        object.__setattr__(self, "std", tuple(self.std))
-        H, W = self.image_size
-        if H % self.patch_size or W % self.patch_size:
-            raise ValueError(f"image_size {H}×{W} is not divisible by patch_size {self.patch_size}")
-        if self.num_classes < 0 or self.num_registers < 0:
-            raise ValueError(f"num_classes and num_registers must be ≥ 0, got {self.num_classes}, {self.num_registers}")
+        super().__post_init__()
+        if self.num_registers < 0:
+            raise ValueError(f"num_registers must be ≥ 0, got {self.num_registers}")
         if self.pool == "cls" and not self.class_token:
             raise ValueError("pool='cls' needs class_token=True")
         if self.distill_token and not self.class_token:
