@@ -127,7 +127,7 @@ class PatchTokenizer:
             images = torch.from_numpy(images.copy())
             images = images[None] if images.dim() == 2 else images.permute(2, 0, 1)  # HWC -> CHW
         elif isinstance(images, np.ndarray):
-            images = torch.from_numpy(images)
+            images = torch.from_numpy(np.ascontiguousarray(images))  # views like bgr[::-1] have negative strides
         if not isinstance(images, Tensor):
             raise TypeError(f"unsupported image type {type(images).__name__}; give PIL images, tensors or arrays")
         if images.dim() == 3:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from unitok.models.base import load_state_dict_strict
@@ -60,7 +61,9 @@ def _conv_as_linear(conv: nn.Conv2d) -> tuple[Tensor, Tensor | None]:
     """A stride-P Conv2d kernel (D, C, P, P) is a Linear (D, C·P·P) on (C, P, P)-flattened patches."""
     _require(conv.kernel_size == conv.stride and conv.padding in (0, (0, 0)), "overlapping patch embedding")
     weight = conv.weight.detach().reshape(conv.out_channels, -1)
-    return weight, None if conv.bias is None else conv.bias.detach()
+    # CLIP-style models (pre_norm) have no patch bias: a zero bias is the same map.
+    bias = conv.bias.detach() if conv.bias is not None else torch.zeros(conv.out_channels, dtype=weight.dtype)
+    return weight, bias
 
 
 def _block_state(blocks: nn.Module, names: dict[str, str], prefix: str = "backbone.blocks") -> dict[str, Tensor]:
@@ -87,7 +90,12 @@ def _convert_vit(model: nn.Module) -> ViT:
     for part in ("q_norm", "k_norm", "norm"):
         _require(_is_identity(getattr(block0.attn, part, None)), f"attention {part}")
     _require(_is_identity(getattr(block0.mlp, "norm", None)), "norm inside the MLP")
-    _require(hasattr(block0.mlp, "fc1"), f"MLP type {type(block0.mlp).__name__}")
+    _require(type(block0.mlp).__name__ == "Mlp", f"MLP type {type(block0.mlp).__name__} (gated MLPs)")
+    _require(isinstance(block0.norm1, nn.LayerNorm), f"norm layer {type(block0.norm1).__name__}")
+    linears = [block0.attn.qkv, block0.attn.proj, block0.mlp.fc1, block0.mlp.fc2]
+    _require(len({m.bias is not None for m in linears}) == 1 and block0.norm1.bias is not None,
+             "biases on some linear layers but not others (qkv_bias / proj_bias)")
+    _require(not (_is_identity(model.norm) and _is_identity(model.fc_norm)), "final_norm=False")
     distilled = type(model).__name__ == "VisionTransformerDistilled"
     conv = pe.proj
     head = model.head if isinstance(model.head, nn.Linear) else None
@@ -135,7 +143,9 @@ def _convert_mixer(model: nn.Module) -> MLPMixer:
     _require(model.global_pool == "avg", f"global_pool={model.global_pool!r}")
     block0 = model.blocks[0]
     _require(type(block0).__name__ == "MixerBlock", f"block type {type(block0).__name__} (gMLP/ResMLP)")
-    _require(hasattr(block0.mlp_tokens, "fc1") and hasattr(block0.mlp_channels, "fc1"), "gated MLPs")
+    _require(type(block0.mlp_tokens).__name__ == "Mlp" and type(block0.mlp_channels).__name__ == "Mlp",
+             "gated MLPs")
+    _require(isinstance(block0.norm1, nn.LayerNorm), f"norm layer {type(block0.norm1).__name__}")
     conv = model.stem.proj
     head = model.head if isinstance(model.head, nn.Linear) else None
     config = MixerConfig(

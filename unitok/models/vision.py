@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import torch
@@ -109,8 +109,9 @@ class ImageModel(PretrainedModel):
         was_training = self.training
         self.eval()
         try:
-            device = next(self.parameters()).device
-            logits = self(tokens.to(device)).logits
+            param = next(self.parameters())
+            tokens = replace(tokens, features=tokens.features.to(param.device, param.dtype))
+            logits = self(tokens).logits
         finally:
             self.train(was_training)
         if logits is None:

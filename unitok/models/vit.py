@@ -151,12 +151,12 @@ class ViT(ImageModel):
         n_prefix = c.n_prefix if c.positions_cover_prefix else 0
         return resample_grid_positions(self.pos_embed, self.grid, grid, n_prefix)
 
-    def set_image_size(self, image_size: tuple[int, int]) -> None:
-        """Resample the learned positions to a new configured size (e.g. after loading)."""
-        config = self.config.replace(image_size=tuple(image_size))
-        new_grid = (image_size[0] // config.patch_size, image_size[1] // config.patch_size)
+    def set_image_size(self, image_size: int | tuple[int, int]) -> None:
+        """Resample the learned positions to a new configured size (e.g. after loading a
+        checkpoint trained at another resolution); class/distillation entries are kept."""
+        config = self.config.replace(image_size=image_size)
         if self.pos_embed is not None:
-            self.pos_embed = nn.Parameter(self.position_table(new_grid).detach().clone())
+            self.pos_embed = nn.Parameter(self.position_table(config.grid).detach().clone())
         self.config = config
 
     # ------------------------------------------------------------------ forward

@@ -1,0 +1,330 @@
+"""ViT, DeiT and MLP-Mixer from their presets: shapes, gradients, attention kernels and maps,
+position schemes, predict on raw images, other input sizes, and bad input named clearly."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from tokenizers_mm import Tokens
+from unitok.models import DeiT, MixerConfig, MLPMixer, ViT, ViTConfig
+
+PRESETS = {"vit-digits": (ViT, ViTConfig), "deit-digits": (DeiT, ViTConfig), "mixer-digits": (MLPMixer, MixerConfig)}
+N_PATCHES = 16  # 32×32 digits in 8×8 patches
+
+
+def build(preset: str, **overrides):
+    torch.manual_seed(0)
+    family, config_class = PRESETS[preset]
+    return family(config_class.from_name(preset, **overrides)).eval()
+
+
+def normalised(raw: torch.Tensor) -> torch.Tensor:
+    """uint8 digits -> the model's input (mean 0.5, std 0.5 in every digits preset)."""
+    return (raw.float() / 255 - 0.5) / 0.5
+
+
+def raw_digits(batch: int = 3, height: int = 32, width: int = 32) -> torch.Tensor:
+    return torch.randint(0, 256, (batch, 1, height, width), dtype=torch.uint8)
+
+
+@pytest.fixture(params=list(PRESETS), ids=list(PRESETS))
+def preset(request) -> str:
+    return request.param
+
+
+# --------------------------------------------------------------------------- every family
+
+
+def test_preset_output_shapes_and_values_are_finite(preset):
+    model = build(preset)
+    assert model.config.image_size == (32, 32) and model.grid == (4, 4)
+    x = torch.randn(3, 1, 32, 32)
+    with torch.no_grad():
+        out = model(x, output_hidden_states=True)
+    n_prefix = {"vit-digits": 1, "deit-digits": 2, "mixer-digits": 0}[preset]
+    assert out.logits.shape == (3, 10) and out.pooled.shape == (3, 64)
+    assert out.last_hidden_state.shape == (3, n_prefix + N_PATCHES, 64)
+    assert out.grid == (4, 4)
+    assert len(out.hidden_states) == model.config.n_layers + 1
+    assert torch.isfinite(out.logits).all() and torch.isfinite(out.last_hidden_state).all()
+    assert out.logits.std() > 0  # rows differ: the head reads the input
+
+
+def test_every_parameter_gets_a_gradient(preset):
+    model = build(preset).train()
+    model(torch.randn(2, 1, 32, 32)).logits.sum().backward()  # DeiT's logits average both heads
+    without = [name for name, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
+    assert without == []
+
+
+def test_patch_tokens_and_pixels_give_the_same_logits(preset):
+    model = build(preset)
+    raw = raw_digits()
+    with torch.no_grad():
+        from_tokens = model(model.image_tokenizer().encode(raw)).logits
+        from_pixels = model(normalised(raw)).logits
+    torch.testing.assert_close(from_tokens, from_pixels, atol=1e-6, rtol=0)
+
+
+def test_predict_on_raw_uint8_images(preset):
+    model = build(preset).train()
+    raw = raw_digits(5)
+    with torch.no_grad():
+        expected = model.eval()(normalised(raw)).logits
+    model.train()
+    proba = model.predict_proba(raw)
+    assert proba.shape == (5, 10)
+    torch.testing.assert_close(proba.sum(-1), torch.ones(5))
+    torch.testing.assert_close(proba, expected.softmax(-1), atol=1e-6, rtol=0)
+    labels = model.predict(raw)
+    assert labels.dtype == torch.long and labels.tolist() == expected.argmax(-1).tolist()
+    assert model.training  # predict runs in eval mode and restores the caller's mode
+
+
+def test_predict_on_pil_images_and_with_resize(preset):
+    model = build(preset)
+    arrays = [np.random.default_rng(i).integers(0, 256, (32, 32), dtype=np.uint8) for i in range(2)]
+    from_pil = model.predict_proba([Image.fromarray(a, mode="L") for a in arrays])
+    from_tensor = model.predict_proba(torch.from_numpy(np.stack(arrays))[:, None])
+    torch.testing.assert_close(from_pil, from_tensor)
+    # resize=True brings other sizes to the configured 32×32 first.
+    resized = model.predict_proba(raw_digits(2, 48, 40), resize=True)
+    assert resized.shape == (2, 10)
+    torch.testing.assert_close(resized.sum(-1), torch.ones(2))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64], ids=["bf16", "f64"])
+def test_predict_follows_the_model_dtype(dtype):
+    model = build("vit-digits")
+    raw = raw_digits(4)
+    expected = model.predict(raw)
+    model.to(dtype)
+    proba = model.predict_proba(raw)
+    assert proba.shape == (4, 10)
+    torch.testing.assert_close(proba.float().sum(-1), torch.ones(4), atol=1e-2, rtol=0)
+    if dtype == torch.float64:
+        assert model.predict(raw).tolist() == expected.tolist()
+
+
+def test_reset_classifier_changes_the_output_width(preset):
+    model = build(preset)
+    model.reset_classifier(3)
+    assert model.config.num_classes == 3
+    with torch.no_grad():
+        logits = model(torch.randn(2, 1, 32, 32)).logits
+    assert logits.shape == (2, 3) and logits.eq(0).all()  # new heads start at zero
+    model.reset_classifier(0)
+    with torch.no_grad():
+        out = model(torch.randn(2, 1, 32, 32))
+    assert out.logits is None and out.pooled.shape == (2, 64)
+    with pytest.raises(ValueError, match="no classification head"):
+        model.predict(raw_digits(1))
+
+
+def test_wrong_channels_integer_pixels_and_bad_shapes_are_refused(preset):
+    model = build(preset)
+    with pytest.raises(ValueError, match=r"expected 1 channels, got 3"):
+        model(torch.randn(2, 3, 32, 32))
+    with pytest.raises(TypeError, match=r"normalised floats, got torch.uint8; use model.predict"):
+        model(raw_digits(2))
+    with pytest.raises(ValueError, match="30×32 is not divisible by the patch size 8"):
+        model(torch.randn(2, 1, 30, 32))
+    with pytest.raises(ValueError, match=r"\(batch, channels, height, width\) tensor, got \(1, 32, 32\)"):
+        model(torch.randn(1, 32, 32))
+    with pytest.raises(ValueError, match="patch features with a grid"):
+        model(Tokens(ids=torch.zeros(1, 16, dtype=torch.long)))
+
+
+def test_save_and_load_round_trip(preset, tmp_path):
+    model = build(preset)
+    model.save_pretrained(tmp_path)
+    loaded = type(model).from_pretrained(tmp_path).eval()
+    assert loaded.config == model.config
+    x = torch.randn(2, 1, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x).logits, model(x).logits, atol=0, rtol=0)
+
+
+# --------------------------------------------------------------------------- ViT / DeiT
+
+
+@pytest.mark.parametrize("name", ["vit-digits", "deit-digits"])
+def test_sdpa_and_reference_kernels_agree(name):
+    model = build(name)
+    x = torch.randn(2, 1, 32, 32)
+    with torch.no_grad():
+        fused = model(x).logits
+        reference = model(x, kernel="reference").logits
+    torch.testing.assert_close(fused, reference, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("name,overrides,n_prefix", [
+    ("vit-digits", {}, 1), ("deit-digits", {}, 2), ("vit-digits", dict(num_registers=3), 4),
+], ids=["vit", "deit", "vit-registers"])
+def test_attention_maps_cover_prefix_tokens_and_rows_sum_to_one(name, overrides, n_prefix):
+    model = build(name, **overrides)
+    with torch.no_grad():
+        out = model(torch.randn(2, 1, 32, 32), output_attentions=True)
+    assert len(out.attentions) == model.config.n_layers
+    n = n_prefix + N_PATCHES
+    for weights in out.attentions:
+        assert weights.shape == (2, model.config.n_heads, n, n)
+        assert weights.min() >= 0
+        torch.testing.assert_close(weights.sum(-1), torch.ones(2, model.config.n_heads, n))
+    assert out.last_hidden_state.shape[1] == n
+
+
+def test_vit_takes_non_square_sizes_divisible_by_the_patch():
+    model = build("vit-digits")
+    with torch.no_grad():
+        out = model(torch.randn(2, 1, 48, 24), output_attentions=True)
+    assert out.grid == (6, 3) and out.logits.shape == (2, 10)
+    assert out.attentions[0].shape[-1] == 1 + 18
+    assert model.predict(raw_digits(2, 48, 24)).shape == (2,)
+
+
+def test_set_image_size_keeps_logits_at_that_size(tmp_path):
+    model = build("vit-digits")
+    x = torch.randn(2, 1, 48, 24)
+    with torch.no_grad():
+        resampled_on_the_fly = model(x).logits
+    model.set_image_size((48, 24))
+    assert model.config.image_size == (48, 24) and model.pos_embed.shape == (1, 1 + 18, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x).logits, resampled_on_the_fly, atol=1e-6, rtol=0)
+    model.save_pretrained(tmp_path)
+    loaded = ViT.from_pretrained(tmp_path).eval()
+    assert loaded.config.image_size == (48, 24)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x).logits, resampled_on_the_fly, atol=1e-6, rtol=0)
+
+
+def test_set_image_size_takes_a_square_size_as_one_number():
+    model = build("vit-digits")
+    model.set_image_size(48)
+    assert model.config.image_size == (48, 48) and model.pos_embed.shape == (1, 1 + 36, 64)
+
+
+def test_deit_logits_average_the_class_and_distillation_heads():
+    model = build("deit-digits")
+    with torch.no_grad():
+        out = model(torch.randn(3, 1, 32, 32))
+        h = out.last_hidden_state
+        torch.testing.assert_close(out.logits_cls, model.head(h[:, 0]))
+        torch.testing.assert_close(out.logits_dist, model.head_dist(h[:, 1]))
+    torch.testing.assert_close(out.logits, (out.logits_cls + out.logits_dist) / 2)
+    assert not torch.allclose(out.logits_cls, out.logits_dist)
+
+
+def test_plain_vit_has_no_distillation_outputs():
+    with torch.no_grad():
+        out = build("vit-digits")(torch.randn(1, 1, 32, 32))
+    assert out.logits_cls is None and out.logits_dist is None
+
+
+def test_deit_needs_a_distillation_token():
+    with pytest.raises(ValueError, match="DeiT needs distill_token=True"):
+        DeiT(ViTConfig.from_name("vit-digits", distill_token=False))
+    with pytest.raises(ValueError, match="DeiT needs distill_token=True"):
+        DeiT(ViTConfig(distill_token=False))
+
+
+def _permuted_patches_change_logits(model) -> bool:
+    tokens = model.image_tokenizer().encode(raw_digits(2))
+    order = torch.randperm(tokens.seq_len, generator=torch.Generator().manual_seed(1))
+    shuffled = Tokens(features=tokens.features[:, order], attention_mask=tokens.attention_mask,
+                      modality="image", grid=tokens.grid)
+    with torch.no_grad():
+        return not torch.allclose(model(tokens).logits, model(shuffled).logits, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("positions", ["learned", "sincos", "none"])
+def test_position_schemes(positions):
+    model = build("vit-digits", positions=positions)
+    assert (model.pos_embed is not None) == (positions == "learned")
+    assert not any("pos" in name for name, _ in model.named_parameters()) or positions == "learned"
+    with torch.no_grad():
+        out = model(torch.randn(2, 1, 40, 24))  # a size other than the configured one
+    assert out.logits.shape == (2, 10) and torch.isfinite(out.logits).all()
+    # Without positions a ViT cannot tell where a patch is: shuffling patches changes nothing.
+    assert _permuted_patches_change_logits(model) == (positions != "none")
+
+
+def test_sincos_positions_are_fixed_2d_tables():
+    model = build("vit-digits", positions="sincos")
+    table = model.position_table((4, 4))
+    assert table.shape == (1, 16, 64) and not table.requires_grad
+    torch.testing.assert_close(model.position_table((4, 4)), table)
+    assert model.position_table((6, 3)).shape == (1, 18, 64)
+
+
+def test_avg_pooling_with_fc_norm_and_registers():
+    model = build("vit-digits", pool="avg", class_token=False, num_registers=2)
+    assert model.fc_norm is not None and model.backbone.norm is None
+    with torch.no_grad():
+        out = model(torch.randn(2, 1, 32, 32))
+    patches = out.last_hidden_state[:, 2:]  # registers are left out of the average
+    torch.testing.assert_close(out.pooled, model.fc_norm(patches.mean(dim=1)))
+
+
+# --------------------------------------------------------------------------- MLP-Mixer
+
+
+def test_mixer_needs_its_configured_number_of_patches():
+    model = build("mixer-digits")
+    assert model.config.n_patches == N_PATCHES
+    with pytest.raises(ValueError, match=r"mixes exactly 16 patches \(32×32 images\); got 20 \(grid \(5, 4\)\)"):
+        model(torch.randn(1, 1, 40, 32))
+    tokens = model.image_tokenizer().encode(raw_digits(1, 24, 32))
+    with pytest.raises(ValueError, match="mixes exactly 16 patches"):
+        model(tokens)
+    # resize=True is the way to feed other sizes.
+    assert model.predict(raw_digits(2, 40, 24), resize=True).shape == (2,)
+
+
+def test_mixer_token_mixing_sees_patch_order():
+    model = build("mixer-digits")
+    assert _permuted_patches_change_logits(model)
+
+
+# --------------------------------------------------------------------------- presets and configs
+
+
+def test_presets_by_name_with_overrides():
+    config = ViTConfig.from_name("deit-digits", num_classes=3)
+    assert config.distill_token and config.num_classes == 3 and config.n_prefix == 2
+    assert MixerConfig.from_name("mixer-digits").token_mlp_dim == 32
+    assert ViTConfig.from_name("vit-tiny-patch16-224").d_model == 192
+
+
+def test_unknown_preset_names_suggest_the_closest():
+    with pytest.raises(ValueError, match="unknown ViTConfig preset 'vit-digit' \\(did you mean 'vit-digits'\\?\\)"):
+        ViTConfig.from_name("vit-digit")
+    with pytest.raises(ValueError, match="unknown MixerConfig preset 'resnet50'; available: mixer-b16-224"):
+        MixerConfig.from_name("resnet50")
+    with pytest.raises(ValueError, match="unknown ViTConfig key.*'n_layer' \\(did you mean 'n_layers'\\?\\)"):
+        ViTConfig.from_name("vit-digits", n_layer=2)
+
+
+def test_inconsistent_configs_are_refused():
+    with pytest.raises(ValueError, match="pool='cls' needs class_token=True"):
+        ViTConfig(class_token=False)
+    with pytest.raises(ValueError, match="distillation token goes with a class token"):
+        ViTConfig(class_token=False, distill_token=True, pool="avg")
+    with pytest.raises(ValueError, match="image_size 30×32 is not divisible by patch_size 8"):
+        ViTConfig.from_name("vit-digits", image_size=(30, 32))
+    with pytest.raises(ValueError, match="mean/std need 1 values"):
+        MixerConfig.from_name("mixer-digits", mean=(0.5, 0.5, 0.5))
+    with pytest.raises(ValueError, match="positions must be"):
+        ViTConfig(positions="rope")
+    with pytest.raises(ValueError, match="image_size 32×30 is not divisible"):
+        build("vit-digits").set_image_size((32, 30))
+
+
+def test_checkpoint_of_another_family_is_refused(tmp_path):
+    build("mixer-digits").save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="holds a MLPMixer checkpoint, not a ViT"):
+        ViT.from_pretrained(tmp_path)
