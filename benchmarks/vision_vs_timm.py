@@ -1,0 +1,284 @@
+"""Throughput of unitok's ViT, DeiT and MLP-Mixer against timm at the same configs.
+
+What it measures, in one process and with identical weights (each timm model is built with
+random weights and converted with ``unitok.convert.from_timm``):
+
+1. Training: images/s of forward + cross-entropy + backward + AdamW step on a batch of random
+   normalised images. DeiT trains both heads, as hard distillation does:
+   CE(class head, labels) / 2 + CE(distillation head, teacher labels) / 2 (random labels
+   stand in for the teacher's); timm's model runs with ``set_distilled_training(True)`` so
+   it returns both heads too.
+2. Inference: images/s of a ``no_grad`` forward in eval mode.
+
+Before timing, each pair is checked to be the same function: eval-mode logits equal within
+``--atol`` (and, for training, the same first loss).
+
+Repetitions alternate between the two libraries (unitok, timm, timm, unitok, ...) so slow
+drifts of the machine hit both alike; the table reports the median of the repetitions and the
+ratio unitok / timm (> 1 means unitok is faster).
+
+Run::
+
+    python benchmarks/vision_vs_timm.py
+    python benchmarks/vision_vs_timm.py --threads 1 --repeats 5
+    python benchmarks/vision_vs_timm.py --img-size 64 --patch-size 8 --batch-size 32
+    python benchmarks/vision_vs_timm.py --device cuda --batch-size 64 --depth 12
+
+Needs ``timm`` (the ``dev`` extra).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+MODELS = ("vit", "deit", "mixer")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line options (defaults: ViT-Tiny / DeiT-Tiny / Mixer-S widths, 4 blocks, 224 px)."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
+    p.add_argument("--img-size", type=int, default=224)
+    p.add_argument("--patch-size", type=int, default=16)
+    p.add_argument("--channels", type=int, default=3)
+    p.add_argument("--num-classes", type=int, default=1000)
+    p.add_argument("--depth", type=int, default=4, help="blocks in every model")
+    p.add_argument("--vit-dim", type=int, default=192, help="ViT / DeiT width (192: Tiny)")
+    p.add_argument("--vit-heads", type=int, default=3)
+    p.add_argument("--mixer-dim", type=int, default=512, help="MLP-Mixer width (512: S/16)")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--train-steps", type=int, default=2, help="optimizer steps per repetition")
+    p.add_argument("--infer-batches", type=int, default=2, help="forward passes per repetition")
+    p.add_argument("--repeats", type=int, default=5, help="timed repetitions per library")
+    p.add_argument("--warmup", type=int, default=1, help="untimed repetitions per library")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch.set_num_threads (default: torch's choice)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--atol", type=float, default=1e-4, help="tolerance of the equal-output check")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--skip-train", action="store_true")
+    p.add_argument("--skip-infer", action="store_true")
+    return p.parse_args(argv)
+
+
+# --------------------------------------------------------------------------- models
+def build_timm(kind: str, args: argparse.Namespace) -> nn.Module:
+    """A randomly initialised timm model of ``kind`` (vit / deit / mixer), dropout off."""
+    from timm.models.deit import VisionTransformerDistilled
+    from timm.models.mlp_mixer import MlpMixer
+    from timm.models.vision_transformer import VisionTransformer
+
+    common = dict(img_size=args.img_size, patch_size=args.patch_size, in_chans=args.channels,
+                  num_classes=args.num_classes)
+    if kind == "vit":
+        return VisionTransformer(embed_dim=args.vit_dim, depth=args.depth, num_heads=args.vit_heads,
+                                 **common)
+    if kind == "deit":
+        return VisionTransformerDistilled(embed_dim=args.vit_dim, depth=args.depth,
+                                          num_heads=args.vit_heads, **common)
+    if kind == "mixer":
+        return MlpMixer(embed_dim=args.mixer_dim, num_blocks=args.depth, **common)
+    raise ValueError(f"unknown model kind {kind!r}; expected one of {MODELS}")
+
+
+def build_models(kind: str, args: argparse.Namespace) -> tuple[nn.Module, nn.Module]:
+    """(unitok model, timm model) with the same random weights, in eval mode, on the device."""
+    from unitok.convert import from_timm
+
+    torch.manual_seed(args.seed)
+    theirs = build_timm(kind, args).eval()
+    # timm zero-initialises some heads (MLP-Mixer's): random ones make the equality check mean something.
+    for name in ("head", "head_dist"):
+        head = getattr(theirs, name, None)
+        if isinstance(head, nn.Linear):
+            nn.init.normal_(head.weight, std=0.02)
+            nn.init.normal_(head.bias, std=0.02)
+    ours = from_timm(theirs).eval()
+    return ours.to(args.device), theirs.to(args.device)
+
+
+def logits_of(output: Any) -> Tensor:
+    """unitok returns an output object, timm a tensor."""
+    return output if isinstance(output, Tensor) else output.logits
+
+
+# --------------------------------------------------------------------------- timing
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def timed(fn: Callable[[], Any], device: str) -> float:
+    """Seconds one call of ``fn`` takes (device work included)."""
+    sync(device)
+    start = time.perf_counter()
+    fn()
+    sync(device)
+    return time.perf_counter() - start
+
+
+def alternate(
+    runs: dict[str, Callable[[], Any]], repeats: int, warmup: int, device: str
+) -> dict[str, list[float]]:
+    """Time each callable ``repeats`` times, interleaved (order flips every round)."""
+    names = list(runs)
+    for _ in range(warmup):
+        for name in names:
+            runs[name]()
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(repeats):
+        for name in names if r % 2 == 0 else reversed(names):
+            times[name].append(timed(runs[name], device))
+    return times
+
+
+# --------------------------------------------------------------------------- workloads
+def make_batch(args: argparse.Namespace) -> tuple[Tensor, Tensor, Tensor]:
+    """Random normalised images, labels and stand-in teacher labels."""
+    g = torch.Generator().manual_seed(args.seed + 1)
+    shape = (args.batch_size, args.channels, args.img_size, args.img_size)
+    images = torch.randn(shape, generator=g)
+    labels = torch.randint(0, args.num_classes, (args.batch_size,), generator=g)
+    teacher = torch.randint(0, args.num_classes, (args.batch_size,), generator=g)
+    return images.to(args.device), labels.to(args.device), teacher.to(args.device)
+
+
+def train_loss(model: nn.Module, kind: str, images: Tensor, labels: Tensor, teacher: Tensor) -> Tensor:
+    """Cross-entropy; for DeiT the hard-distillation loss over both heads."""
+    out = model(images)
+    if kind != "deit":
+        return F.cross_entropy(logits_of(out), labels)
+    cls, dist = out if isinstance(out, tuple) else (out.logits_cls, out.logits_dist)
+    return F.cross_entropy(cls, labels) / 2 + F.cross_entropy(dist, teacher) / 2
+
+
+def prepare_for_training(model: nn.Module, kind: str) -> nn.Module:
+    """A training-mode copy; timm's DeiT set to return both heads."""
+    model = copy.deepcopy(model).train()
+    if kind == "deit" and hasattr(model, "set_distilled_training"):
+        model.set_distilled_training(True)
+    return model
+
+
+def make_train_step(model: nn.Module, kind: str, batch: tuple[Tensor, Tensor, Tensor],
+                    steps: int) -> Callable[[], float]:
+    """A closure running ``steps`` AdamW steps on ``model`` (own optimizer); returns the loss."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def run() -> float:
+        loss = torch.zeros(())
+        for _ in range(steps):
+            opt.zero_grad(set_to_none=True)
+            loss = train_loss(model, kind, *batch)
+            loss.backward()
+            opt.step()
+        return float(loss.detach())
+
+    return run
+
+
+def check_same(ours: nn.Module, theirs: nn.Module, kind: str, args: argparse.Namespace,
+               batch: tuple[Tensor, Tensor, Tensor]) -> dict[str, float]:
+    """Max |logit difference| in eval mode and the first training loss of both; raises if they differ."""
+    with torch.no_grad():
+        a, b = logits_of(ours(batch[0])), logits_of(theirs(batch[0]))
+        diff = float((a - b).abs().max())
+        loss_ours = float(train_loss(prepare_for_training(ours, kind), kind, *batch))
+        loss_theirs = float(train_loss(prepare_for_training(theirs, kind), kind, *batch))
+    if a.shape != b.shape or diff > args.atol or abs(loss_ours - loss_theirs) > args.atol:
+        raise AssertionError(f"{kind}: unitok and timm differ: logits {tuple(a.shape)} vs {tuple(b.shape)}, "
+                             f"max |diff| {diff:.2e}; loss {loss_ours:.6f} vs {loss_theirs:.6f}")
+    return {"max_abs_diff": diff, "loss_unitok": loss_ours, "loss_timm": loss_theirs}
+
+
+def bench_train(ours: nn.Module, theirs: nn.Module, kind: str, args: argparse.Namespace,
+                batch: tuple[Tensor, Tensor, Tensor]) -> dict[str, float]:
+    """Training images/s (median over repetitions) for both, on training copies."""
+    runs = {"unitok": make_train_step(prepare_for_training(ours, kind), kind, batch, args.train_steps),
+            "timm": make_train_step(prepare_for_training(theirs, kind), kind, batch, args.train_steps)}
+    times = alternate(runs, args.repeats, args.warmup, args.device)
+    images = args.batch_size * args.train_steps
+    return {name: images / statistics.median(t) for name, t in times.items()}
+
+
+def bench_infer(ours: nn.Module, theirs: nn.Module, args: argparse.Namespace,
+                images: Tensor) -> dict[str, float]:
+    """Inference images/s (median over repetitions): eval mode, no_grad forward."""
+
+    def make(model: nn.Module) -> Callable[[], None]:
+        model.eval()
+
+        @torch.no_grad()
+        def run() -> None:
+            for _ in range(args.infer_batches):
+                model(images)
+
+        return run
+
+    times = alternate({"unitok": make(ours), "timm": make(theirs)}, args.repeats, args.warmup, args.device)
+    n = args.batch_size * args.infer_batches
+    return {name: n / statistics.median(t) for name, t in times.items()}
+
+
+# --------------------------------------------------------------------------- report
+def print_table(rows: list[tuple[str, str, float, float]]) -> None:
+    """model | metric | unitok | timm | ratio (unitok / timm)."""
+    print(f"{'model':<8}{'metric':<18}{'unitok':>10}{'timm':>10}{'ratio':>9}")
+    for model, metric, ours, theirs in rows:
+        print(f"{model:<8}{metric:<18}{ours:>10.1f}{theirs:>10.1f}{ours / theirs:>8.2f}x")
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run the benchmark, print the table and return the figures."""
+    args = parse_args(argv)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit("--device cuda asked for, but CUDA is not available")
+    if args.img_size % args.patch_size:
+        raise SystemExit("--img-size must be divisible by --patch-size")
+    import timm
+
+    start = time.perf_counter()
+    grid = args.img_size // args.patch_size
+    print(f"images {args.batch_size}x{args.channels}x{args.img_size}x{args.img_size}, patch "
+          f"{args.patch_size} ({grid * grid} patches), depth {args.depth} | device={args.device} "
+          f"threads={torch.get_num_threads()} torch={torch.__version__} timm={timm.__version__} "
+          f"repeats={args.repeats}")
+    result: dict[str, Any] = {"threads": torch.get_num_threads(), "device": args.device}
+    rows: list[tuple[str, str, float, float]] = []
+    batch = make_batch(args)
+    for kind in args.models:
+        ours, theirs = build_models(kind, args)
+        n_params = sum(p.numel() for p in ours.parameters())
+        same = check_same(ours, theirs, kind, args, batch)
+        print(f"{kind}: {type(theirs).__name__} -> {type(ours).__name__}, {n_params / 1e6:.2f}M params; "
+              f"same outputs: max |logit diff| {same['max_abs_diff']:.1e} (atol {args.atol:g}), "
+              f"first loss unitok {same['loss_unitok']:.5f} timm {same['loss_timm']:.5f}")
+        result[kind] = {"check": same, "params": n_params}
+        if not args.skip_train:
+            train = bench_train(ours, theirs, kind, args, batch)
+            result[kind]["train"] = train
+            rows.append((kind, "train images/s", train["unitok"], train["timm"]))
+        if not args.skip_infer:
+            infer = bench_infer(ours, theirs, args, batch[0])
+            result[kind]["infer"] = infer
+            rows.append((kind, "infer images/s", infer["unitok"], infer["timm"]))
+    print_table(rows)
+    result["seconds"] = time.perf_counter() - start
+    print(f"({result['seconds']:.0f} s)")
+    return result
+
+
+if __name__ == "__main__":
+    main()
