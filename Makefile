@@ -27,7 +27,8 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 bench: $(STAMP)
-	$(BIN)/python benchmarks/gpt_vs_hf.py
+	$(BIN)/python benchmarks/gpt_vs_hf.py --threads 1
+	$(BIN)/python benchmarks/vision_vs_timm.py --threads 1
 
 lint: $(STAMP)
 	$(BIN)/ruff check unitok tokenizers_mm tasks tests benchmarks

@@ -2,6 +2,17 @@
 
 from tasks.callbacks import ExportPretrained, PrintPredictions
 from tasks.causal_lm import CausalLMTask
+from tasks.image_classification import (
+    ImageClassificationTask,
+    hard_distillation_loss,
+    soft_distillation_loss,
+)
+from tasks.image_data import DigitsDataModule, ImageFolderDataModule
+from tasks.teachers import SmallCNN, train_cnn_teacher
 from tasks.text_data import TextDataModule, stdlib_source_files
 
-__all__ = ["CausalLMTask", "ExportPretrained", "PrintPredictions", "TextDataModule", "stdlib_source_files"]
+__all__ = [
+    "CausalLMTask", "DigitsDataModule", "ExportPretrained", "ImageClassificationTask", "ImageFolderDataModule",
+    "PrintPredictions", "SmallCNN", "TextDataModule", "hard_distillation_loss", "soft_distillation_loss",
+    "stdlib_source_files", "train_cnn_teacher",
+]

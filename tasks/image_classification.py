@@ -1,0 +1,303 @@
+"""Image classification for ViT, DeiT (with hard or soft distillation) and MLP-Mixer.
+
+Axis legend: B batch, K classes, C/H/W image channels/height/width.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.utilities import rank_zero_info
+from torch import Tensor, nn
+from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
+
+from tasks.optim import warmup_cosine, weight_decay_groups
+from tasks.teachers import TRAIN_CNN, freeze, load_teacher, train_cnn_teacher
+from unitok.models import DeiT, MixerConfig, MLPMixer, ViT, ViTConfig
+from unitok.models.vision import ImageModel
+from unitok.outputs import ImageClassifierOutput
+
+Family = Literal["vit", "deit", "mixer"]
+Distillation = Literal["none", "hard", "soft"]
+FAMILIES: dict[str, tuple[type[ImageModel], type[ViTConfig] | type[MixerConfig]]] = {
+    "vit": (ViT, ViTConfig), "deit": (DeiT, ViTConfig), "mixer": (MLPMixer, MixerConfig),
+}
+DEFAULT_PRESETS = {"vit": "vit-digits", "deit": "deit-digits", "mixer": "mixer-digits"}
+
+
+def hard_distillation_loss(logits_cls: Tensor, logits_dist: Tensor, labels: Tensor, teacher_logits: Tensor,
+                           label_smoothing: float = 0.0) -> Tensor:
+    """DeiT's hard distillation: ½·CE(class head, labels) + ½·CE(distillation head, teacher's argmax).
+
+    Label smoothing applies to the true labels only. (B, K), (B, K), (B,), (B, K) -> scalar.
+    """
+    base = F.cross_entropy(logits_cls, labels, label_smoothing=label_smoothing)
+    return 0.5 * base + 0.5 * F.cross_entropy(logits_dist, teacher_logits.argmax(dim=-1))
+
+
+def soft_distillation_loss(logits_cls: Tensor, logits_dist: Tensor, labels: Tensor, teacher_logits: Tensor,
+                           alpha: float = 0.5, tau: float = 3.0, label_smoothing: float = 0.0) -> Tensor:
+    """DeiT's soft distillation: (1 − α)·CE(class head, labels) + α·τ²·KL(p_teacher ‖ p_student).
+
+    p = softmax(logits / τ), the student's from the distillation head. The teacher's distribution
+    is the target (as in DeiT's and Hinton et al.'s code; the paper writes KL(ψ(Z_s/τ), ψ(Z_t/τ))):
+    Σ_k p_t,k (log p_t,k − log p_s,k), averaged over the batch (timm divides by B·K instead).
+    """
+    base = F.cross_entropy(logits_cls, labels, label_smoothing=label_smoothing)
+    log_student = F.log_softmax(logits_dist / tau, dim=-1)
+    log_teacher = F.log_softmax(teacher_logits / tau, dim=-1)
+    kl = F.kl_div(log_student, log_teacher, reduction="batchmean", log_target=True)
+    return (1.0 - alpha) * base + alpha * tau * tau * kl
+
+
+class ImageClassificationTask(L.LightningModule):
+    """Trains a ViT, DeiT or MLP-Mixer classifier on ``{"pixel_values", "labels"}`` batches.
+
+    Logs ``train_loss``, ``val_loss``, ``val_acc`` (top-1), ``val_top5`` (top-k, k = min(5, K)),
+    ``test_loss`` and ``test_acc``; after ``test`` it saves ``confusion_matrix.png`` into the
+    log dir (and keeps the counts in ``confusion_matrix``); ``predict`` returns class indices.
+    Validation and test score the model's ``logits`` (for DeiT, the two heads' average).
+
+    Args:
+        family / preset: the model (``preset`` defaults to the family's ``*-digits`` preset).
+        num_classes / image_size / channels / d_model / n_layers / n_heads / dropout: override
+            the preset when given (num_classes, channels must match the data module).
+        pretrained: a ``save_pretrained`` folder to start from (of this family); only
+            ``num_classes`` (a new head) and ``image_size`` (ViT/DeiT) may then be overridden.
+        learning_rate / weight_decay / betas / warmup_steps / min_lr_ratio: AdamW (no decay
+            on biases and norm gains), linear warm-up then cosine decay.
+        label_smoothing: on the cross-entropy with the true labels.
+        distillation: "none", "hard" or "soft" (DeiT only) with ``distill_alpha`` /
+            ``distill_tau`` (soft); see `hard_distillation_loss`, `soft_distillation_loss`.
+        teacher: ``"cnn:train"`` (train a `SmallCNN` for ``teacher_steps`` before fitting; its
+            state dict is saved as ``teacher_cnn.pt`` in the log dir), a ``.pt`` SmallCNN
+            state dict, or a ``save_pretrained`` folder of a unitok image model.
+        teacher_module: a ready teacher ``nn.Module`` (from Python) instead of ``teacher``.
+            Teachers are frozen, in eval mode, never saved in the task's checkpoints.
+    """
+
+    def __init__(
+        self,
+        family: Family = "vit",
+        preset: str | None = None,
+        num_classes: int | None = None,
+        image_size: int | tuple[int, int] | None = None,
+        channels: int | None = None,
+        d_model: int | None = None,
+        n_layers: int | None = None,
+        n_heads: int | None = None,
+        dropout: float | None = None,
+        pretrained: str | None = None,
+        learning_rate: float = 1e-3,
+        weight_decay: float = 0.05,
+        betas: tuple[float, float] = (0.9, 0.999),
+        warmup_steps: int = 50,
+        min_lr_ratio: float = 0.01,
+        label_smoothing: float = 0.0,
+        distillation: Distillation = "none",
+        distill_alpha: float = 0.5,
+        distill_tau: float = 3.0,
+        teacher: str | None = None,
+        teacher_steps: int = 200,
+        teacher_module: nn.Module | None = None,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters(ignore=["teacher_module"])
+        if family not in FAMILIES:
+            raise ValueError(f"family must be one of {', '.join(FAMILIES)}, got {family!r}")
+        if distillation != "none" and family != "deit":
+            raise ValueError(f"distillation={distillation!r} needs family='deit' (a distillation token)")
+        if distillation == "none" and (teacher is not None or teacher_module is not None):
+            raise ValueError("a teacher was given but distillation='none'; choose 'hard' or 'soft'")
+        if not 0.0 <= distill_alpha <= 1.0 or distill_tau <= 0:
+            raise ValueError(f"need 0 ≤ distill_alpha ≤ 1 and distill_tau > 0, got {distill_alpha}, {distill_tau}")
+        self.model = self._build_model()
+        K = self.model.config.num_classes
+        if K < 2:
+            raise ValueError(f"classification needs num_classes ≥ 2, got {K}")
+        self.top_k = min(5, K)
+        self.val_acc = MulticlassAccuracy(K, top_k=1, average="micro")
+        self.val_topk = MulticlassAccuracy(K, top_k=self.top_k, average="micro")
+        self.test_acc = MulticlassAccuracy(K, top_k=1, average="micro")
+        self.test_confusion = MulticlassConfusionMatrix(K)
+        self.confusion_matrix: Tensor | None = None  # (K, K) after `test`: rows true, columns predicted
+        # Not a submodule: the teacher stays out of checkpoints, optimisers and device moves.
+        self.__dict__["teacher_model"] = freeze(teacher_module) if teacher_module is not None else None
+
+    # ------------------------------------------------------------------ model
+    def _build_model(self) -> ImageModel:
+        h = self.hparams
+        model_class, config_class = FAMILIES[h.family]
+        shape = {k: v for k, v in dict(d_model=h.d_model, n_layers=h.n_layers, n_heads=h.n_heads,
+                                       dropout=h.dropout, channels=h.channels).items() if v is not None}
+        if h.family == "mixer" and "n_heads" in shape:
+            raise ValueError("MLP-Mixer has no attention heads; leave n_heads unset")
+        image_size = tuple(h.image_size) if isinstance(h.image_size, (list, tuple)) else h.image_size
+        if h.pretrained is not None:
+            if shape:
+                raise ValueError(f"a pretrained model's {', '.join(shape)} cannot be overridden")
+            model = model_class.from_pretrained(h.pretrained)
+            if h.num_classes is not None and h.num_classes != model.config.num_classes:
+                model.reset_classifier(h.num_classes)
+            if image_size is not None:
+                if not isinstance(model, ViT):
+                    raise ValueError("MLP-Mixer mixes a fixed number of patches; its image_size cannot change")
+                size = (image_size, image_size) if isinstance(image_size, int) else image_size
+                model.set_image_size(size)
+            return model
+        overrides = dict(shape)
+        if h.num_classes is not None:
+            overrides["num_classes"] = h.num_classes
+        if image_size is not None:
+            overrides["image_size"] = image_size
+        preset = h.preset or DEFAULT_PRESETS[h.family]
+        if h.channels is not None and len(config_class.from_name(preset).mean) != h.channels:
+            # Normalisation has one value per channel; the data module's replaces this in `setup`.
+            overrides.update(mean=(0.5,) * h.channels, std=(0.5,) * h.channels)
+        return model_class(config_class.from_name(preset, **overrides))
+
+    def forward(self, pixel_values: Tensor, **kwargs: Any) -> ImageClassifierOutput:
+        return self.model(pixel_values, **kwargs)
+
+    def setup(self, stage: str) -> None:
+        """Check the data against the model, adopt its normalisation, and ready the teacher."""
+        datamodule = getattr(self.trainer, "datamodule", None)
+        if datamodule is not None:
+            self._check_data(datamodule)
+        if stage == "fit" and self.hparams.distillation != "none" and self.teacher_model is None:
+            self.__dict__["teacher_model"] = self._resolve_teacher(datamodule)
+
+    def _check_data(self, datamodule: L.LightningDataModule) -> None:
+        c = self.model.config
+        for name in ("num_classes", "channels"):
+            data_value = getattr(datamodule, name, None)
+            if data_value is not None and data_value != getattr(c, name):
+                raise ValueError(f"the data has {name}={data_value} but the model {getattr(c, name)}; "
+                                 f"set the model's {name}: {data_value}")
+        mean, std = getattr(datamodule, "mean", None), getattr(datamodule, "std", None)
+        if mean is not None and std is not None and (tuple(mean), tuple(std)) != (c.mean, c.std):
+            # Stored with the model, so `model.predict` on raw images normalises as in training.
+            self.model.config = c.replace(mean=tuple(mean), std=tuple(std))
+
+    def _resolve_teacher(self, datamodule: L.LightningDataModule | None) -> nn.Module:
+        # Resolved when fitting, not in __init__: a distilled checkpoint loads for test/predict
+        # without its teacher.
+        h, c = self.hparams, self.model.config
+        if h.teacher is None:
+            raise ValueError(f"distillation={h.distillation!r} needs a teacher: a path, {TRAIN_CNN!r}, "
+                             "or a teacher_module")
+        if h.teacher != TRAIN_CNN:
+            return load_teacher(h.teacher, c.channels, c.num_classes)
+        if datamodule is None:
+            raise ValueError(f"teacher={TRAIN_CNN!r} trains on the data module; fit with datamodule=…")
+        rank_zero_info(f"training a SmallCNN teacher for {h.teacher_steps} steps")
+        teacher = train_cnn_teacher(datamodule, steps=h.teacher_steps, seed=0, device=self.trainer.strategy.root_device)
+        if self.trainer.logger is not None and self.trainer.is_global_zero:
+            path = Path(self.trainer.log_dir or self.trainer.default_root_dir) / "teacher_cnn.pt"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            torch.save(teacher.state_dict(), path)
+            rank_zero_info(f"saved the teacher to {path} (pass it as teacher: {path} to reuse it)")
+        return teacher
+
+    # ------------------------------------------------------------------ losses
+    @torch.no_grad()
+    def _teacher_logits(self, pixel_values: Tensor) -> Tensor:
+        teacher = self.teacher_model
+        if teacher is None:
+            raise RuntimeError("no teacher: distillation needs a teacher (resolved in setup('fit'))")
+        teacher.to(pixel_values.device).eval()
+        out = teacher(pixel_values)
+        return (out.logits if isinstance(out, ImageClassifierOutput) else out).float()
+
+    def training_loss(self, batch: dict[str, Tensor]) -> Tensor:
+        """Cross-entropy (both heads for DeiT, averaged), or DeiT's hard / soft distillation."""
+        h = self.hparams
+        out = self.model(batch["pixel_values"])
+        labels = batch["labels"]
+        if out.logits_dist is None:
+            return F.cross_entropy(out.logits.float(), labels, label_smoothing=h.label_smoothing)
+        cls, dist = out.logits_cls.float(), out.logits_dist.float()
+        if h.distillation == "none":
+            return 0.5 * (F.cross_entropy(cls, labels, label_smoothing=h.label_smoothing)
+                          + F.cross_entropy(dist, labels, label_smoothing=h.label_smoothing))
+        teacher_logits = self._teacher_logits(batch["pixel_values"])
+        if h.distillation == "hard":
+            return hard_distillation_loss(cls, dist, labels, teacher_logits, h.label_smoothing)
+        return soft_distillation_loss(cls, dist, labels, teacher_logits, h.distill_alpha, h.distill_tau,
+                                      h.label_smoothing)
+
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        loss = self.training_loss(batch)
+        self.log("train_loss", loss, prog_bar=True, batch_size=batch["labels"].shape[0])
+        self.log("lr", self.optimizers().param_groups[0]["lr"], prog_bar=False)  # type: ignore[union-attr]
+        return loss
+
+    def _eval_logits(self, batch: dict[str, Tensor], stage: str) -> Tensor:
+        logits = self.model(batch["pixel_values"]).logits.float()  # DeiT: the two heads' average
+        loss = F.cross_entropy(logits, batch["labels"])
+        self.log(f"{stage}_loss", loss, prog_bar=True, batch_size=batch["labels"].shape[0])
+        return logits
+
+    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        logits = self._eval_logits(batch, "val")
+        self.val_acc(logits, batch["labels"])
+        self.val_topk(logits, batch["labels"])
+        self.log("val_acc", self.val_acc, prog_bar=True)
+        self.log("val_top5", self.val_topk)  # top-k with k = min(5, K)
+
+    def test_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        logits = self._eval_logits(batch, "test")
+        self.test_acc(logits, batch["labels"])
+        self.test_confusion.update(logits, batch["labels"])
+        self.log("test_acc", self.test_acc)
+
+    def on_test_epoch_end(self) -> None:
+        self.confusion_matrix = self.test_confusion.compute().cpu()
+        self.test_confusion.reset()
+        folder = Path(self.trainer.log_dir or self.trainer.default_root_dir)
+        if self.trainer.is_global_zero:
+            names = getattr(self.trainer.datamodule, "class_names", None)
+            path = save_confusion_matrix(self.confusion_matrix, folder / "confusion_matrix.png", names)
+            rank_zero_info(f"saved the confusion matrix to {path}")
+
+    def predict_step(self, batch: dict[str, Tensor] | Tensor, batch_idx: int) -> Tensor:
+        """(B,) predicted class indices for a batch of normalised pixels (or a data batch)."""
+        pixels = batch["pixel_values"] if isinstance(batch, dict) else batch
+        return self.model(pixels).logits.argmax(dim=-1)
+
+    def configure_optimizers(self):
+        h = self.hparams
+        groups = weight_decay_groups(self.model, h.weight_decay)
+        optimizer = torch.optim.AdamW(groups, lr=h.learning_rate, betas=tuple(h.betas))
+        total = max(1, int(self.trainer.estimated_stepping_batches))
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(h.warmup_steps, total, h.min_lr_ratio))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+
+def save_confusion_matrix(matrix: Tensor, path: Path, class_names: list[str] | None = None) -> Path:
+    """Plot a (K, K) confusion matrix (rows: true class, columns: predicted) as a PNG."""
+    from matplotlib.figure import Figure  # no pyplot: no global state, no display backend
+
+    K = matrix.shape[0]
+    names = class_names if class_names is not None and len(class_names) == K else [str(k) for k in range(K)]
+    size = min(12.0, 2.0 + 0.5 * K)
+    fig = Figure(figsize=(size, size))
+    ax = fig.add_subplot()
+    counts = matrix.numpy()
+    image = ax.imshow(counts, cmap="Blues")
+    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+    ax.set(xticks=range(K), yticks=range(K), xticklabels=names, yticklabels=names,
+           xlabel="predicted", ylabel="true", title=f"confusion matrix (accuracy {counts.trace() / max(1, counts.sum()):.1%})")
+    if K <= 30:
+        threshold = counts.max() / 2
+        for i in range(K):
+            for j in range(K):
+                ax.text(j, i, int(counts[i, j]), ha="center", va="center", fontsize=8,
+                        color="white" if counts[i, j] > threshold else "black")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    return path

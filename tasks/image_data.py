@@ -1,0 +1,326 @@
+"""Image classification data: the built-in digits, or users' image folders.
+
+Both modules yield ``{"pixel_values": (B, C, H, W) float, "labels": (B,) long}`` batches,
+normalised with ``mean`` / ``std``, and expose ``num_classes``, ``class_names``, ``channels``,
+``image_size``, ``mean`` and ``std`` (the task checks them against its model).
+Augmentation (torchvision ``transforms.v2``) applies to the training split only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Literal
+
+import lightning as L
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image, UnidentifiedImageError
+from sklearn.datasets import load_digits
+from sklearn.model_selection import train_test_split
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset
+from torchvision.transforms import InterpolationMode, v2
+
+Interpolation = Literal["bilinear", "bicubic", "nearest"]
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
+
+
+def augmentation(degrees: float, translate: float, hflip: bool = False) -> v2.Transform:
+    """A small random affine (rotation up to ``degrees``, shift up to ``translate`` of the size),
+    optionally a horizontal flip, on [0, 1] image tensors; the background fills with 0."""
+    steps: list[v2.Transform] = [v2.RandomAffine(degrees=degrees, translate=(translate, translate),
+                                                 interpolation=InterpolationMode.BILINEAR, fill=0)]
+    if hflip:
+        steps.append(v2.RandomHorizontalFlip())
+    return v2.Compose(steps)
+
+
+def _square(size: int | Sequence[int]) -> tuple[int, int]:
+    if isinstance(size, int):
+        return (size, size)
+    if len(size) != 2:
+        raise ValueError(f"image_size must be an int or (height, width), got {size}")
+    return (int(size[0]), int(size[1]))
+
+
+def _stats(values: float | Sequence[float], channels: int, name: str) -> tuple[float, ...]:
+    values = (float(values),) if isinstance(values, (int, float)) else tuple(float(v) for v in values)
+    if len(values) == 1:
+        values = values * channels
+    if len(values) != channels:
+        raise ValueError(f"{name} needs 1 or {channels} values (one per channel), got {values}")
+    return values
+
+
+def _split(labels: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Stratified, seeded (train indices, held-out indices), each sorted."""
+    train, held = train_test_split(np.arange(len(labels)), test_size=fraction, stratify=labels,
+                                   random_state=seed)
+    return np.sort(train), np.sort(held)
+
+
+class ImageTensors(Dataset):
+    """In-memory [0, 1] images (N, C, H, W) and labels; ``transform`` runs per sample."""
+
+    def __init__(self, images: Tensor, labels: Tensor, transform: Callable[[Tensor], Tensor]) -> None:
+        self.images, self.labels, self.transform = images, labels, transform
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> dict[str, Tensor]:
+        return {"pixel_values": self.transform(self.images[index]), "labels": self.labels[index]}
+
+
+class ImageFiles(Dataset):
+    """Image files read with PIL on access (in data-loader workers), then ``transform``ed."""
+
+    def __init__(self, files: Sequence[Path], labels: Sequence[int], mode: str,
+                 transform: Callable[[Tensor], Tensor]) -> None:
+        self.files, self.labels = list(files), torch.as_tensor(list(labels), dtype=torch.long)
+        self.mode, self.transform = mode, transform
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, index: int) -> dict[str, Tensor]:
+        path = self.files[index]
+        try:
+            with Image.open(path) as image:
+                pixels = v2.functional.pil_to_tensor(image.convert(self.mode))  # (C, H, W) uint8
+        except (UnidentifiedImageError, OSError) as error:
+            raise ValueError(f"cannot read image {path}: {error}") from error
+        return {"pixel_values": self.transform(pixels), "labels": self.labels[index]}
+
+
+class ImageDataModule(L.LightningDataModule):
+    """Shared loaders for the image data modules (subclasses build the datasets in ``setup``)."""
+
+    num_classes: int
+    class_names: list[str]
+    channels: int
+    image_size: tuple[int, int]
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+    def __init__(self, batch_size: int, num_workers: int) -> None:
+        super().__init__()
+        if batch_size < 1 or num_workers < 0:
+            raise ValueError(f"need batch_size ≥ 1 and num_workers ≥ 0, got {batch_size}, {num_workers}")
+        self.batch_size, self.num_workers = batch_size, num_workers
+        self.train_set: Dataset | None = None
+        self.val_set: Dataset | None = None
+
+    def _loader(self, dataset: Dataset | None, train: bool) -> DataLoader:
+        if dataset is None:
+            self.setup("fit")
+            dataset = self.train_set if train else self.val_set
+        return DataLoader(dataset, batch_size=self.batch_size, shuffle=train, drop_last=train,  # type: ignore[arg-type]
+                          num_workers=self.num_workers, persistent_workers=self.num_workers > 0)
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader(self.train_set, train=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader(self.val_set, train=False)
+
+    def test_dataloader(self) -> DataLoader:
+        """The held-out split again (there is no third split; see the class docstring)."""
+        return self._loader(self.val_set, train=False)
+
+    def predict_dataloader(self) -> DataLoader:
+        return self._loader(self.val_set, train=False)
+
+
+class DigitsDataModule(ImageDataModule):
+    """scikit-learn's handwritten digits (1,797 real 8×8 scans, 10 classes; ships with
+    scikit-learn, no download), scaled from 0..16 to [0, 1], upsampled to ``image_size`` and
+    normalised: one channel, values in [(0 - mean) / std, (1 - mean) / std] = [-1, 1] by default.
+
+    The split is fixed: stratified by class and seeded by ``split_seed``, ``test_fraction`` of
+    the scans held out (20 %: 1,437 train / 360 held out). The held-out split is both the
+    validation and the test set — there is no third split, so the numbers reported on it are
+    held-out accuracy, not an untouched test after model selection.
+
+    Args:
+        image_size: side of the square images (8 keeps the scans' own resolution).
+        interpolation: upsampling filter (bicubic overshoots and is clamped to [0, 1]).
+        mean / std: normalisation of the [0, 1] pixels.
+        test_fraction / split_seed: the held-out split.
+        batch_size / num_workers: data loading.
+        augment: a small random affine (``degrees``, ``translate``) on training images only.
+    """
+
+    def __init__(
+        self,
+        image_size: int = 32,
+        interpolation: Interpolation = "bilinear",
+        mean: float | tuple[float, ...] = 0.5,
+        std: float | tuple[float, ...] = 0.5,
+        test_fraction: float = 0.2,
+        split_seed: int = 0,
+        batch_size: int = 64,
+        num_workers: int = 0,
+        augment: bool = False,
+        degrees: float = 10.0,
+        translate: float = 0.1,
+    ) -> None:
+        super().__init__(batch_size, num_workers)
+        if image_size < 8:
+            raise ValueError(f"image_size must be ≥ 8 (the scans are 8×8), got {image_size}")
+        if not 0.0 < test_fraction < 1.0:
+            raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
+        self.image_size = (image_size, image_size)
+        self.interpolation = interpolation
+        self.channels = 1
+        self.mean, self.std = _stats(mean, 1, "mean"), _stats(std, 1, "std")
+        if any(s <= 0 for s in self.std):
+            raise ValueError(f"std must be positive, got {self.std}")
+        self.test_fraction, self.split_seed = test_fraction, split_seed
+        self.augment, self.degrees, self.translate = augment, degrees, translate
+        self.num_classes = 10
+        self.class_names = [str(d) for d in range(10)]
+        self.train_indices: np.ndarray | None = None
+        self.held_out_indices: np.ndarray | None = None
+
+    def images(self) -> tuple[Tensor, Tensor]:
+        """All 1,797 scans as [0, 1] floats (N, 1, H, W) at ``image_size``, and their labels (N,)."""
+        digits = load_digits()
+        pixels = torch.from_numpy(digits.images).float().div(16.0)[:, None]  # (N, 1, 8, 8)
+        if self.image_size != (8, 8):
+            kwargs = {} if self.interpolation == "nearest" else {"align_corners": False}
+            pixels = F.interpolate(pixels, size=self.image_size, mode=self.interpolation, **kwargs)
+        return pixels.clamp(0.0, 1.0), torch.from_numpy(digits.target).long()
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.train_set is not None:
+            return
+        images, labels = self.images()
+        self.train_indices, self.held_out_indices = _split(labels.numpy(), self.test_fraction, self.split_seed)
+        normalize = v2.Normalize(self.mean, self.std)
+        train_transform = v2.Compose([augmentation(self.degrees, self.translate), normalize]) if self.augment else normalize
+        train, held = torch.from_numpy(self.train_indices), torch.from_numpy(self.held_out_indices)
+        self.train_set = ImageTensors(images[train], labels[train], train_transform)
+        self.val_set = ImageTensors(images[held], labels[held], normalize)
+
+
+def _class_folders(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def _image_files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+
+
+def scan_image_folder(folder: Path, class_names: list[str] | None = None) -> tuple[list[str], list[Path], list[int]]:
+    """``folder/<class>/**/*.png|jpg|…`` -> (class names, files, labels), in sorted order.
+
+    With ``class_names`` given (the training classes), every class folder here must be one of them.
+    Raises FileNotFoundError / ValueError for a missing folder, no class folders, an empty class.
+    """
+    if not folder.is_dir():
+        raise FileNotFoundError(f"image folder {folder} does not exist")
+    classes = _class_folders(folder)
+    if not classes:
+        raise ValueError(f"{folder} has no class folders; expected {folder}/<class name>/<image files>")
+    names = [c.name for c in classes]
+    if class_names is not None:
+        unknown = sorted(set(names) - set(class_names))
+        if unknown:
+            raise ValueError(f"{folder} has classes {unknown} that the training folder does not have")
+    index = {name: i for i, name in enumerate(class_names or names)}
+    files, labels = [], []
+    for folder_of_class in classes:
+        found = _image_files(folder_of_class)
+        if not found:
+            raise ValueError(
+                f"class folder {folder_of_class} has no images (looked for {', '.join(IMAGE_SUFFIXES)})"
+            )
+        files += found
+        labels += [index[folder_of_class.name]] * len(found)
+    return class_names or names, files, labels
+
+
+class ImageFolderDataModule(ImageDataModule):
+    """Users' images, one folder per class, read with PIL.
+
+    Layouts: ``root/train/<class>/*.png|jpg`` with ``root/val/<class>/…`` (the validation and
+    test set), or ``root/<class>/…`` alone (or ``root/train`` without ``val``), from which a
+    stratified, seeded ``val_fraction`` is held out. Images are converted to ``channels``
+    (1: grey, 3: RGB), resized to ``image_size`` and normalised with ``mean`` / ``std``.
+
+    Args:
+        root: the image folder. image_size: (height, width) or one side.
+        channels / mean / std / interpolation: how pixels are prepared.
+        val_fraction / split_seed: the held-out split when there is no ``val`` folder.
+        batch_size / num_workers: data loading.
+        augment: random affine (``degrees``, ``translate``) and, with ``hflip``, horizontal
+            flips, on training images only.
+    """
+
+    def __init__(
+        self,
+        root: str | None = None,
+        image_size: int | tuple[int, int] = 32,
+        channels: int = 3,
+        mean: float | tuple[float, ...] = 0.5,
+        std: float | tuple[float, ...] = 0.5,
+        interpolation: Interpolation = "bilinear",
+        val_fraction: float = 0.2,
+        split_seed: int = 0,
+        batch_size: int = 64,
+        num_workers: int = 0,
+        augment: bool = False,
+        degrees: float = 10.0,
+        translate: float = 0.1,
+        hflip: bool = False,
+    ) -> None:
+        super().__init__(batch_size, num_workers)
+        if root is None:
+            raise ValueError("ImageFolderDataModule needs root: the folder of class folders (--data.root PATH)")
+        if channels not in (1, 3):
+            raise ValueError(f"channels must be 1 (grey) or 3 (RGB), got {channels}")
+        if not 0.0 < val_fraction < 1.0:
+            raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
+        self.root = Path(root)
+        if not self.root.is_dir():
+            raise FileNotFoundError(f"image root {self.root} does not exist")
+        self.image_size, self.channels = _square(image_size), channels
+        self.mean, self.std = _stats(mean, channels, "mean"), _stats(std, channels, "std")
+        if any(s <= 0 for s in self.std):
+            raise ValueError(f"std must be positive, got {self.std}")
+        self.interpolation = interpolation
+        self.augment, self.degrees, self.translate, self.hflip = augment, degrees, translate, hflip
+        # Scan now, so a bad layout fails at construction and num_classes is known before fitting.
+        train_dir = self.root / "train" if (self.root / "train").is_dir() else self.root
+        self.class_names, self.train_files, self.train_labels = scan_image_folder(train_dir)
+        if (self.root / "val").is_dir():
+            _, self.val_files, self.val_labels = scan_image_folder(self.root / "val", self.class_names)
+        else:
+            if min(np.bincount(self.train_labels)) < 2:
+                raise ValueError(f"every class in {train_dir} needs ≥ 2 images to hold some out (or add {self.root}/val)")
+            files, labels = np.array(self.train_files, dtype=object), np.array(self.train_labels)
+            train, held = _split(labels, val_fraction, split_seed)
+            self.train_files, self.train_labels = list(files[train]), labels[train].tolist()
+            self.val_files, self.val_labels = list(files[held]), labels[held].tolist()
+        self.num_classes = len(self.class_names)
+        if self.num_classes < 2:
+            raise ValueError(f"{train_dir} has one class ({self.class_names[0]}); classification needs ≥ 2")
+
+    def _transform(self, train: bool) -> v2.Transform:
+        steps: list[v2.Transform] = [v2.Resize(self.image_size, interpolation=InterpolationMode(self.interpolation),
+                                               antialias=True),
+                                     v2.ToDtype(torch.float32, scale=True)]
+        if train and self.augment:
+            steps.append(augmentation(self.degrees, self.translate, self.hflip))
+        steps.append(v2.Normalize(self.mean, self.std))
+        return v2.Compose(steps)
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.train_set is not None:
+            return
+        mode = "L" if self.channels == 1 else "RGB"
+        self.train_set = ImageFiles(self.train_files, self.train_labels, mode, self._transform(train=True))
+        self.val_set = ImageFiles(self.val_files, self.val_labels, mode, self._transform(train=False))

@@ -1,0 +1,131 @@
+"""Teachers for distillation: a small CNN trained on the fly, or a saved model loaded frozen.
+
+A DeiT student learns from a convolutional teacher's predictions (Touvron et al., 2021); the
+CNN's locality is the inductive bias a ViT lacks on small data. ``load_teacher`` accepts:
+
+* ``"cnn:train"``: train a `SmallCNN` on the data module before fitting (`train_cnn_teacher`);
+* a ``.pt`` file: a `SmallCNN` state dict (``torch.save(cnn.state_dict(), path)``);
+* a folder written by ``save_pretrained`` of a unitok image model (ViT, DeiT, MLP-Mixer).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from tasks.optim import warmup_cosine, weight_decay_groups
+from unitok.models import DeiT, MLPMixer, ViT
+from unitok.models.base import CONFIG_FILE
+from unitok.models.vision import ImageModel
+
+TRAIN_CNN = "cnn:train"
+IMAGE_FAMILIES: dict[str, type[ImageModel]] = {cls.__name__: cls for cls in (ViT, DeiT, MLPMixer)}
+
+
+class SmallCNN(nn.Module):
+    """Three 3×3 conv–BatchNorm–ReLU stages (two 2×2 max-pools between), global average pool,
+    linear head: (B, C, H, W) normalised pixels -> (B, K) logits, any H, W ≥ 4.
+
+    Args:
+        channels: C of the input. num_classes: K. width: channels of the first stage
+            (doubled at each later stage).
+    """
+
+    def __init__(self, channels: int = 1, num_classes: int = 10, width: int = 16) -> None:
+        super().__init__()
+        self.config = {"channels": channels, "num_classes": num_classes, "width": width}
+        widths = (channels, width, 2 * width, 4 * width)
+        layers: list[nn.Module] = []
+        for i in range(3):
+            layers += [nn.Conv2d(widths[i], widths[i + 1], 3, padding=1, bias=False),
+                       nn.BatchNorm2d(widths[i + 1]), nn.ReLU(inplace=True)]
+            if i < 2:
+                layers.append(nn.MaxPool2d(2))
+        self.features = nn.Sequential(*layers)
+        self.head = nn.Linear(widths[-1], num_classes)
+
+    def forward(self, pixel_values: Tensor) -> Tensor:
+        x = self.features(pixel_values)  # (B, 4·width, H/4, W/4)
+        return self.head(x.mean(dim=(2, 3)))
+
+
+def train_cnn_teacher(
+    datamodule,
+    steps: int = 300,
+    seed: int = 0,
+    learning_rate: float = 3e-3,
+    width: int = 16,
+    device: str | torch.device = "cpu",
+) -> SmallCNN:
+    """Train a `SmallCNN` on ``datamodule``'s training loader for ``steps`` AdamW steps
+    (warm-up + cosine), and return it frozen in eval mode.
+
+    Seeded, and run under a forked random state, so it neither depends on nor disturbs the
+    global generator (a student trained after it sees the same data order as without it).
+    About 300 steps of 64 digits reach ≥ 97 % held-out accuracy in seconds on a CPU.
+    """
+    datamodule.setup("fit")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = SmallCNN(datamodule.channels, datamodule.num_classes, width).to(device)
+        optimizer = torch.optim.AdamW(weight_decay_groups(model, 1e-4), lr=learning_rate)
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(steps // 10, steps, 0.0))
+        model.train()
+        step = 0
+        while step < steps:
+            for batch in datamodule.train_dataloader():
+                logits = model(batch["pixel_values"].to(device))
+                loss = F.cross_entropy(logits, batch["labels"].to(device))
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                schedule.step()
+                step += 1
+                if step == steps:
+                    break
+    return freeze(model)
+
+
+def freeze(model: nn.Module) -> nn.Module:
+    """Eval mode, no gradients: how a teacher is used."""
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+def load_image_model(folder: str | Path) -> ImageModel:
+    """A unitok image model from a ``save_pretrained`` folder, whichever family it holds."""
+    folder = Path(folder)
+    config_file = folder / CONFIG_FILE
+    if not config_file.is_file():
+        raise FileNotFoundError(f"{folder} has no {CONFIG_FILE}; expected a folder written by save_pretrained")
+    family = json.loads(config_file.read_text()).get("family")
+    if family not in IMAGE_FAMILIES:
+        raise ValueError(f"{folder} holds a {family} model; image teachers are {', '.join(IMAGE_FAMILIES)}")
+    return IMAGE_FAMILIES[family].from_pretrained(folder)
+
+
+def load_teacher(spec: str, channels: int, num_classes: int) -> nn.Module:
+    """A frozen teacher from a ``.pt`` `SmallCNN` state dict or a ``save_pretrained`` folder.
+
+    (``"cnn:train"`` needs data, so the task trains that one itself with `train_cnn_teacher`.)
+    """
+    path = Path(spec)
+    if path.is_dir():
+        return freeze(load_image_model(path))
+    if path.suffix == ".pt":
+        if not path.is_file():
+            raise FileNotFoundError(f"teacher state dict {path} does not exist")
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        width = state["features.0.weight"].shape[0] if "features.0.weight" in state else 16
+        model = SmallCNN(channels, num_classes, width)
+        model.load_state_dict(state)
+        return freeze(model)
+    raise ValueError(
+        f"teacher {spec!r} is neither {TRAIN_CNN!r}, a SmallCNN state dict (.pt) nor a save_pretrained folder"
+    )

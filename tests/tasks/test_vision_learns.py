@@ -1,0 +1,230 @@
+"""Image classification: ViT, MLP-Mixer and DeiT learn the built-in digits; DeiT's hard and soft
+distillation losses are the paper's formulas; teachers stay frozen and out of checkpoints; the
+test stage writes a confusion matrix and predict returns class indices."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import lightning as L
+import numpy as np
+import pytest
+import torch
+from lightning.pytorch.loggers import CSVLogger
+
+from tasks import (
+    DigitsDataModule,
+    ImageClassificationTask,
+    SmallCNN,
+    hard_distillation_loss,
+    soft_distillation_loss,
+    train_cnn_teacher,
+)
+from tasks.teachers import load_teacher
+
+# ------------------------------------------------------------------ helpers
+
+
+def trainer(max_steps: int = 1, **options) -> L.Trainer:
+    """A quiet CPU trainer that validates only when asked."""
+    defaults = dict(max_steps=max_steps, accelerator="cpu", logger=False, enable_checkpointing=False,
+                    enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, log_every_n_steps=10,
+                    val_check_interval=None, check_val_every_n_epoch=None)
+    return L.Trainer(**{**defaults, **options})
+
+
+def fit_and_score(task: ImageClassificationTask, datamodule: DigitsDataModule, steps: int) -> float:
+    """Train for ``steps`` and return held-out top-1 accuracy."""
+    t = trainer(steps, limit_val_batches=0)
+    t.fit(task, datamodule=datamodule)
+    return float(trainer().validate(task, datamodule=datamodule, verbose=False)[0]["val_acc"])
+
+
+def held_out_accuracy(model: torch.nn.Module, datamodule: DigitsDataModule) -> float:
+    correct = total = 0
+    with torch.no_grad():
+        for batch in datamodule.val_dataloader():
+            correct += int((model(batch["pixel_values"]).argmax(-1) == batch["labels"]).sum())
+            total += len(batch["labels"])
+    return correct / total
+
+
+def cross_entropy(row: list[float], target: int) -> float:
+    return math.log(sum(math.exp(v) for v in row)) - row[target]
+
+
+def softmax(row: list[float], tau: float) -> list[float]:
+    e = [math.exp(v / tau) for v in row]
+    return [v / sum(e) for v in e]
+
+
+# ------------------------------------------------------------------ distillation losses
+
+CLS = [[2.0, 0.0, -1.0], [0.5, 1.5, 0.0]]
+DIST = [[1.0, 1.0, 0.0], [0.0, -0.5, 3.0]]
+TEACHER = [[0.0, 3.0, 1.0], [0.0, 0.5, 2.0]]  # argmax: 1, 2 (the first disagrees with its label)
+LABELS = [0, 1]
+
+
+def test_hard_distillation_is_half_label_ce_plus_half_teacher_argmax_ce():
+    loss = hard_distillation_loss(torch.tensor(CLS), torch.tensor(DIST), torch.tensor(LABELS), torch.tensor(TEACHER))
+    by_hand = sum(0.5 * cross_entropy(c, y) + 0.5 * cross_entropy(d, t)
+                  for c, d, y, t in zip(CLS, DIST, LABELS, [1, 2])) / 2
+    assert float(loss) == pytest.approx(by_hand, rel=1e-6)
+
+
+@pytest.mark.parametrize(("alpha", "tau"), [(0.5, 3.0), (0.1, 1.0), (1.0, 2.0)])
+def test_soft_distillation_is_label_ce_plus_tau_squared_kl_to_the_teacher(alpha, tau):
+    loss = soft_distillation_loss(torch.tensor(CLS), torch.tensor(DIST), torch.tensor(LABELS), torch.tensor(TEACHER),
+                                  alpha=alpha, tau=tau)
+    ce = sum(cross_entropy(c, y) for c, y in zip(CLS, LABELS)) / 2
+    kl = sum(sum(pt * math.log(pt / ps) for pt, ps in zip(softmax(t, tau), softmax(d, tau)))
+             for d, t in zip(DIST, TEACHER)) / 2  # KL(teacher ‖ student), mean over the batch
+    assert float(loss) == pytest.approx((1 - alpha) * ce + alpha * tau**2 * kl, rel=1e-6)
+
+
+def test_soft_distillation_toward_an_identical_teacher_is_the_label_loss_alone():
+    cls, labels = torch.tensor(CLS), torch.tensor(LABELS)
+    loss = soft_distillation_loss(cls, torch.tensor(DIST), labels, torch.tensor(DIST), alpha=0.3, tau=4.0)
+    assert float(loss) == pytest.approx(0.7 * float(torch.nn.functional.cross_entropy(cls, labels)), rel=1e-6)
+
+
+# ------------------------------------------------------------------ teachers and task mechanics
+
+
+def digits_batch(n: int = 8) -> dict[str, torch.Tensor]:
+    dm = DigitsDataModule(batch_size=n)
+    return next(iter(dm.val_dataloader()))
+
+
+def test_the_teacher_is_frozen_and_never_saved():
+    teacher = SmallCNN(channels=1, num_classes=10)
+    task = ImageClassificationTask(family="deit", distillation="soft", teacher_module=teacher)
+    assert not teacher.training and not any(p.requires_grad for p in teacher.parameters())
+    loss = task.training_loss(digits_batch())
+    loss.backward()
+    assert all(p.grad is None for p in teacher.parameters())
+    assert all(p.grad is not None for p in task.model.parameters())  # the student learns from both heads
+    assert not any(k.startswith("teacher") for k in task.state_dict())
+    assert {id(p) for p in task.parameters()}.isdisjoint(id(p) for p in teacher.parameters())
+
+
+def test_a_distilled_checkpoint_loads_without_its_teacher(tmp_path):
+    task = ImageClassificationTask(family="deit", distillation="hard", teacher_module=SmallCNN())
+    t = trainer(2, limit_val_batches=0, default_root_dir=str(tmp_path))
+    t.fit(task, datamodule=DigitsDataModule(batch_size=16))
+    t.save_checkpoint(tmp_path / "deit.ckpt")
+    loaded = ImageClassificationTask.load_from_checkpoint(tmp_path / "deit.ckpt")
+    assert loaded.teacher_model is None and loaded.hparams.distillation == "hard"
+    pixels = digits_batch()["pixel_values"]
+    assert torch.equal(loaded.model.eval()(pixels).logits, task.model.eval()(pixels).logits)
+
+
+def test_teachers_load_from_a_cnn_state_dict_or_a_pretrained_folder(tmp_path):
+    pixels = digits_batch()["pixel_values"]
+    cnn = SmallCNN(channels=1, num_classes=10).eval()
+    torch.save(cnn.state_dict(), tmp_path / "teacher.pt")
+    loaded = load_teacher(str(tmp_path / "teacher.pt"), channels=1, num_classes=10)
+    assert torch.equal(loaded(pixels), cnn(pixels)) and not loaded.training
+
+    vit = ImageClassificationTask(family="vit").model.eval()
+    vit.save_pretrained(tmp_path / "vit")
+    loaded = load_teacher(str(tmp_path / "vit"), channels=1, num_classes=10)
+    assert torch.equal(loaded(pixels).logits, vit(pixels).logits)
+    assert not any(p.requires_grad for p in loaded.parameters())
+    with pytest.raises(ValueError, match="neither"):
+        load_teacher("resnet", channels=1, num_classes=10)
+
+
+def test_distillation_needs_deit_and_a_teacher():
+    with pytest.raises(ValueError, match="family='deit'"):
+        ImageClassificationTask(family="vit", distillation="hard", teacher="cnn:train")
+    with pytest.raises(ValueError, match="needs a teacher"):
+        trainer().fit(ImageClassificationTask(family="deit", distillation="soft"), datamodule=DigitsDataModule())
+    with pytest.raises(ValueError, match="distillation='none'"):
+        ImageClassificationTask(family="deit", teacher="cnn:train")
+    with pytest.raises(ValueError, match="no attention heads"):
+        ImageClassificationTask(family="mixer", n_heads=2)
+
+
+def test_a_pretrained_folder_is_the_starting_point(tmp_path):
+    source = ImageClassificationTask(family="mixer")
+    source.model.save_pretrained(tmp_path / "mixer")
+    task = ImageClassificationTask(family="mixer", pretrained=str(tmp_path / "mixer"))
+    for key, value in source.model.state_dict().items():
+        assert torch.equal(task.model.state_dict()[key], value)
+    new_head = ImageClassificationTask(family="mixer", pretrained=str(tmp_path / "mixer"), num_classes=4)
+    assert new_head.model.head.out_features == 4
+    with pytest.raises(ValueError, match="DeiT|MLPMixer"):
+        ImageClassificationTask(family="deit", pretrained=str(tmp_path / "mixer"))
+    with pytest.raises(ValueError, match="d_model"):
+        ImageClassificationTask(family="mixer", pretrained=str(tmp_path / "mixer"), d_model=32)
+
+
+def test_the_model_must_fit_the_data():
+    task = ImageClassificationTask(family="vit", num_classes=7)
+    with pytest.raises(ValueError, match="num_classes=10"):
+        trainer().fit(task, datamodule=DigitsDataModule())
+
+
+def test_test_writes_a_confusion_matrix_and_predict_returns_class_indices(tmp_path):
+    L.seed_everything(0)
+    dm = DigitsDataModule(batch_size=128)
+    task = ImageClassificationTask(family="vit")
+    t = trainer(5, logger=CSVLogger(str(tmp_path), name="cm"), limit_val_batches=0)
+    t.fit(task, datamodule=dm)
+    t.test(task, datamodule=dm, verbose=False)
+    png = Path(t.log_dir) / "confusion_matrix.png"
+    assert png.is_file() and png.read_bytes().startswith(b"\x89PNG")
+    matrix = task.confusion_matrix
+    assert matrix.shape == (10, 10) and int(matrix.sum()) == 360
+    assert np.bincount(dm.val_set.labels.numpy(), minlength=10).tolist() == matrix.sum(1).tolist()  # rows: true
+    assert float(t.callback_metrics["test_acc"]) == pytest.approx(float(matrix.trace()) / 360)
+
+    predictions = torch.cat(t.predict(task, datamodule=dm))
+    assert predictions.shape == (360,) and predictions.dtype == torch.long
+    assert torch.bincount(predictions, minlength=10).tolist() == matrix.sum(0).tolist()  # columns: predicted
+
+
+def test_validation_logs_loss_top1_and_top5():
+    task = ImageClassificationTask(family="vit")
+    metrics = trainer().validate(task, datamodule=DigitsDataModule(batch_size=180), verbose=False)[0]
+    assert {"val_loss", "val_acc", "val_top5"} <= set(metrics)
+    assert 0.0 <= metrics["val_acc"] <= metrics["val_top5"] <= 1.0
+    assert metrics["val_loss"] == pytest.approx(math.log(10), abs=0.1)  # an untrained head is near uniform
+
+
+# ------------------------------------------------------------------ learning on digits
+
+
+@pytest.mark.slow
+def test_vit_learns_digits():
+    L.seed_everything(0)
+    accuracy = fit_and_score(ImageClassificationTask(family="vit", learning_rate=2e-3), DigitsDataModule(), steps=400)
+    assert accuracy >= 0.90, f"ViT held-out accuracy {accuracy:.3f}"
+
+
+@pytest.mark.slow
+def test_mlp_mixer_learns_digits():
+    L.seed_everything(0)
+    accuracy = fit_and_score(ImageClassificationTask(family="mixer", learning_rate=2e-3), DigitsDataModule(), steps=250)
+    assert accuracy >= 0.85, f"MLP-Mixer held-out accuracy {accuracy:.3f}"
+
+
+@pytest.mark.slow
+def test_deit_distilled_from_a_cnn_beats_the_same_network_without_a_teacher():
+    # A CNN teacher: ≥ 97 % held out after 200 steps, seconds on a CPU.
+    teacher = train_cnn_teacher(DigitsDataModule(), steps=200, seed=0)
+    assert held_out_accuracy(teacher, DigitsDataModule()) >= 0.97
+    # The same DeiT (deit-digits) with the same seed, hence the same initial weights and batches, and
+    # the same 250 steps: only the soft-distillation teacher differs. Seeds 0 / 1 / 2 / 3 / 4 gave
+    # margins of +3.1 / +2.2 / +1.1 / +6.1 / +2.5 points. (Against the plain vit-digits ViT they were
+    # −1.1 / +2.2 / −4.2, within seed-to-seed noise at this budget, so that is not asserted.)
+    steps, options = 250, dict(family="deit", learning_rate=2e-3)
+    L.seed_everything(0)
+    alone = fit_and_score(ImageClassificationTask(**options), DigitsDataModule(), steps)
+    L.seed_everything(0)
+    student = ImageClassificationTask(**options, distillation="soft", teacher_module=teacher)
+    distilled = fit_and_score(student, DigitsDataModule(), steps)
+    assert distilled >= alone + 0.01, f"distilled DeiT {distilled:.3f} vs DeiT without a teacher {alone:.3f}"
