@@ -21,9 +21,11 @@ class ExportPretrained(L.Callback):
         folder = Path(self.dirpath or Path(trainer.log_dir or trainer.default_root_dir) / "pretrained")
         pl_module.model.save_pretrained(folder)  # type: ignore[operator]
         datamodule = trainer.datamodule
+        what = "model"
         if datamodule is not None and hasattr(datamodule, "tokenizer"):
             datamodule.tokenizer.save(folder)
-        print(f"exported model and tokenizer to {folder}")
+            what = "model and tokenizer"
+        print(f"exported {what} to {folder}")
 
 
 class PrintPredictions(L.Callback):
