@@ -28,13 +28,18 @@ from __future__ import annotations
 import argparse
 import copy
 import statistics
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: find timing.py
+from timing import alternate  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -87,36 +92,6 @@ def build_models(args: argparse.Namespace) -> tuple[nn.Module, nn.Module]:
 def hf_attention_backend(hf: nn.Module) -> str:
     """The attention implementation HF picked (sdpa / eager), for the report."""
     return str(getattr(hf.config, "_attn_implementation", "?"))
-
-
-# --------------------------------------------------------------------------- timing
-def sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
-def timed(fn: Callable[[], Any], device: str) -> float:
-    """Seconds one call of ``fn`` takes (device work included)."""
-    sync(device)
-    start = time.perf_counter()
-    fn()
-    sync(device)
-    return time.perf_counter() - start
-
-
-def alternate(
-    runs: dict[str, Callable[[], Any]], repeats: int, warmup: int, device: str
-) -> dict[str, list[float]]:
-    """Time each callable ``repeats`` times, interleaved (order flips every round)."""
-    names = list(runs)
-    for _ in range(warmup):
-        for name in names:
-            runs[name]()
-    times: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(repeats):
-        for name in names if r % 2 == 0 else reversed(names):
-            times[name].append(timed(runs[name], device))
-    return times
 
 
 # --------------------------------------------------------------------------- workloads
