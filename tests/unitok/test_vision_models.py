@@ -328,3 +328,17 @@ def test_checkpoint_of_another_family_is_refused(tmp_path):
     build("mixer-digits").save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="holds a MLPMixer checkpoint, not a ViT"):
         ViT.from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")], ids=["nan", "inf"])
+def test_non_finite_pixels_or_patches_are_refused(bad):
+    from tokenizers_mm import patchify
+
+    model = ViT(ViTConfig.from_name("vit-digits"))
+    pixels = torch.zeros(1, 1, 32, 32)
+    pixels[0, 0, 3, 5] = bad
+    with pytest.raises(ValueError, match="pixel_values contain 1 NaN/inf"):
+        model(pixels)
+    tokens = Tokens(features=patchify(pixels, 8), grid=(4, 4), modality="image")
+    with pytest.raises(ValueError, match="patch features contain 1 NaN/inf"):
+        model(tokens)
