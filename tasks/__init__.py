@@ -2,6 +2,8 @@
 
 from tasks.callbacks import ExportPretrained, PrintPredictions
 from tasks.causal_lm import CausalLMTask
+from tasks.clip_data import CaptionedDigitsDataModule, ImageCaptionDataModule
+from tasks.contrastive import ContrastiveTask, contrastive_loss
 from tasks.image_classification import (
     ImageClassificationTask,
     hard_distillation_loss,
@@ -12,6 +14,7 @@ from tasks.teachers import SmallCNN, train_cnn_teacher
 from tasks.text_data import TextDataModule, stdlib_source_files
 
 __all__ = [
+    "CaptionedDigitsDataModule", "ContrastiveTask", "ImageCaptionDataModule", "contrastive_loss",
     "CausalLMTask", "DigitsDataModule", "ExportPretrained", "ImageClassificationTask", "ImageFolderDataModule",
     "PrintPredictions", "SmallCNN", "TextDataModule", "hard_distillation_loss", "soft_distillation_loss",
     "stdlib_source_files", "train_cnn_teacher",

@@ -22,7 +22,7 @@ class ExportPretrained(L.Callback):
         pl_module.model.save_pretrained(folder)  # type: ignore[operator]
         datamodule = trainer.datamodule
         what = "model"
-        if datamodule is not None and hasattr(datamodule, "tokenizer"):
+        if hasattr(getattr(datamodule, "tokenizer", None), "save"):  # CLIP's BPE ships with open_clip
             datamodule.tokenizer.save(folder)
             what = "model and tokenizer"
         print(f"exported {what} to {folder}")

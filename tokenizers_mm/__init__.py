@@ -1,5 +1,6 @@
 """tokenizers_mm: parameter-free, picklable transforms from raw data to `Tokens` batches."""
 
+from tokenizers_mm.clip_bpe import CLIPTokenizer
 from tokenizers_mm.image import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -12,6 +13,6 @@ from tokenizers_mm.text import BPETokenizer, TextEncoding
 from tokenizers_mm.tokens import Tokens, collate
 
 __all__ = [
-    "IMAGENET_MEAN", "IMAGENET_STD", "BPETokenizer", "ImagePreprocessConfig", "PatchTokenizer",
+    "IMAGENET_MEAN", "IMAGENET_STD", "BPETokenizer", "CLIPTokenizer", "ImagePreprocessConfig", "PatchTokenizer",
     "TextEncoding", "Tokens", "collate", "patchify", "unpatchify",
 ]

@@ -178,6 +178,7 @@ class Backbone(nn.Module):
         output_hidden_states: bool = False,
         output_attentions: bool = False,
         kernel: Kernel = "sdpa",
+        causal: bool | None = None,
     ) -> BackboneOutput:
         """Run the stack.
 
@@ -189,6 +190,8 @@ class Backbone(nn.Module):
             output_hidden_states / output_attentions: also return per-layer states / weights
                 (attention weights come from the reference kernel, which materialises them).
             kernel: "sdpa" (fused) or "reference" (plain math, for tests and inspection).
+            causal: override the config's masking for this call (one backbone shared by a
+                causal text tower and a bidirectional image tower, as in CLIP's shared option).
         """
         if x.dim() != 3 or x.shape[-1] != self.config.d_model:
             raise ValueError(f"backbone expects (batch, tokens, {self.config.d_model}), got {tuple(x.shape)}")
@@ -196,7 +199,7 @@ class Backbone(nn.Module):
         n_keys = n_new + (cache.seq_len if cache is not None else 0)
         if attention_mask is not None and bool(attention_mask.all()):
             attention_mask = None  # nothing padded: let the fused kernel take its fast path
-        causal = self.config.causal
+        causal = self.config.causal if causal is None else causal
         if attention_mask is None and causal and n_new == n_keys:
             mask, is_causal = None, True
         elif attention_mask is None and causal and n_new == 1:

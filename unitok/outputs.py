@@ -46,3 +46,16 @@ class ImageClassifierOutput:
     attentions: tuple[Tensor, ...] | None = None
     logits_cls: Tensor | None = None
     logits_dist: Tensor | None = None
+
+
+@dataclass
+class CLIPOutput:
+    """``image_embeds`` (B_i, E) and ``text_embeds`` (B_t, E), L2-normalised; ``logits_per_image``
+    (B_i, B_t) = exp(logit_scale)·cosine similarity, ``logits_per_text`` its transpose;
+    ``logit_scale`` the (unclamped) exponent of the temperature."""
+
+    image_embeds: Tensor
+    text_embeds: Tensor
+    logits_per_image: Tensor
+    logits_per_text: Tensor
+    logit_scale: Tensor

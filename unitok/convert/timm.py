@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 
 from unitok.models.base import load_state_dict_strict
@@ -61,9 +60,7 @@ def _conv_as_linear(conv: nn.Conv2d) -> tuple[Tensor, Tensor | None]:
     """A stride-P Conv2d kernel (D, C, P, P) is a Linear (D, C·P·P) on (C, P, P)-flattened patches."""
     _require(conv.kernel_size == conv.stride and conv.padding in (0, (0, 0)), "overlapping patch embedding")
     weight = conv.weight.detach().reshape(conv.out_channels, -1)
-    # CLIP-style models (pre_norm) have no patch bias: a zero bias is the same map.
-    bias = conv.bias.detach() if conv.bias is not None else torch.zeros(conv.out_channels, dtype=weight.dtype)
-    return weight, bias
+    return weight, conv.bias.detach() if conv.bias is not None else None
 
 
 def _block_state(blocks: nn.Module, names: dict[str, str], prefix: str = "backbone.blocks") -> dict[str, Tensor]:
@@ -112,7 +109,8 @@ def _convert_vit(model: nn.Module) -> ViT:
         positions="learned" if model.pos_embed is not None else "none",
         positions_cover_prefix=not model.no_embed_class,
         pool="cls" if model.global_pool == "token" else "avg",
-        pre_norm=not _is_identity(model.norm_pre), fc_norm=use_fc_norm, **_preprocess(model),
+        pre_norm=not _is_identity(model.norm_pre), fc_norm=use_fc_norm, patch_bias=conv.bias is not None,
+        **_preprocess(model),
     )
     _require(conv.kernel_size[0] == conv.kernel_size[1], "non-square patches")
     ours = (DeiT if distilled else ViT)(config)

@@ -1,11 +1,12 @@
 """The model families, each a thin composition over the one backbone."""
 
 from unitok.models.base import CheckpointMismatchError, PretrainedModel
+from unitok.models.clip import CLIP, CLIPConfig, CLIPTextConfig
 from unitok.models.gpt import GPT, GPTConfig
 from unitok.models.mixer import MixerConfig, MLPMixer
 from unitok.models.vit import DeiT, ViT, ViTConfig
 
 __all__ = [
-    "GPT", "CheckpointMismatchError", "DeiT", "GPTConfig", "MLPMixer", "MixerConfig", "PretrainedModel",
+    "CLIP", "CLIPConfig", "CLIPTextConfig", "GPT", "CheckpointMismatchError", "DeiT", "GPTConfig", "MLPMixer", "MixerConfig", "PretrainedModel",
     "ViT", "ViTConfig",
 ]

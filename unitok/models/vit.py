@@ -37,6 +37,7 @@ class ViTConfig(ImageConfig):
             and DeiT) rather than only the patches.
         pool: read the class token ("cls") or average the patch tokens ("avg").
         pre_norm: a norm before the backbone (CLIP's ln_pre).
+        patch_bias: a bias in the patch embedding (CLIP's image towers have none).
         fc_norm: norm after pooling instead of at the end of the backbone (default: pool="avg").
     """
 
@@ -56,6 +57,7 @@ class ViTConfig(ImageConfig):
     pool: Literal["cls", "avg"] = "cls"
     pre_norm: bool = False
     fc_norm: bool | None = None
+    patch_bias: bool = True
 
     presets = {
         "vit-tiny-patch16-224": dict(d_model=192, n_layers=12, n_heads=3),
@@ -112,7 +114,7 @@ class ViT(ImageModel):
         super().__init__()
         self.config = config
         c = config
-        self.patch_embed = PatchEmbedding(c.channels, c.patch_size, c.d_model)
+        self.patch_embed = PatchEmbedding(c.channels, c.patch_size, c.d_model, bias=c.patch_bias)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, c.d_model)) if c.class_token else None
         self.dist_token = nn.Parameter(torch.zeros(1, 1, c.d_model)) if c.distill_token else None
         self.reg_tokens = nn.Parameter(torch.zeros(1, c.num_registers, c.d_model)) if c.num_registers else None

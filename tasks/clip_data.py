@@ -1,0 +1,343 @@
+"""Image–caption data for CLIP: the built-in captioned digits, or users' pairs (JSONL / CSV /
+a folder of images with ``.txt`` captions).
+
+Batches are ``{"pixel_values": (B, C, H, W) normalised floats, "input_ids": (B, N) CLIP BPE
+ids padded with 0, "labels": (B,) class indices (-1 when the data has no classes)}``. The
+captions are tokenized in the data loader (workers) with `CLIPTokenizer`.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from PIL import Image, UnidentifiedImageError
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset
+from torchvision.transforms import InterpolationMode, v2
+
+from tasks.image_data import (
+    IMAGE_SUFFIXES,
+    DigitsDataModule,
+    Interpolation,
+    _square,
+    _stats,
+    augmentation,
+)
+from tokenizers_mm import CLIPTokenizer
+from unitok.models.clip import OPENAI_MEAN, OPENAI_STD
+
+DIGIT_NAMES = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+# Captions seen in training, and templates kept back for zero-shot evaluation: the held-out
+# images are classified with prompts the text tower never read as captions.
+TRAIN_TEMPLATES = (
+    "a photo of the number {}.", "a handwritten {}.", "a scan of the digit {}.", "the number {}.",
+    "a small picture of a {}.", "an image of the digit {}.", "a blurry handwritten {}.", "{}.",
+)
+HELD_OUT_TEMPLATES = (
+    "a picture of a handwritten {}.", "a photo of the digit {}.", "an image of the number {}.",
+    "a scan of a {}.",
+)
+
+
+class Captioned(Dataset):
+    """Images (a tensor of [0, 1] images, or files read on access) with captions.
+
+    ``captions[i]`` is a fixed caption, or ``(label, templates)`` to draw a template at random
+    each time the image is read (so every epoch pairs the image with new wording).
+    """
+
+    def __init__(self, images: Tensor | Sequence[Path], captions: Sequence[Any], labels: Sequence[int],
+                 transform: Callable[[Tensor], Tensor], class_names: Sequence[str] = (), mode: str = "RGB",
+                 seed: int = 0) -> None:
+        if len(images) != len(captions) or len(captions) != len(labels):
+            raise ValueError(f"got {len(images)} images, {len(captions)} captions, {len(labels)} labels")
+        self.images, self.captions, self.labels = images, list(captions), torch.as_tensor(list(labels))
+        self.transform, self.class_names, self.mode = transform, list(class_names), mode
+        self.rng = random.Random(seed)
+
+    def __len__(self) -> int:
+        return len(self.captions)
+
+    def caption(self, index: int) -> str:
+        caption = self.captions[index]
+        if isinstance(caption, str):
+            return caption
+        label, templates = caption
+        return self.rng.choice(templates).format(self.class_names[label])
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        image = self.images[index]
+        if isinstance(image, Path):
+            try:
+                with Image.open(image) as im:
+                    image = v2.functional.pil_to_tensor(im.convert(self.mode))  # (C, H, W) uint8
+            except (UnidentifiedImageError, OSError) as error:
+                raise ValueError(f"cannot read image {image}: {error}") from error
+        return {"pixel_values": self.transform(image), "caption": self.caption(index), "labels": self.labels[index]}
+
+
+class CaptionCollator:
+    """Stacks pixels and labels, tokenizes the captions (padded to the longest)."""
+
+    def __init__(self, tokenizer: CLIPTokenizer) -> None:
+        self.tokenizer = tokenizer
+
+    def __call__(self, items: list[dict[str, Any]]) -> dict[str, Tensor]:
+        return {
+            "pixel_values": torch.stack([it["pixel_values"] for it in items]),
+            "input_ids": self.tokenizer.batch_encode([it["caption"] for it in items]).ids,
+            "labels": torch.stack([it["labels"] for it in items]),
+        }
+
+
+class CaptionDataModule(L.LightningDataModule):
+    """Shared loaders. Subclasses set ``train_set`` / ``val_set`` in ``setup`` and the image fields
+    (``channels``, ``image_size``, ``mean``, ``std``); ``class_names`` + ``zero_shot_templates``
+    (when the data has classes) let the task score zero-shot accuracy."""
+
+    class_names: list[str] | None = None
+    zero_shot_templates: tuple[str, ...] | None = None
+    channels: int
+    image_size: tuple[int, int]
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+    def __init__(self, batch_size: int, num_workers: int, context_length: int, truncation: str) -> None:
+        super().__init__()
+        if batch_size < 2:
+            raise ValueError(f"contrastive training needs batch_size ≥ 2 (negatives), got {batch_size}")
+        if num_workers < 0:
+            raise ValueError(f"num_workers must be ≥ 0, got {num_workers}")
+        self.batch_size, self.num_workers = batch_size, num_workers
+        self.context_length = context_length
+        self.tokenizer = CLIPTokenizer(context_length, truncation=truncation)  # type: ignore[arg-type]
+        self.train_set: Dataset | None = None
+        self.val_set: Dataset | None = None
+
+    def _loader(self, train: bool) -> DataLoader:
+        if self.train_set is None:
+            self.setup("fit")
+        dataset = self.train_set if train else self.val_set
+        return DataLoader(dataset, batch_size=self.batch_size, shuffle=train, drop_last=train,  # type: ignore[arg-type]
+                          num_workers=self.num_workers, persistent_workers=self.num_workers > 0,
+                          collate_fn=CaptionCollator(self.tokenizer))
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader(train=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader(train=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader(train=False)
+
+
+class CaptionedDigitsDataModule(CaptionDataModule):
+    """The built-in digits (`DigitsDataModule`'s 1,797 real scans and its stratified split), each
+    captioned from a template with its class name ("a handwritten seven.").
+
+    Training images get a random training template each time they are read; the held-out
+    images (never trained on) are captioned with ``held_out_templates``, which are also the
+    zero-shot prompts — so zero-shot accuracy measures held-out images *and* unseen wording.
+
+    Args:
+        image_size / interpolation / mean / std / test_fraction / split_seed / augment /
+            degrees / translate: as in `DigitsDataModule`.
+        templates / held_out_templates: caption templates with ``{}`` for the class name.
+        class_names: the words for 0–9 put into the templates.
+        batch_size / num_workers: data loading. context_length / truncation: the tokenizer.
+    """
+
+    def __init__(
+        self,
+        image_size: int = 32,
+        interpolation: Interpolation = "bilinear",
+        mean: float | tuple[float, ...] = 0.5,
+        std: float | tuple[float, ...] = 0.5,
+        test_fraction: float = 0.2,
+        split_seed: int = 0,
+        templates: Sequence[str] = TRAIN_TEMPLATES,
+        held_out_templates: Sequence[str] = HELD_OUT_TEMPLATES,
+        class_names: Sequence[str] = DIGIT_NAMES,
+        batch_size: int = 64,
+        num_workers: int = 0,
+        augment: bool = False,
+        degrees: float = 10.0,
+        translate: float = 0.1,
+        context_length: int = 77,
+        truncation: str = "error",
+    ) -> None:
+        super().__init__(batch_size, num_workers, context_length, truncation)
+        for t in (*templates, *held_out_templates):
+            if "{}" not in t:
+                raise ValueError(f"template {t!r} has no '{{}}' for the class name")
+        if not templates or not held_out_templates:
+            raise ValueError("need at least one training and one held-out template")
+        if len(class_names) != 10:
+            raise ValueError(f"class_names needs 10 names (digits 0–9), got {len(class_names)}")
+        self.digits = DigitsDataModule(image_size=image_size, interpolation=interpolation, mean=mean, std=std,
+                                       test_fraction=test_fraction, split_seed=split_seed, augment=augment,
+                                       degrees=degrees, translate=translate)
+        self.templates, self.held_out_templates = tuple(templates), tuple(held_out_templates)
+        self.class_names = list(class_names)
+        self.zero_shot_templates = self.held_out_templates
+        self.channels, self.image_size = 1, self.digits.image_size
+        self.mean, self.std = self.digits.mean, self.digits.std
+        self.split_seed = split_seed
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.train_set is not None:
+            return
+        self.digits.setup(stage)
+        images, labels = self.digits.images()
+        train, held = self.digits.train_indices, self.digits.held_out_indices
+        normalize = v2.Normalize(self.mean, self.std)
+        train_transform = (v2.Compose([augmentation(self.digits.degrees, self.digits.translate), normalize])
+                           if self.digits.augment else normalize)
+        train_labels = labels[torch.from_numpy(train)].tolist()
+        self.train_set = Captioned(images[torch.from_numpy(train)], [(y, self.templates) for y in train_labels],
+                                   train_labels, train_transform, self.class_names, seed=self.split_seed)
+        # Held-out captions are fixed (template i mod T), so validation loss is deterministic.
+        held_labels = labels[torch.from_numpy(held)].tolist()
+        captions = [self.held_out_templates[i % len(self.held_out_templates)].format(self.class_names[y])
+                    for i, y in enumerate(held_labels)]
+        self.val_set = Captioned(images[torch.from_numpy(held)], captions, held_labels, normalize, self.class_names)
+
+
+def read_pairs(path: Path, image_key: str = "image", caption_key: str = "caption") -> list[tuple[Path, str]]:
+    """(image path, caption) rows from a JSONL or CSV file; relative paths are taken from the
+    file's folder. Missing keys, empty captions and missing images are errors naming the row."""
+    if not path.is_file():
+        raise FileNotFoundError(f"caption file {path} does not exist")
+    if path.suffix == ".jsonl":
+        rows = []
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as error:
+                    raise ValueError(f"{path}:{n} is not JSON: {error}") from error
+    elif path.suffix in (".csv", ".tsv"):
+        with path.open(newline="") as f:
+            rows = list(csv.DictReader(f, delimiter="\t" if path.suffix == ".tsv" else ","))
+    else:
+        raise ValueError(f"caption file {path} must be .jsonl, .csv or .tsv")
+    pairs = []
+    for n, row in enumerate(rows, 1):
+        missing = [k for k in (image_key, caption_key) if k not in row]
+        if missing:
+            raise ValueError(f"{path} row {n} lacks {missing}; it has {sorted(row)} "
+                             f"(set image_key / caption_key)")
+        caption = str(row[caption_key]).strip()
+        if not caption:
+            raise ValueError(f"{path} row {n} has an empty caption")
+        image = Path(row[image_key])
+        image = image if image.is_absolute() else path.parent / image
+        if not image.is_file():
+            raise FileNotFoundError(f"{path} row {n}: image {image} does not exist")
+        pairs.append((image, caption))
+    if not pairs:
+        raise ValueError(f"{path} has no image–caption rows")
+    return pairs
+
+
+def folder_pairs(folder: Path) -> list[tuple[Path, str]]:
+    """``folder/**/name.jpg`` with its caption in ``name.txt`` beside it -> pairs."""
+    if not folder.is_dir():
+        raise FileNotFoundError(f"image folder {folder} does not exist")
+    pairs = []
+    for image in sorted(p for p in folder.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file()):
+        text = image.with_suffix(".txt")
+        if not text.is_file():
+            raise FileNotFoundError(f"image {image} has no caption file {text.name} beside it")
+        caption = text.read_text().strip()
+        if not caption:
+            raise ValueError(f"caption file {text} is empty")
+        pairs.append((image, caption))
+    if not pairs:
+        raise ValueError(f"{folder} has no images (looked for {', '.join(IMAGE_SUFFIXES)})")
+    return pairs
+
+
+class ImageCaptionDataModule(CaptionDataModule):
+    """Users' image–caption pairs: a JSONL / CSV file (``--data.train_file captions.jsonl``, one
+    ``{"image": path, "caption": text}`` per line) or a folder of images with ``.txt`` captions.
+
+    Images are converted to ``channels``, resized (short side) and centre-cropped to
+    ``image_size``, then normalised (``mean`` / ``std``: CLIP's for RGB, 0.5 for grey by default). Validation is ``val_file`` / ``val_folder`` or a seeded
+    ``val_fraction`` of the training pairs.
+    """
+
+    def __init__(
+        self,
+        train_file: str | None = None,
+        val_file: str | None = None,
+        train_folder: str | None = None,
+        val_folder: str | None = None,
+        image_key: str = "image",
+        caption_key: str = "caption",
+        image_size: int | tuple[int, int] = 224,
+        channels: int = 3,
+        mean: float | tuple[float, ...] | None = None,
+        std: float | tuple[float, ...] | None = None,
+        interpolation: Interpolation = "bicubic",
+        val_fraction: float = 0.1,
+        split_seed: int = 0,
+        batch_size: int = 64,
+        num_workers: int = 0,
+        context_length: int = 77,
+        truncation: str = "error",
+    ) -> None:
+        super().__init__(batch_size, num_workers, context_length, truncation)
+        if (train_file is None) == (train_folder is None):
+            raise ValueError("give exactly one of train_file (JSONL/CSV of image, caption) or train_folder "
+                             "(images with .txt captions)")
+        if channels not in (1, 3):
+            raise ValueError(f"channels must be 1 (grey) or 3 (RGB), got {channels}")
+        self.image_size, self.channels = _square(image_size), channels
+        if mean is None or std is None:  # CLIP's (OpenAI's) statistics for RGB, 0.5 for grey
+            mean, std = (OPENAI_MEAN, OPENAI_STD) if channels == 3 else (0.5, 0.5)
+        self.mean, self.std = _stats(mean, channels, "mean"), _stats(std, channels, "std")
+        self.interpolation = interpolation
+
+        def load(file: str | None, folder: str | None) -> list[tuple[Path, str]] | None:
+            if file is not None:
+                return read_pairs(Path(file), image_key, caption_key)
+            return folder_pairs(Path(folder)) if folder is not None else None
+
+        self.train_pairs = load(train_file, train_folder)
+        self.val_pairs = load(val_file, val_folder)
+        if self.val_pairs is None:
+            if not 0.0 < val_fraction < 1.0:
+                raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
+            order = np.random.default_rng(split_seed).permutation(len(self.train_pairs))
+            n_val = max(1, round(val_fraction * len(order)))
+            if n_val >= len(order):
+                raise ValueError(f"only {len(order)} pairs: too few to hold out a validation split")
+            self.val_pairs = [self.train_pairs[i] for i in sorted(order[:n_val])]
+            self.train_pairs = [self.train_pairs[i] for i in sorted(order[n_val:])]
+        for pairs in (self.train_pairs, self.val_pairs):  # fail now, not in a worker mid-epoch
+            for _, caption in pairs:
+                self.tokenizer.encode(caption)
+
+    def _transform(self) -> v2.Transform:
+        return v2.Compose([
+            v2.Resize(min(self.image_size), interpolation=InterpolationMode(self.interpolation), antialias=True),
+            v2.CenterCrop(self.image_size), v2.ToDtype(torch.float32, scale=True), v2.Normalize(self.mean, self.std),
+        ])
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.train_set is not None:
+            return
+        mode = "L" if self.channels == 1 else "RGB"
+        for name, pairs in (("train_set", self.train_pairs), ("val_set", self.val_pairs)):
+            images, captions = [p for p, _ in pairs], [c for _, c in pairs]
+            setattr(self, name, Captioned(images, captions, [-1] * len(pairs), self._transform(), mode=mode))

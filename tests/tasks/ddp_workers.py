@@ -1,0 +1,48 @@
+"""Code that runs inside spawned DDP processes (importable by the children, unlike test modules
+loaded with pytest's importlib mode)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import lightning as L
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from tasks.contrastive import contrastive_loss
+
+
+def loss_worker(rank: int, world: int, port: int, images: Tensor, texts: Tensor, scale: Tensor, out: str) -> None:
+    """One process of a raw torch.distributed run: local loss and gradients on this rank's rows."""
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        image = images.chunk(world)[rank].clone().requires_grad_()
+        text = texts.chunk(world)[rank].clone().requires_grad_()
+        s = scale.clone().requires_grad_()
+        loss = contrastive_loss(image, text, s)
+        loss.backward()
+        torch.save({"loss": loss.detach(), "image_grad": image.grad, "text_grad": text.grad, "scale_grad": s.grad},
+                   Path(out) / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+class RecordFirstStep(L.Callback):
+    """Saves each rank's first batch, loss and (DDP-averaged) gradients to ``out/rank{r}.pt``."""
+
+    def __init__(self, out: str) -> None:
+        self.out = out
+        self.grads: dict[str, Tensor] = {}
+
+    def on_after_backward(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.grads = {n: p.grad.detach().clone() for n, p in pl_module.named_parameters() if p.grad is not None}
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if batch_idx == 0:
+            record = {"batch": {k: v.cpu() for k, v in batch.items()}, "loss": outputs["loss"].detach().cpu(),
+                      "grads": {k: v.cpu() for k, v in self.grads.items()}}
+            torch.save(record, Path(self.out) / f"rank{trainer.global_rank}.pt")

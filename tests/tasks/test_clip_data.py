@@ -1,0 +1,102 @@
+"""Captioned digits and users' image–caption pairs: the right captions, the held-out split and
+templates kept apart, batches tokenized in the loader, and clear errors for bad files."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from tasks.clip_data import (
+    HELD_OUT_TEMPLATES,
+    TRAIN_TEMPLATES,
+    CaptionedDigitsDataModule,
+    ImageCaptionDataModule,
+)
+from tokenizers_mm import CLIPTokenizer
+
+
+def test_digits_are_captioned_with_their_class_from_the_right_templates():
+    data = CaptionedDigitsDataModule(batch_size=8)
+    data.setup("fit")
+    train, held = data.train_set, data.val_set
+    assert (len(train), len(held)) == (1437, 360)
+    assert set(data.digits.train_indices).isdisjoint(data.digits.held_out_indices)
+    for i in range(40):
+        caption, label = train.caption(i), int(train.labels[i])
+        assert caption in {t.format(data.class_names[label]) for t in TRAIN_TEMPLATES}
+        caption, label = held.caption(i), int(held.labels[i])
+        assert caption in {t.format(data.class_names[label]) for t in HELD_OUT_TEMPLATES}
+    assert set(TRAIN_TEMPLATES).isdisjoint(HELD_OUT_TEMPLATES) and data.zero_shot_templates == HELD_OUT_TEMPLATES
+    drawn = {train.caption(0) for _ in range(50)}
+    assert len(drawn) > 3  # a new template each time the image is read
+
+
+def test_batches_hold_normalised_pixels_tokenized_captions_and_labels():
+    data = CaptionedDigitsDataModule(batch_size=8)
+    batch = next(iter(data.train_dataloader()))
+    assert batch["pixel_values"].shape == (8, 1, 32, 32) and batch["pixel_values"].min() >= -1.0
+    assert batch["labels"].shape == (8,)
+    ids = batch["input_ids"]
+    assert ids.shape[0] == 8 and (ids[:, 0] == CLIPTokenizer().sot_id).all()
+    assert ((ids == CLIPTokenizer().eot_id).sum(dim=1) == 1).all()
+
+
+def test_digit_templates_must_have_a_slot():
+    with pytest.raises(ValueError, match="no '\\{\\}'"):
+        CaptionedDigitsDataModule(templates=("a digit",))
+    with pytest.raises(ValueError, match="batch_size ≥ 2"):
+        CaptionedDigitsDataModule(batch_size=1)
+
+
+def _images(folder, n=6):
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    paths = []
+    for i in range(n):
+        path = folder / f"img{i}.png"
+        Image.fromarray(rng.integers(0, 255, size=(20, 30, 3), dtype=np.uint8)).save(path)
+        paths.append(path)
+    return paths
+
+
+def test_jsonl_csv_and_folder_pairs_load(tmp_path):
+    paths = _images(tmp_path / "images")
+    lines = [json.dumps({"image": f"images/{p.name}", "caption": f"picture number {i}"}) for i, p in enumerate(paths)]
+    (tmp_path / "pairs.jsonl").write_text("\n".join(lines))
+    (tmp_path / "pairs.csv").write_text("image,caption\n" + "\n".join(f"images/{p.name},a caption {i}"
+                                                                       for i, p in enumerate(paths)))
+    for p in paths:
+        p.with_suffix(".txt").write_text(f"caption of {p.stem}")
+    for options in (dict(train_file=str(tmp_path / "pairs.jsonl")), dict(train_file=str(tmp_path / "pairs.csv")),
+                    dict(train_folder=str(tmp_path / "images"))):
+        data = ImageCaptionDataModule(image_size=16, batch_size=2, val_fraction=0.34, **options)
+        assert (len(data.train_pairs), len(data.val_pairs)) == (4, 2)
+        batch = next(iter(data.train_dataloader()))
+        assert batch["pixel_values"].shape == (2, 3, 16, 16) and (batch["labels"] == -1).all()
+        assert batch["input_ids"].dtype == torch.long
+
+
+def test_bad_pair_files_are_clear_errors(tmp_path):
+    paths = _images(tmp_path / "images", n=2)
+    (tmp_path / "keys.jsonl").write_text(json.dumps({"path": paths[0].name, "text": "x"}))
+    with pytest.raises(ValueError, match="lacks \\['image', 'caption'\\]"):
+        ImageCaptionDataModule(train_file=str(tmp_path / "keys.jsonl"))
+    (tmp_path / "missing.jsonl").write_text(json.dumps({"image": "nope.png", "caption": "x"}))
+    with pytest.raises(FileNotFoundError, match="nope.png"):
+        ImageCaptionDataModule(train_file=str(tmp_path / "missing.jsonl"))
+    long = " ".join(["word"] * 100)
+    (tmp_path / "long.jsonl").write_text("\n".join(json.dumps({"image": f"images/{p.name}", "caption": long})
+                                                   for p in paths))
+    with pytest.raises(ValueError, match="more than context_length=77"):
+        ImageCaptionDataModule(train_file=str(tmp_path / "long.jsonl"), val_fraction=0.5)
+    with pytest.warns(UserWarning, match="cut to 77"):
+        ImageCaptionDataModule(train_file=str(tmp_path / "long.jsonl"), val_fraction=0.5, truncation="warn")
+    with pytest.raises(ValueError, match="exactly one of train_file"):
+        ImageCaptionDataModule()
+    (tmp_path / "images" / "img0.txt").unlink(missing_ok=True)
+    with pytest.raises(FileNotFoundError, match="no caption file img0.txt"):
+        ImageCaptionDataModule(train_folder=str(tmp_path / "images"))

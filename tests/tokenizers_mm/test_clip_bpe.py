@@ -1,0 +1,71 @@
+"""CLIPTokenizer: open_clip's ids, padded to the longest caption, with a truncation policy
+instead of open_clip's silent cut, and errors for empty captions."""
+
+from __future__ import annotations
+
+import pickle
+
+import open_clip
+import pytest
+import torch
+
+from tokenizers_mm import CLIPTokenizer, Tokens
+
+CAPTIONS = ["a photo of the number seven.", "A diagram of a cat, sitting on a mat!", "hello   world", "ünïcödé café 42"]
+
+
+def test_called_like_open_clip_it_gives_open_clips_ids():
+    tok = CLIPTokenizer()
+    assert torch.equal(tok(CAPTIONS), open_clip.tokenize(CAPTIONS))
+    assert tok(CAPTIONS).shape == (4, 77)
+
+
+def test_batch_encode_pads_to_the_longest_caption_with_a_mask():
+    tok = CLIPTokenizer()
+    batch = tok.batch_encode(CAPTIONS)
+    assert isinstance(batch, Tokens)
+    lengths = batch.attention_mask.sum(dim=1)
+    assert batch.ids.shape == (4, int(lengths.max()))
+    for row, n in zip(batch.ids, lengths.tolist(), strict=True):
+        assert row[0] == tok.sot_id and row[n - 1] == tok.eot_id and (row[n:] == 0).all()
+    assert torch.equal(batch.ids, open_clip.tokenize(CAPTIONS)[:, : batch.ids.shape[1]])
+
+
+def test_decode_recovers_lower_cased_text():
+    tok = CLIPTokenizer()
+    assert tok.decode(tok.encode("A handwritten Seven.")) == "a handwritten seven ."
+
+
+def test_captions_longer_than_the_context_are_an_error_by_default():
+    long = "one two three four five six seven eight nine ten"
+    with pytest.raises(ValueError, match="more than context_length=8"):
+        CLIPTokenizer(context_length=8).encode(long)
+
+
+def test_truncation_warns_and_keeps_the_end_token_like_open_clip():
+    long = "one two three four five six seven eight nine ten"
+    with pytest.warns(UserWarning, match="cut to 8"):
+        ids = CLIPTokenizer(context_length=8, truncation="warn")([long])
+    assert torch.equal(ids, open_clip.tokenize([long], context_length=8))
+    assert ids[0, -1] == CLIPTokenizer().eot_id
+
+
+@pytest.mark.parametrize("bad", ["", "   "])
+def test_empty_captions_are_refused(bad):
+    with pytest.raises(ValueError, match="empty"):
+        CLIPTokenizer().encode(bad)
+
+
+def test_bad_arguments_are_refused():
+    with pytest.raises(ValueError, match="truncation"):
+        CLIPTokenizer(truncation="drop")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="list of captions"):
+        CLIPTokenizer().batch_encode("one caption")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="empty list"):
+        CLIPTokenizer().batch_encode([])
+
+
+def test_pickles_for_data_loader_workers():
+    tok = pickle.loads(pickle.dumps(CLIPTokenizer(context_length=20, truncation="warn")))
+    assert tok.context_length == 20 and tok.truncation == "warn"
+    assert torch.equal(tok(CAPTIONS[:1]), open_clip.tokenize(CAPTIONS[:1], context_length=20))

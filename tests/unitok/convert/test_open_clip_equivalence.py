@@ -1,0 +1,97 @@
+"""from_open_clip: random open_clip models (ViT-B-32 and small custom configs) give the same
+image and text embeddings in unitok, and the same zero-shot predictions as open_clip's own
+`build_zero_shot_classifier` path."""
+
+from __future__ import annotations
+
+import open_clip
+import pytest
+import torch
+import torch.nn.functional as F
+from open_clip.model import CLIP as OpenCLIP
+from open_clip.model import CLIPTextCfg, CLIPVisionCfg, CustomTextCLIP
+from open_clip.zero_shot_classifier import build_zero_shot_classifier
+
+from unitok.convert import from_open_clip
+from unitok.zero_shot import ZeroShotClassifier
+
+CAPTIONS = ["a photo of a cat.", "a diagram of a very small dog sitting next to a much larger red ball", "hi",
+            "the number seven"]
+
+
+def small(quick_gelu: bool = False, vision: dict | None = None, text: dict | None = None, **kwargs) -> OpenCLIP:
+    vision_cfg = CLIPVisionCfg(layers=2, width=64, head_width=16, patch_size=8, image_size=32, **(vision or {}))
+    text_cfg = CLIPTextCfg(context_length=24, vocab_size=49408, width=48, heads=4, layers=2, **(text or {}))
+    return OpenCLIP(embed_dim=32, vision_cfg=vision_cfg, text_cfg=text_cfg, quick_gelu=quick_gelu, **kwargs).eval()
+
+
+def assert_same_embeddings(reference: torch.nn.Module, context_length: int, image_size: int) -> None:
+    ours = from_open_clip(reference).eval()
+    pixels = torch.randn(3, 3, image_size, image_size)
+    ids = open_clip.tokenize(CAPTIONS, context_length=context_length)
+    with torch.no_grad():
+        torch.testing.assert_close(ours.encode_image(pixels), reference.encode_image(pixels), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(ours.encode_text(ids), reference.encode_text(ids), atol=1e-5, rtol=1e-5)
+        a, b = ours(pixels, ids), reference.get_logits(pixels, ids)
+        torch.testing.assert_close(a.logits_per_image, b[0], atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("variant", [
+    dict(),
+    dict(quick_gelu=True),
+    dict(vision=dict(final_ln_after_pool=True)),
+    dict(vision=dict(no_ln_pre=True)),
+], ids=["gelu", "quick_gelu", "ln_after_pool", "no_ln_pre"])
+def test_small_custom_configs_match(variant):
+    assert_same_embeddings(small(**variant), context_length=24, image_size=32)
+
+
+@pytest.mark.slow
+def test_vit_b_32_with_random_weights_matches():
+    reference = open_clip.create_model("ViT-B-32", pretrained=None).eval()
+    assert_same_embeddings(reference, context_length=77, image_size=224)
+    ours = from_open_clip(reference)
+    assert ours.config.vision.mean == tuple(reference.visual.preprocess_cfg["mean"])
+
+
+def test_zero_shot_predictions_equal_open_clips_classifier_path():
+    torch.manual_seed(1)
+    reference = small()
+    ours = from_open_clip(reference).eval()
+    classnames = ["cat", "dog", "car", "bird", "ship", "tree", "house", "seven"]
+    templates = ["a photo of a {}.", "a drawing of the {}.", "itap of a {}."]
+
+    def tokenizer(texts):
+        return open_clip.tokenize(texts, context_length=24)
+
+    weights = build_zero_shot_classifier(reference, tokenizer, classnames, templates, num_classes_per_batch=3)
+    pixels = torch.randn(64, 3, 32, 32)
+    with torch.no_grad():
+        expected = (100.0 * F.normalize(reference.encode_image(pixels), dim=-1) @ weights).argmax(dim=-1)
+    for model in (ours, reference):  # our classifier, on our model and on the open_clip model itself
+        clf = ZeroShotClassifier(model, classnames, templates, tokenizer=tokenizer, batch_size=5)
+        torch.testing.assert_close(clf.class_embeddings, weights.T, atol=1e-6, rtol=1e-5)
+        assert torch.equal(clf.predict(pixels, normalized=True), expected)
+    assert len(expected.unique()) > 1  # a real comparison, not one constant class
+
+
+@pytest.mark.parametrize("options, reason", [
+    (dict(init_logit_bias=-10.0), "logit_bias"),
+    (dict(vision=dict(ls_init_value=0.1)), "layer scale"),
+    (dict(vision=dict(attentional_pool=True)), "attentional pooling"),
+    (dict(vision=dict(pool_type="avg")), "pool_type='avg'"),
+    (dict(text=dict(pool_type="last")), "pool_type='last'"),
+    (dict(text=dict(no_causal_mask=True)), "bidirectional"),
+    (dict(text=dict(proj_bias=True)), "proj_bias"),
+])
+def test_options_unitok_lacks_are_refused_by_name(options, reason):
+    with pytest.raises(ValueError, match=reason):
+        from_open_clip(small(**options))
+
+
+def test_custom_text_towers_are_refused():
+    model = CustomTextCLIP(embed_dim=16, vision_cfg=CLIPVisionCfg(layers=1, width=32, head_width=16, patch_size=8,
+                                                                  image_size=16),
+                           text_cfg=CLIPTextCfg(context_length=8, width=32, heads=2, layers=1))
+    with pytest.raises(ValueError, match="CustomTextCLIP"):
+        from_open_clip(model)

@@ -1,0 +1,119 @@
+"""CLIP's text tokenizer: open_clip's byte-pair encoding (49,408 ids, ``<start_of_text>`` /
+``<end_of_text>``, lower-cased), wrapped so it yields `Tokens` and refuses bad input.
+
+The BPE itself is open_clip's ``SimpleTokenizer`` (imported on first use: open_clip pulls in
+timm and torchvision); this module adds the batch layout, truncation policy and checks.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+from tokenizers_mm.tokens import Tokens
+
+Truncation = Literal["error", "warn", "silent"]
+DEFAULT_CONTEXT_LENGTH = 77  # every released CLIP model
+
+
+class CLIPTokenizer:
+    """Text -> ``[<start_of_text>, BPE ids…, <end_of_text>]``, padded with 0.
+
+    ``batch_encode`` pads to the longest caption (what unitok's text tower needs); calling the
+    tokenizer like open_clip's (``tok(texts)``) pads to ``context_length`` and returns a plain
+    (B, context_length) tensor, the same ids as ``open_clip.tokenize``.
+
+    Args:
+        context_length: the most ids one caption may have, start and end included.
+        truncation: a caption longer than the context is an error ("error"), cut with a
+            warning ("warn"), or cut quietly ("silent", open_clip's behaviour). A cut caption
+            keeps ``<end_of_text>`` as its last id, as open_clip does.
+    """
+
+    pad_id = 0
+
+    def __init__(self, context_length: int = DEFAULT_CONTEXT_LENGTH, truncation: Truncation = "error") -> None:
+        if context_length < 3:
+            raise ValueError(f"context_length must be ≥ 3 (start, one token, end), got {context_length}")
+        if truncation not in ("error", "warn", "silent"):
+            raise ValueError(f"truncation must be 'error', 'warn' or 'silent', got {truncation!r}")
+        from open_clip.tokenizer import SimpleTokenizer
+
+        self._bpe = SimpleTokenizer(context_length=context_length)
+        self.context_length = context_length
+        self.truncation: Truncation = truncation
+
+    def __getstate__(self) -> dict[str, Any]:  # picklable for data-loader workers: rebuild the BPE
+        return {"context_length": self.context_length, "truncation": self.truncation}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(**state)  # type: ignore[misc]
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self._bpe.encoder)
+
+    @property
+    def sot_id(self) -> int:
+        return self._bpe.sot_token_id
+
+    @property
+    def eot_id(self) -> int:
+        return self._bpe.eot_token_id
+
+    def encode(self, text: str) -> Tensor:
+        """One caption -> (N,) ids with start and end tokens (N ≤ context_length)."""
+        if not isinstance(text, str):
+            raise TypeError(f"captions must be str, got {type(text).__name__}")
+        if not text.strip():
+            raise ValueError(f"cannot encode empty text {text!r}: a caption needs at least one word")
+        ids = [self.sot_id, *self._bpe.encode(text), self.eot_id]
+        if len(ids) > self.context_length:
+            if self.truncation == "error":
+                raise ValueError(
+                    f"caption {text[:60]!r} has {len(ids)} tokens, more than context_length="
+                    f"{self.context_length}; shorten it or build the tokenizer with truncation='warn'"
+                )
+            if self.truncation == "warn":
+                warnings.warn(f"caption {text[:60]!r} has {len(ids)} tokens; cut to {self.context_length}",
+                              stacklevel=3)
+            ids = [*ids[: self.context_length - 1], self.eot_id]
+        return torch.tensor(ids, dtype=torch.long)
+
+    def batch_encode(self, texts: Sequence[str], pad_to: int | None = None) -> Tokens:
+        """Captions -> `Tokens` (B, N) padded with 0 to the longest (or to ``pad_to``)."""
+        if isinstance(texts, str):
+            raise TypeError("batch_encode takes a list of captions; use encode for one")
+        if len(texts) == 0:
+            raise ValueError("batch_encode needs at least one caption, got an empty list")
+        rows = [self.encode(t) for t in texts]
+        width = max(len(r) for r in rows) if pad_to is None else pad_to
+        if width < max(len(r) for r in rows):
+            raise ValueError(f"pad_to={pad_to} is shorter than the longest caption ({max(len(r) for r in rows)})")
+        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros(len(rows), width, dtype=torch.long)
+        for i, row in enumerate(rows):
+            ids[i, : len(row)] = row
+            mask[i, : len(row)] = 1
+        return Tokens(ids=ids, attention_mask=mask, modality="text")
+
+    def __call__(self, texts: str | Sequence[str], context_length: int | None = None) -> Tensor:
+        """open_clip's calling convention: (B, context_length) ids, zero-padded."""
+        texts = [texts] if isinstance(texts, str) else texts
+        return self.batch_encode(texts, pad_to=context_length or self.context_length).ids
+
+    def decode(self, ids: Tensor | Sequence[int], skip_special_tokens: bool = True) -> str:
+        """Ids -> text (lower-cased, as the BPE stores it); padding is dropped."""
+        ids = ids.tolist() if isinstance(ids, Tensor) else list(ids)
+        bad = [i for i in ids if not 0 <= i < self.vocab_size]
+        if bad:
+            raise ValueError(f"ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
+        special = {self.sot_id, self.eot_id}
+        if skip_special_tokens:
+            end = ids.index(self.eot_id) if self.eot_id in ids else len(ids)
+            ids = [i for i in ids[:end] if i not in special]
+        return self._bpe.decode(ids).strip()

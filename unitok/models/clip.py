@@ -1,0 +1,303 @@
+"""CLIP (Radford et al., 2021): an image tower and a text tower over the one backbone, each
+followed by a linear projection into a shared embedding space, plus a learnable temperature.
+
+The image tower is unitok's `ViT` (class-token pooling, CLIP's ``ln_pre``, no patch bias);
+the text tower is token + learned positions -> causal backbone -> the features at the
+end-of-text token. With ``shared_backbone=True`` both towers run the same Backbone (causal
+for text, bidirectional for images). Losses live in ``tasks/contrastive.py``.
+
+Axis legend: B batch, N tokens, D tower width, E joint embedding width.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from tokenizers_mm import CLIPTokenizer, PatchTokenizer, Tokens
+from unitok.backbone import Backbone, BackboneConfig, init_weights
+from unitok.config import Config
+from unitok.embed import TokenEmbedding
+from unitok.layers.activations import Activation
+from unitok.models.base import PretrainedModel, load_state_dict_strict
+from unitok.models.vit import ViT, ViTConfig
+from unitok.outputs import CLIPOutput
+
+OPENAI_MEAN = (0.48145466, 0.4578275, 0.40821073)
+OPENAI_STD = (0.26862954, 0.26130258, 0.27577711)
+
+# What a CLIP image tower is, on top of ViTConfig's defaults: no classifier, ln_pre, no
+# patch bias, LayerNorm eps 1e-5, OpenAI's normalisation, resize + centre crop of the full side.
+CLIP_VISION_DEFAULTS: dict[str, Any] = dict(
+    num_classes=0, pre_norm=True, patch_bias=False, norm_eps=1e-5, mean=OPENAI_MEAN, std=OPENAI_STD,
+    crop_pct=1.0,
+)
+
+
+@dataclass(frozen=True)
+class CLIPTextConfig(Config):
+    """CLIP's text tower.
+
+    Args:
+        vocab_size / context_length: CLIP's BPE (49,408 ids) and the most ids per caption.
+        d_model / n_layers / n_heads / d_ff / activation / norm_eps / dropout: the causal backbone.
+        eot_token_id: the end-of-text id whose features become the caption's embedding.
+    """
+
+    vocab_size: int = 49408
+    context_length: int = 77
+    d_model: int = 512
+    n_layers: int = 12
+    n_heads: int = 8
+    d_ff: int | None = None
+    activation: Activation = "gelu"
+    norm_eps: float = 1e-5
+    dropout: float = 0.0
+    eot_token_id: int = 49407
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.eot_token_id < self.vocab_size:
+            raise ValueError(f"eot_token_id={self.eot_token_id} is outside the vocabulary [0, {self.vocab_size})")
+        if self.context_length < 2:
+            raise ValueError(f"context_length must be ≥ 2, got {self.context_length}")
+        self.backbone_config()
+
+    def backbone_config(self) -> BackboneConfig:
+        return BackboneConfig(
+            d_model=self.d_model, n_layers=self.n_layers, n_heads=self.n_heads, d_ff=self.d_ff,
+            block=("attn", "mlp"), norm="layernorm", norm_position="pre", norm_eps=self.norm_eps, bias=True,
+            activation=self.activation, causal=True, dropout=self.dropout, attn_dropout=self.dropout,
+            final_norm=True,
+        )
+
+
+def _vision(**fields: Any) -> ViTConfig:
+    return ViTConfig.from_dict({**CLIP_VISION_DEFAULTS, **fields})
+
+
+@dataclass(frozen=True)
+class CLIPConfig(Config):
+    """Two towers and a joint embedding.
+
+    Args:
+        embed_dim: E, the width both projections map into.
+        vision: the image tower, a `ViTConfig` (or a dict of its fields over CLIP's defaults:
+            no classifier, ln_pre, no patch bias, eps 1e-5, OpenAI mean/std).
+        text: the text tower, a `CLIPTextConfig` (or a dict of its fields).
+        shared_backbone: both towers run one Backbone (one set of transformer weights); the
+            towers' widths, depths, heads and activations must then agree.
+        projection_bias: biases in the two projections (open_clip's ``proj_bias``).
+        init_logit_scale: the temperature's log-inverse at init, log(1/0.07).
+    """
+
+    embed_dim: int = 512
+    vision: ViTConfig = field(default_factory=_vision)
+    text: CLIPTextConfig = field(default_factory=CLIPTextConfig)
+    shared_backbone: bool = False
+    projection_bias: bool = False
+    init_logit_scale: float = math.log(1 / 0.07)
+
+    presets = {
+        # open_clip's model configs (model_configs/*.json), the same names.
+        "ViT-B-32": dict(embed_dim=512, vision=dict(patch_size=32, d_model=768, n_layers=12, n_heads=12)),
+        "ViT-B-16": dict(embed_dim=512, vision=dict(patch_size=16, d_model=768, n_layers=12, n_heads=12)),
+        "ViT-L-14": dict(embed_dim=768, vision=dict(patch_size=14, d_model=1024, n_layers=24, n_heads=16),
+                         text=dict(d_model=768, n_heads=12)),
+        # CPU-sized, for the built-in captioned digits (32×32 one-channel scans, 4×4 patches of 8×8).
+        "clip-digits": dict(
+            embed_dim=64,
+            vision=dict(image_size=(32, 32), patch_size=8, channels=1, d_model=64, n_layers=4, n_heads=4,
+                        mean=(0.5,), std=(0.5,), crop_pct=None),
+            text=dict(d_model=64, n_layers=2, n_heads=4),
+        ),
+        "clip-digits-shared": dict(
+            embed_dim=64, shared_backbone=True,
+            vision=dict(image_size=(32, 32), patch_size=8, channels=1, d_model=64, n_layers=4, n_heads=4,
+                        mean=(0.5,), std=(0.5,), crop_pct=None),
+            text=dict(d_model=64, n_layers=4, n_heads=4),
+        ),
+    }
+
+    def __post_init__(self) -> None:
+        if isinstance(self.vision, dict):
+            object.__setattr__(self, "vision", _vision(**self.vision))
+        if isinstance(self.text, dict):
+            object.__setattr__(self, "text", CLIPTextConfig.from_dict(self.text))
+        if not isinstance(self.vision, ViTConfig) or not isinstance(self.text, CLIPTextConfig):
+            raise TypeError("vision must be a ViTConfig (or dict) and text a CLIPTextConfig (or dict)")
+        if self.embed_dim <= 0:
+            raise ValueError(f"embed_dim must be positive, got {self.embed_dim}")
+        v, t = self.vision, self.text
+        if v.num_classes:
+            raise ValueError(f"a CLIP image tower has no classifier: vision.num_classes must be 0, got {v.num_classes}")
+        if v.pool != "cls" or v.distill_token:
+            raise ValueError("CLIP's image tower reads its class token: vision needs pool='cls' and no distill_token")
+        if self.shared_backbone:
+            for name in ("d_model", "n_layers", "n_heads", "activation", "norm_eps", "dropout"):
+                if getattr(v, name) != getattr(t, name):
+                    raise ValueError(f"shared_backbone needs equal towers: vision.{name}={getattr(v, name)!r} "
+                                     f"but text.{name}={getattr(t, name)!r}")
+            if v.backbone_config().hidden_dim != t.backbone_config().hidden_dim:
+                raise ValueError("shared_backbone needs equal MLP widths (d_ff) in both towers")
+
+
+class TextTower(nn.Module):
+    """Caption ids -> (B, D) features at the end-of-text token (after the final LayerNorm)."""
+
+    def __init__(self, config: CLIPTextConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.token_embed = TokenEmbedding(config.vocab_size, config.d_model)
+        self.pos_embed = nn.Parameter(torch.empty(config.context_length, config.d_model))
+        self.backbone = Backbone(config.backbone_config())
+        init_weights(self.backbone, std=0.02)
+        nn.init.normal_(self.token_embed.weight, std=0.02)
+        nn.init.normal_(self.pos_embed, std=0.01)
+
+    def end_positions(self, ids: Tensor) -> Tensor:
+        """(B, N) ids -> (B,) index of each caption's first end-of-text token (an error if absent)."""
+        is_end = ids == self.config.eot_token_id
+        missing = ~is_end.any(dim=1)
+        if bool(missing.any()):
+            rows = missing.nonzero().flatten()[:5].tolist()
+            raise ValueError(f"captions {rows} have no end-of-text token (id {self.config.eot_token_id}); "
+                             "encode them with the model's CLIPTokenizer")
+        return is_end.int().argmax(dim=1)
+
+    def forward(self, ids: Tensor, backbone: Backbone | None = None) -> Tensor:
+        if ids.dim() != 2:
+            raise ValueError(f"caption ids must be (batch, tokens), got shape {tuple(ids.shape)}")
+        if ids.shape[1] > self.config.context_length:
+            raise ValueError(f"captions have {ids.shape[1]} tokens, more than context_length="
+                             f"{self.config.context_length}")
+        end = self.end_positions(ids)
+        # Causal attention: nothing after the last end token can reach any end token, so the
+        # padding behind it need not be computed at all (open_clip always runs the full context).
+        n = int(end.max()) + 1
+        ids = ids[:, :n]
+        x = self.token_embed(ids) + self.pos_embed[:n]
+        h = (backbone or self.backbone)(x, causal=True).last_hidden_state  # (B, n, D)
+        return h[torch.arange(h.shape[0], device=h.device), end]
+
+
+class CLIP(PretrainedModel):
+    """Contrastive image–text model: ``encode_image`` and ``encode_text`` into one space.
+
+    The method names follow open_clip (``encode_image``, ``encode_text``, ``logit_scale``), so
+    code written for open_clip models — `unitok.zero_shot.ZeroShotClassifier` among it — takes
+    unitok CLIP models as they are.
+    """
+
+    config_class = CLIPConfig
+
+    def __init__(self, config: CLIPConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.visual = ViT(config.vision)
+        self.visual_proj = nn.Linear(config.vision.d_model, config.embed_dim, bias=config.projection_bias)
+        self.text = TextTower(config.text)
+        if config.shared_backbone:
+            self.text.backbone = self.visual.backbone  # one set of weights, registered under both names
+        self.text_proj = nn.Linear(config.text.d_model, config.embed_dim, bias=config.projection_bias)
+        self.logit_scale = nn.Parameter(torch.tensor(float(config.init_logit_scale)))
+        for proj, width in ((self.visual_proj, config.vision.d_model), (self.text_proj, config.text.d_model)):
+            nn.init.normal_(proj.weight, std=width**-0.5)
+            if proj.bias is not None:
+                nn.init.zeros_(proj.bias)
+
+    @property
+    def tied_keys(self) -> tuple[str, ...]:
+        if not self.config.shared_backbone:
+            return ()
+        return tuple(f"text.backbone.{k}" for k in self.visual.backbone.state_dict())
+
+    @classmethod
+    def from_vit(cls, vit: ViT, text: CLIPTextConfig | None = None, embed_dim: int = 512,
+                 **overrides: Any) -> CLIP:
+        """A CLIP whose image tower starts from a trained `ViT` (its classifier head dropped),
+        e.g. ``ViT.from_pretrained("runs/vit_digits/pretrained")``; LiT locks it afterwards."""
+        vision = vit.config.replace(num_classes=0)
+        if vision.pool != "cls":
+            raise ValueError(f"the ViT pools with {vision.pool!r}; a CLIP image tower reads the class token")
+        if vision.distill_token:
+            raise ValueError("a DeiT (distillation token) cannot be a CLIP image tower; use a plain ViT")
+        config = CLIPConfig(embed_dim=embed_dim, vision=vision, text=text or CLIPTextConfig(), **overrides)
+        model = cls(config)
+        state = {k: v for k, v in vit.state_dict().items() if not k.startswith(("head.", "head_dist."))}
+        load_state_dict_strict(model.visual, state)
+        return model
+
+    # ------------------------------------------------------------------ towers
+    def image_tokenizer(self, resize: bool = False) -> PatchTokenizer:
+        """Raw images -> patch `Tokens`, with the normalisation stored in the config."""
+        return self.visual.image_tokenizer(resize)
+
+    def text_tokenizer(self, truncation: str = "error") -> CLIPTokenizer:
+        """CLIP's BPE with this model's context length (``truncation``: "error", "warn", "silent")."""
+        return CLIPTokenizer(self.config.text.context_length, truncation=truncation)  # type: ignore[arg-type]
+
+    def encode_image(self, pixel_values: Tensor | Tokens, normalize: bool = False) -> Tensor:
+        """Normalised (B, C, H, W) pixels at the configured size, or image `Tokens`, -> (B, E)."""
+        expected = self.config.vision.image_size
+        size = pixel_values.shape[-2:] if isinstance(pixel_values, Tensor) and pixel_values.dim() == 4 else None
+        grid = pixel_values.grid if isinstance(pixel_values, Tokens) else None
+        if (size is not None and tuple(size) != tuple(expected)) or (grid is not None and grid != self.visual.grid):
+            got = tuple(size) if size is not None else f"a {grid} patch grid"
+            raise ValueError(f"CLIP's image tower takes {expected[0]}×{expected[1]} images, got {got}; "
+                             "resize them first (image_tokenizer(resize=True) or ZeroShotClassifier(resize=True))")
+        features = self.visual(pixel_values).pooled  # (B, D): class token after ln_post
+        x = self.visual_proj(features)
+        return F.normalize(x, dim=-1) if normalize else x
+
+    def encode_text(self, text: Tensor | Tokens, normalize: bool = False) -> Tensor:
+        """(B, N) caption ids from `CLIPTokenizer` (or its `Tokens`) -> (B, E)."""
+        ids = text.ids if isinstance(text, Tokens) else text
+        if ids is None:
+            raise ValueError("encode_text reads token ids, got feature Tokens")
+        backbone = self.visual.backbone if self.config.shared_backbone else None
+        x = self.text_proj(self.text(ids, backbone))
+        return F.normalize(x, dim=-1) if normalize else x
+
+    def forward(self, pixel_values: Tensor | Tokens, text: Tensor | Tokens) -> CLIPOutput:
+        """Images and captions -> normalised embeddings and their scaled similarities."""
+        image = self.encode_image(pixel_values, normalize=True)
+        caption = self.encode_text(text, normalize=True)
+        scale = self.logit_scale.exp()
+        logits = scale * image @ caption.T  # (B_i, B_t)
+        return CLIPOutput(image_embeds=image, text_embeds=caption, logits_per_image=logits,
+                          logits_per_text=logits.T, logit_scale=self.logit_scale)
+
+    # ------------------------------------------------------------------ transfer
+    def lock_image_tower(self) -> None:
+        """LiT (Zhai et al., 2022): freeze the image tower and its projection; text learns to match it.
+        A shared backbone cannot be locked for one tower only."""
+        if self.config.shared_backbone:
+            raise ValueError("the backbone is shared with the text tower; lock_image_tower needs separate towers")
+        for module in (self.visual, self.visual_proj):
+            module.requires_grad_(False)
+            module.eval()
+
+    def lock_text_tower(self) -> None:
+        """Freeze the text tower and its projection."""
+        if self.config.shared_backbone:
+            raise ValueError("the backbone is shared with the image tower; lock_text_tower needs separate towers")
+        for module in (self.text, self.text_proj):
+            module.requires_grad_(False)
+            module.eval()
+
+    def locked_towers(self) -> Sequence[nn.Module]:
+        """Modules frozen by ``lock_*_tower`` (kept in eval mode when the model trains)."""
+        return [m for m in (self.visual, self.visual_proj, self.text, self.text_proj)
+                if not any(p.requires_grad for p in m.parameters())]
+
+    def train(self, mode: bool = True) -> CLIP:
+        super().train(mode)
+        for module in self.locked_towers():
+            module.eval()  # a locked tower stays deterministic (no dropout) while the rest trains
+        return self

@@ -1,0 +1,231 @@
+"""Zero-shot image classification with a CLIP model: class names + prompt templates -> a
+linear classifier of text embeddings (Radford et al., 2021, §3.1.4).
+
+Works with unitok `CLIP` models and with open_clip models (anything with ``encode_image``,
+``encode_text`` and a tokenizer that maps a list of strings to (B, N) ids).
+
+Axis legend: B images, K classes, P prompts, E embedding width.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+Template = str | Callable[[str], str]
+
+
+def class_prompts(
+    classnames: Sequence[str],
+    templates: Sequence[Template] | None = None,
+    prompts: Mapping[str, Sequence[str]] | Sequence[Sequence[str]] | None = None,
+) -> list[list[str]]:
+    """Each class's prompt list: its own ``prompts`` where given, else every template filled with
+    its name. Empty class lists, templates without ``{}``, classes with no prompt are errors;
+    repeated names are a warning."""
+    if isinstance(classnames, str) or len(classnames) == 0:
+        raise ValueError(f"classnames must be a non-empty list of names, got {classnames!r}")
+    duplicates = sorted(name for name, n in Counter(classnames).items() if n > 1)
+    if duplicates:  # ImageNet's usual class-name list repeats two names (two different classes)
+        warnings.warn(f"repeated class names {duplicates}: those classes get the same prompts and cannot "
+                      "be told apart", stacklevel=3)
+    if templates is not None:
+        if isinstance(templates, str) or len(templates) == 0:
+            raise ValueError(f"templates must be a non-empty list, got {templates!r}")
+        for t in templates:
+            if isinstance(t, str) and "{}" not in t:
+                raise ValueError(f"template {t!r} has no '{{}}' for the class name")
+            if not isinstance(t, str) and not callable(t):
+                raise TypeError(f"templates are format strings with '{{}}' or callables, got {type(t).__name__}")
+    if prompts is not None and not isinstance(prompts, Mapping):
+        if len(prompts) != len(classnames):
+            raise ValueError(f"got {len(prompts)} prompt lists for {len(classnames)} classes")
+        prompts = dict(zip(classnames, prompts, strict=True))
+    own = dict(prompts or {})
+    unknown = sorted(set(own) - set(classnames))
+    if unknown:
+        raise ValueError(f"prompts given for unknown classes {unknown}; classes: {list(classnames)}")
+    out = []
+    for name in classnames:
+        if name in own:
+            texts = list(own[name])
+        elif templates is not None:
+            texts = [t.format(name) if isinstance(t, str) else t(name) for t in templates]
+        else:
+            raise ValueError(f"class {name!r} has no prompts: give templates or prompts for it")
+        if not texts:
+            raise ValueError(f"class {name!r} has an empty prompt list")
+        out.append(texts)
+    return out
+
+
+class ZeroShotClassifier:
+    """A CLIP model turned into a K-way classifier by text prompts.
+
+    Each class's embedding is the mean of its prompts' normalised text embeddings, normalised
+    again (the template ensemble of the CLIP paper). The (K, E) class embeddings are built once,
+    in batches, and cached (``class_embeddings``); pass them back in to skip the text tower.
+
+    Args:
+        model: a unitok `CLIP` or an open_clip CLIP model.
+        classnames: the K class names. templates: format strings ("a photo of a {}.") or
+            callables. prompts: per-class prompt lists (a dict by name, or one list per class),
+            used instead of the templates for those classes.
+        tokenizer: strings -> (B, N) ids; defaults to the unitok model's `CLIPTokenizer`
+            (required for open_clip models: ``open_clip.get_tokenizer(name)``).
+        preprocess: raw image -> normalised (C, H, W) tensor (open_clip's transform); without
+            it a unitok model prepares raw images itself (``resize`` to its configured size).
+        logit_scale: multiplies the cosine similarities; default the model's learned exp(scale).
+        batch_size: prompts (and images) per forward pass. progress: a tqdm bar while building.
+        class_embeddings: (K, E) cached embeddings from an earlier build.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        classnames: Sequence[str],
+        templates: Sequence[Template] | None = None,
+        prompts: Mapping[str, Sequence[str]] | Sequence[Sequence[str]] | None = None,
+        tokenizer: Callable[[list[str]], Tensor] | None = None,
+        preprocess: Callable[[Any], Tensor] | None = None,
+        resize: bool = False,
+        logit_scale: float | None = None,
+        batch_size: int = 256,
+        progress: bool = False,
+        class_embeddings: Tensor | None = None,
+    ) -> None:
+        for name in ("encode_image", "encode_text"):
+            if not callable(getattr(model, name, None)):
+                raise TypeError(f"{type(model).__name__} has no {name}(); expected a CLIP model")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be ≥ 1, got {batch_size}")
+        self.model, self.classnames = model, list(classnames)
+        self.prompts = class_prompts(self.classnames, templates, prompts)
+        if tokenizer is None:
+            if not callable(getattr(model, "text_tokenizer", None)):
+                raise ValueError(f"{type(model).__name__} brings no tokenizer: pass tokenizer= "
+                                 "(for open_clip: open_clip.get_tokenizer(model_name))")
+            tokenizer = model.text_tokenizer()
+        self.tokenizer, self.preprocess, self.resize = tokenizer, preprocess, resize
+        self._logit_scale, self.batch_size, self.progress = logit_scale, batch_size, progress
+        if class_embeddings is not None and tuple(class_embeddings.shape[:1]) != (len(self.classnames),):
+            raise ValueError(f"class_embeddings have {class_embeddings.shape[0]} rows for "
+                             f"{len(self.classnames)} classes")
+        self._class_embeddings = class_embeddings
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def logit_scale(self) -> float:
+        if self._logit_scale is not None:
+            return self._logit_scale
+        scale = getattr(self.model, "logit_scale", None)
+        return float(scale.detach().exp()) if isinstance(scale, Tensor) else 100.0
+
+    # ------------------------------------------------------------------ building
+    @property
+    def class_embeddings(self) -> Tensor:
+        """(K, E) normalised class embeddings, built on first use and kept."""
+        if self._class_embeddings is None:
+            self._class_embeddings = self.build()
+        return self._class_embeddings
+
+    @torch.no_grad()
+    def build(self) -> Tensor:
+        """Encode every prompt (``batch_size`` at a time) and average per class -> (K, E)."""
+        texts = [t for group in self.prompts for t in group]
+        owner = torch.cat([torch.full((len(g),), k, dtype=torch.long) for k, g in enumerate(self.prompts)])
+        starts = range(0, len(texts), self.batch_size)
+        if self.progress:
+            from tqdm.auto import tqdm
+
+            starts = tqdm(starts, desc="zero-shot classifier", unit="batch")
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            chunks = []
+            for s in starts:
+                ids = self.tokenizer(texts[s : s + self.batch_size]).to(self.device)
+                chunks.append(F.normalize(self.model.encode_text(ids).float(), dim=-1))
+        finally:
+            self.model.train(was_training)
+        embeds = torch.cat(chunks)  # (P, E)
+        sums = torch.zeros(len(self.prompts), embeds.shape[1], device=embeds.device).index_add_(
+            0, owner.to(embeds.device), embeds)
+        counts = torch.tensor([len(g) for g in self.prompts], device=embeds.device, dtype=embeds.dtype)
+        return F.normalize(sums / counts[:, None], dim=-1)
+
+    # ------------------------------------------------------------------ classifying
+    def logits_from_features(self, image_features: Tensor) -> Tensor:
+        """(B, E) image embeddings (normalised or not) -> (B, K) scaled cosine similarities."""
+        weights = self.class_embeddings.to(image_features.device)
+        if image_features.dim() != 2 or image_features.shape[1] != weights.shape[1]:
+            raise ValueError(f"image features must be (batch, {weights.shape[1]}), got {tuple(image_features.shape)}")
+        return self.logit_scale * F.normalize(image_features.float(), dim=-1) @ weights.T
+
+    def _pixels(self, images: Any, normalized: bool) -> Any:
+        if normalized:
+            if not (isinstance(images, Tensor) and images.dim() == 4 and images.dtype.is_floating_point):
+                got = tuple(images.shape) if isinstance(images, Tensor) else type(images).__name__
+                raise ValueError(f"normalized=True takes a (B, C, H, W) float tensor, got {got}")
+            return images
+        if self.preprocess is not None:
+            items = list(images) if isinstance(images, (list, tuple)) else [images]
+            return torch.stack([self.preprocess(im) for im in items])
+        if callable(getattr(self.model, "image_tokenizer", None)):
+            return self.model.image_tokenizer(self.resize).encode(images)
+        raise ValueError("open_clip models need preprocess= (their transform) for raw images, "
+                         "or normalised (B, C, H, W) tensors with normalized=True")
+
+    @torch.no_grad()
+    def logits(self, images: Any, normalized: bool = False) -> Tensor:
+        """Images -> (B, K) logits. Raw images (PIL, uint8, [0, 1] floats) are prepared by the
+        unitok model's stored preprocessing or by ``preprocess``; ``normalized=True`` takes
+        (B, C, H, W) tensors that are already normalised."""
+        inputs = self._pixels(images, normalized)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            out = []
+            n = inputs.batch_size if hasattr(inputs, "batch_size") else inputs.shape[0]
+            for s in range(0, n, self.batch_size):
+                batch = _slice(inputs, s, s + self.batch_size)
+                batch = batch.to(self.device)
+                out.append(self.logits_from_features(self.model.encode_image(batch)))
+        finally:
+            self.model.train(was_training)
+        return torch.cat(out)
+
+    def predict_proba(self, images: Any, normalized: bool = False) -> Tensor:
+        """Images -> (B, K) class probabilities (softmax of the logits)."""
+        return self.logits(images, normalized).softmax(dim=-1)
+
+    def predict(self, images: Any, normalized: bool = False) -> Tensor:
+        """Images -> (B,) class indices."""
+        return self.logits(images, normalized).argmax(dim=-1)
+
+    def predict_names(self, images: Any, normalized: bool = False) -> list[str]:
+        """Images -> the predicted class names."""
+        return [self.classnames[i] for i in self.predict(images, normalized).tolist()]
+
+    def topk(self, images: Any, k: int = 5, normalized: bool = False) -> tuple[Tensor, Tensor]:
+        """Images -> ((B, k) probabilities, (B, k) class indices), most likely first."""
+        if not 1 <= k <= len(self.classnames):
+            raise ValueError(f"k must be in [1, {len(self.classnames)}], got {k}")
+        return self.predict_proba(images, normalized).topk(k, dim=-1)
+
+
+def _slice(inputs: Any, start: int, stop: int) -> Any:
+    if isinstance(inputs, Tensor):
+        return inputs[start:stop]
+    from dataclasses import replace
+
+    return replace(inputs, features=inputs.features[start:stop], attention_mask=inputs.attention_mask[start:stop])
