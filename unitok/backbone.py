@@ -1,10 +1,12 @@
 """The one backbone: a Block is a list of residual sublayers; a Backbone is a stack of Blocks.
 
-GPT/ViT block = ("attn", "mlp"); MLP-Mixer block = ("token_mlp", "mlp"). Other families add sublayer kinds to `SUBLAYERS` (cross
-attention, token-mixing MLP, conformer convolution) instead of writing new block classes.
-Pre-/post-norm, LayerNorm/RMSNorm and biases are config fields.
+GPT/ViT block = ("attn", "mlp"); MLP-Mixer block = ("token_mlp", "mlp"); T5 decoder block =
+("attn", "cross_attn", "mlp"). Other families add sublayer kinds to `SUBLAYERS` (conformer
+convolution, ...) instead of writing new block classes. Pre-/post-norm, LayerNorm/RMSNorm,
+biases, gated MLPs and T5's relative position bias are config fields.
 
-Axis legend: B batch, N tokens, T key positions (cache + new), D model width, H heads.
+Axis legend: B batch, N tokens, T key positions (cache + new), S encoder positions, D model
+width, H heads.
 """
 
 from __future__ import annotations
@@ -15,8 +17,17 @@ from typing import Literal
 from torch import Tensor, nn
 
 from unitok.config import Config
+from unitok.embed.relative import RelativePositionBias
 from unitok.layers.activations import Activation
-from unitok.layers.attention import AttentionContext, Kernel, SelfAttention, build_attention_mask
+from unitok.layers.attention import (
+    AttentionContext,
+    CrossAttention,
+    Kernel,
+    SelfAttention,
+    add_position_bias,
+    build_attention_mask,
+    causal_mask,
+)
 from unitok.layers.kv_cache import KVCache
 from unitok.layers.mlp import MLP
 from unitok.layers.norms import NormKind, make_norm
@@ -40,6 +51,10 @@ class BackboneConfig(Config):
         attn_scale: attention score scale; None means 1/sqrt(head width).
         n_tokens / token_mlp_dim: sequence length and hidden width of the token-mixing MLP
             ("token_mlp" sublayer, MLP-Mixer); token_mlp_dim defaults to D/2.
+        head_dim: per-head width K (default D/H; T5 allows H·K ≠ D).
+        mlp_gated: act(fc_in(x)) · fc_gate(x) in the MLP (T5 v1.1's gated-GELU).
+        relative_buckets / relative_max_distance: T5's bucketed relative position bias, one
+            table shared by every layer, bidirectional unless causal (0 buckets: none).
     """
 
     d_model: int = 768
@@ -59,13 +74,22 @@ class BackboneConfig(Config):
     attn_scale: float | None = None
     n_tokens: int | None = None
     token_mlp_dim: int | None = None
+    head_dim: int | None = None
+    mlp_gated: bool = False
+    relative_buckets: int = 0
+    relative_max_distance: int = 128
 
     def __post_init__(self) -> None:
         for name in ("d_model", "n_layers", "n_heads"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.d_model % self.n_heads:
-            raise ValueError(f"d_model={self.d_model} must be divisible by n_heads={self.n_heads}")
+        if self.head_dim is None and self.d_model % self.n_heads:
+            raise ValueError(f"d_model={self.d_model} must be divisible by n_heads={self.n_heads} "
+                             "(or set head_dim)")
+        if self.head_dim is not None and self.head_dim <= 0:
+            raise ValueError(f"head_dim must be positive, got {self.head_dim}")
+        if self.relative_buckets < 0 or (self.relative_buckets and self.relative_buckets < 4):
+            raise ValueError(f"relative_buckets must be 0 (none) or ≥ 4, got {self.relative_buckets}")
         if self.d_ff is not None and self.d_ff <= 0:
             raise ValueError(f"d_ff must be positive, got {self.d_ff}")
         unknown = [s for s in self.block if s not in SUBLAYERS]
@@ -86,8 +110,8 @@ class BackboneConfig(Config):
         return self.d_ff if self.d_ff is not None else 4 * self.d_model
 
     @property
-    def head_dim(self) -> int:
-        return self.d_model // self.n_heads
+    def head_width(self) -> int:
+        return self.head_dim if self.head_dim is not None else self.d_model // self.n_heads
 
 
 # --------------------------------------------------------------------------- sublayers
@@ -96,7 +120,16 @@ class AttentionSublayer(SelfAttention):
 
     def __init__(self, cfg: BackboneConfig, layer_idx: int) -> None:
         super().__init__(cfg.d_model, cfg.n_heads, bias=cfg.bias, dropout=cfg.attn_dropout,
-                         scale=cfg.attn_scale, layer_idx=layer_idx)
+                         scale=cfg.attn_scale, layer_idx=layer_idx, head_dim=cfg.head_dim)
+        self.norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.bias)
+
+
+class CrossAttentionSublayer(CrossAttention):
+    """Attention to the encoder's output (``encoder_hidden_states``), with its own norm."""
+
+    def __init__(self, cfg: BackboneConfig, layer_idx: int) -> None:
+        super().__init__(cfg.d_model, cfg.n_heads, bias=cfg.bias, dropout=cfg.attn_dropout,
+                         scale=cfg.attn_scale, layer_idx=layer_idx, head_dim=cfg.head_dim)
         self.norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.bias)
 
 
@@ -104,7 +137,8 @@ class MLPSublayer(MLP):
     """Position-wise feed-forward with its own norm."""
 
     def __init__(self, cfg: BackboneConfig, layer_idx: int) -> None:
-        super().__init__(cfg.d_model, cfg.hidden_dim, cfg.activation, bias=cfg.bias, dropout=cfg.dropout)
+        super().__init__(cfg.d_model, cfg.hidden_dim, cfg.activation, bias=cfg.bias, dropout=cfg.dropout,
+                         gated=cfg.mlp_gated)
         self.norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.bias)
 
     def forward(self, x: Tensor, ctx: AttentionContext | None = None) -> Tensor:
@@ -131,6 +165,7 @@ class TokenMLPSublayer(MLP):
 # name -> constructor(cfg, layer_idx). Every sublayer has `.norm` and `forward(x, ctx)`.
 SUBLAYERS: dict[str, type[nn.Module]] = {
     "attn": AttentionSublayer,
+    "cross_attn": CrossAttentionSublayer,
     "mlp": MLPSublayer,
     "token_mlp": TokenMLPSublayer,
 }
@@ -166,6 +201,8 @@ class Backbone(nn.Module):
         self.config = cfg
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         self.norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.bias) if cfg.final_norm else None
+        self.relative_bias = (RelativePositionBias(cfg.n_heads, cfg.relative_buckets, cfg.relative_max_distance,
+                                                   bidirectional=not cfg.causal) if cfg.relative_buckets else None)
 
     def new_cache(self, capacity: int = 0) -> KVCache:
         return KVCache(self.config.n_layers, capacity)
@@ -179,6 +216,8 @@ class Backbone(nn.Module):
         output_attentions: bool = False,
         kernel: Kernel = "sdpa",
         causal: bool | None = None,
+        encoder_hidden_states: Tensor | None = None,
+        encoder_attention_mask: Tensor | None = None,
     ) -> BackboneOutput:
         """Run the stack.
 
@@ -192,6 +231,8 @@ class Backbone(nn.Module):
             kernel: "sdpa" (fused) or "reference" (plain math, for tests and inspection).
             causal: override the config's masking for this call (one backbone shared by a
                 causal text tower and a bidirectional image tower, as in CLIP's shared option).
+            encoder_hidden_states / encoder_attention_mask: (B, S, D) states and (B, S) 1/0 mask
+                that "cross_attn" sublayers attend to (encoder–decoder models).
         """
         if x.dim() != 3 or x.shape[-1] != self.config.d_model:
             raise ValueError(f"backbone expects (batch, tokens, {self.config.d_model}), got {tuple(x.shape)}")
@@ -207,8 +248,22 @@ class Backbone(nn.Module):
         else:
             mask = build_attention_mask(n_new, n_keys, causal, attention_mask, x.device)
             is_causal = False
+        if self.relative_bias is not None:
+            # T5: one bias table for every layer, for queries at positions past .. past + N − 1.
+            if is_causal:
+                mask, is_causal = causal_mask(n_new, n_keys, x.device)[None, None], False
+            bias = self.relative_bias(n_new, n_keys, n_keys - n_new).to(x.dtype)
+            mask = add_position_bias(bias, mask)
+        memory_mask = None
+        if encoder_hidden_states is not None and encoder_attention_mask is not None:
+            if encoder_attention_mask.shape != encoder_hidden_states.shape[:2]:
+                raise ValueError(f"encoder_attention_mask must be {tuple(encoder_hidden_states.shape[:2])}, "
+                                 f"got {tuple(encoder_attention_mask.shape)}")
+            if not bool(encoder_attention_mask.all()):
+                memory_mask = encoder_attention_mask.bool()[:, None, None, :]
         ctx = AttentionContext(mask=mask, is_causal=is_causal, cache=cache, kernel=kernel,
-                               attentions=[] if output_attentions else None)
+                               attentions=[] if output_attentions else None, memory=encoder_hidden_states,
+                               memory_mask=memory_mask)
         hidden: list[Tensor] | None = [x] if output_hidden_states else None
         for block in self.blocks:
             x = block(x, ctx)

@@ -222,7 +222,7 @@ def _beam_search(model: Decoder, input_ids: Tensor, mask: Tensor, cfg: Generatio
         all_hit = bool(finished.all())
         if not bool(open_.any()) or (cfg.early_stopping and bool(done_flag.all())) or all_hit:
             break
-        cache.reorder((beam_origin + batch_base).view(-1))
+        cache.reorder((beam_origin + batch_base).view(-1), cross=False)  # beams of one input share its encoder states
         new = seqs[:, :, cur].reshape(B * W, 1)
         flat_mask = torch.cat([flat_mask, flat_mask.new_ones(B * W, 1)], dim=1)
     # Like Hugging Face, crop to the longest returned hypothesis; shorter ones end in padding.

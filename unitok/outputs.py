@@ -59,3 +59,16 @@ class CLIPOutput:
     logits_per_image: Tensor
     logits_per_text: Tensor
     logit_scale: Tensor
+
+
+@dataclass
+class Seq2SeqLMOutput:
+    """Encoder–decoder output: ``logits`` (B, N_dec, V) for the next target token at every decoder
+    position; the encoder's and decoder's last states; the KV cache when decoding incrementally."""
+
+    logits: Tensor
+    encoder_last_hidden_state: Tensor
+    decoder_last_hidden_state: Tensor
+    encoder_hidden_states: tuple[Tensor, ...] | None = None
+    decoder_hidden_states: tuple[Tensor, ...] | None = None
+    cache: KVCache | None = None

@@ -7,9 +7,10 @@ from unitok.embed.positions import (
     make_positions,
     sinusoidal_table,
 )
+from unitok.embed.relative import RelativePositionBias, relative_position_bucket
 from unitok.embed.tokens import TokenEmbedding
 
 __all__ = [
-    "LearnedPositions", "PatchEmbedding", "SinusoidalPositions", "TokenEmbedding", "make_positions",
-    "resample_grid_positions", "sincos_2d_table", "sinusoidal_table",
+    "LearnedPositions", "PatchEmbedding", "RelativePositionBias", "SinusoidalPositions", "TokenEmbedding", "make_positions",
+    "relative_position_bucket", "resample_grid_positions", "sincos_2d_table", "sinusoidal_table",
 ]

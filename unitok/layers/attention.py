@@ -1,7 +1,8 @@
 """Multi-head attention: the kernel (SDPA or a plain reference) apart from the projections.
 
-Axis legend: B batch, N query tokens, T key tokens, D model width, H heads, K head width.
-Masks are boolean and broadcast to (B, H, N, T); True means "may attend".
+Axis legend: B batch, N query tokens, T key tokens, S encoder tokens, D model width, H heads,
+K head width. Masks broadcast to (B, H, N, T): boolean (True means "may attend") or float,
+added to the scores (a position bias with -inf where attention is not allowed).
 """
 
 from __future__ import annotations
@@ -28,8 +29,10 @@ def reference_attention(
     scores = (q @ k.transpose(-2, -1)) * scale  # (B, H, N, T)
     if is_causal:
         mask = causal_mask(q.shape[-2], k.shape[-2], q.device)
-    if mask is not None:
+    if mask is not None and mask.dtype == torch.bool:
         scores = scores.masked_fill(~mask, float("-inf"))
+    elif mask is not None:
+        scores = scores + mask  # additive: position bias and -inf for masked keys
     weights = scores.softmax(dim=-1)
     dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
     return dropped @ v, weights
@@ -73,6 +76,13 @@ def build_attention_mask(
     return mask | _diagonal(n_queries, n_keys, device)
 
 
+def add_position_bias(bias: Tensor, mask: Tensor | None) -> Tensor:
+    """A (1, H, N, T) additive bias with a boolean (B|1, 1, N, T) mask folded in as -inf."""
+    if mask is None:
+        return bias
+    return bias.masked_fill(~mask, float("-inf"))
+
+
 def _diagonal(n_queries: int, n_keys: int, device: torch.device | None) -> Tensor:
     """(N, T) mask of each query's own position (queries are the last N of T)."""
     rows = torch.arange(n_queries, device=device)[:, None] + (n_keys - n_queries)
@@ -81,50 +91,105 @@ def _diagonal(n_queries: int, n_keys: int, device: torch.device | None) -> Tenso
 
 @dataclass
 class AttentionContext:
-    """What every attention sublayer of one forward pass shares: mask, cache, kernel, outputs."""
+    """What every attention sublayer of one forward pass shares: mask, cache, kernel, outputs,
+    and for cross-attention the encoder's states (``memory``) with their mask."""
 
     mask: Tensor | None = None
     is_causal: bool = False
     cache: KVCache | None = None
     kernel: Kernel = "sdpa"
     attentions: list[Tensor] | None = None  # filled with (B, H, N, T) weights when requested
+    memory: Tensor | None = None  # (B, S, D) encoder output read by cross-attention
+    memory_mask: Tensor | None = None  # (B, 1, 1, S) boolean, None when nothing is padded
+
+
+def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, scale: float | None,
+            dropout_p: float, ctx: AttentionContext) -> Tensor:
+    """Run the kernel the context asks for; record weights when asked."""
+    if ctx.attentions is not None or ctx.kernel == "reference":
+        out, weights = reference_attention(q, k, v, mask, is_causal, scale, dropout_p)
+        if ctx.attentions is not None:
+            ctx.attentions.append(weights)
+        return out
+    return sdpa_attention(q, k, v, mask, is_causal, scale, dropout_p)
 
 
 class SelfAttention(nn.Module):
     """Multi-head self-attention with fused QKV projection and an optional KV cache.
 
     Args:
-        d_model: model width D. n_heads: heads H (D must divide by H).
+        d_model: model width D. n_heads: heads H. head_dim: K (default D / H; T5 allows H·K ≠ D).
         bias: biases on the projections. dropout: dropout on attention weights.
-        scale: score scale; None means 1/sqrt(K).
+        scale: score scale; None means 1/sqrt(K) (T5 uses 1).
         layer_idx: which slot of the KV cache this layer uses.
     """
 
     def __init__(
         self, d_model: int, n_heads: int, bias: bool = True, dropout: float = 0.0,
-        scale: float | None = None, layer_idx: int = 0, device=None, dtype=None,
+        scale: float | None = None, layer_idx: int = 0, head_dim: int | None = None, device=None, dtype=None,
     ) -> None:
         super().__init__()
-        if d_model % n_heads:
+        if head_dim is None and d_model % n_heads:
             raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
         self.n_heads = n_heads
-        self.head_dim = d_model // n_heads
+        self.head_dim = head_dim if head_dim is not None else d_model // n_heads
+        self.inner = n_heads * self.head_dim
         self.scale = scale
         self.dropout = dropout
         self.layer_idx = layer_idx
-        self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias, device=device, dtype=dtype)
-        self.proj = nn.Linear(d_model, d_model, bias=bias, device=device, dtype=dtype)
+        self.qkv = nn.Linear(d_model, 3 * self.inner, bias=bias, device=device, dtype=dtype)
+        self.proj = nn.Linear(self.inner, d_model, bias=bias, device=device, dtype=dtype)
 
     def forward(self, x: Tensor, ctx: AttentionContext) -> Tensor:  # (B, N, D) -> (B, N, D)
-        B, N, D = x.shape
+        B, N, _ = x.shape
         q, k, v = self.qkv(x).view(B, N, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         if ctx.cache is not None:
             k, v = ctx.cache.update(self.layer_idx, k, v)  # (B, H, T, K) with T ≥ N
         dropout_p = self.dropout if self.training else 0.0
-        if ctx.attentions is not None or ctx.kernel == "reference":
-            out, weights = reference_attention(q, k, v, ctx.mask, ctx.is_causal, self.scale, dropout_p)
-            if ctx.attentions is not None:
-                ctx.attentions.append(weights)
+        out = _attend(q, k, v, ctx.mask, ctx.is_causal, self.scale, dropout_p, ctx)
+        return self.proj(out.transpose(1, 2).reshape(B, N, self.inner))
+
+
+class CrossAttention(nn.Module):
+    """Multi-head attention from the tokens (queries) to an encoder's output (keys, values).
+
+    The encoder output is fixed while a decoder generates, so its keys and values are computed
+    once and kept in the cache (``KVCache.cross``).
+    """
+
+    def __init__(
+        self, d_model: int, n_heads: int, bias: bool = True, dropout: float = 0.0,
+        scale: float | None = None, layer_idx: int = 0, head_dim: int | None = None, device=None, dtype=None,
+    ) -> None:
+        super().__init__()
+        if head_dim is None and d_model % n_heads:
+            raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
+        self.n_heads = n_heads
+        self.head_dim = head_dim if head_dim is not None else d_model // n_heads
+        self.inner = n_heads * self.head_dim
+        self.scale, self.dropout, self.layer_idx = scale, dropout, layer_idx
+        self.q = nn.Linear(d_model, self.inner, bias=bias, device=device, dtype=dtype)
+        self.kv = nn.Linear(d_model, 2 * self.inner, bias=bias, device=device, dtype=dtype)
+        self.proj = nn.Linear(self.inner, d_model, bias=bias, device=device, dtype=dtype)
+
+    def memory_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """(B, S, D) encoder states -> (B, H, S, K) keys and values."""
+        B, S, _ = memory.shape
+        k, v = self.kv(memory).view(B, S, 2, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        return k, v
+
+    def forward(self, x: Tensor, ctx: AttentionContext) -> Tensor:  # (B, N, D) -> (B, N, D)
+        if ctx.memory is None:
+            raise ValueError("a cross-attention sublayer needs encoder states: pass encoder_hidden_states")
+        B, N, _ = x.shape
+        q = self.q(x).view(B, N, self.n_heads, self.head_dim).transpose(1, 2)
+        cached = ctx.cache.cross.get(self.layer_idx) if ctx.cache is not None else None
+        if cached is None:
+            k, v = self.memory_kv(ctx.memory)
+            if ctx.cache is not None:
+                ctx.cache.cross[self.layer_idx] = (k, v)
         else:
-            out = sdpa_attention(q, k, v, ctx.mask, ctx.is_causal, self.scale, dropout_p)
-        return self.proj(out.transpose(1, 2).reshape(B, N, D))
+            k, v = cached
+        dropout_p = self.dropout if self.training else 0.0
+        out = _attend(q, k, v, ctx.memory_mask, False, self.scale, dropout_p, ctx)
+        return self.proj(out.transpose(1, 2).reshape(B, N, self.inner))

@@ -23,6 +23,8 @@ class KVCache:
         self._keys: list[Tensor | None] = [None] * n_layers
         self._values: list[Tensor | None] = [None] * n_layers
         self._lengths = [0] * n_layers
+        # Cross-attention keys/values per layer: computed once from the encoder output.
+        self.cross: dict[int, tuple[Tensor, Tensor]] = {}
 
     def __len__(self) -> int:
         """Number of cached positions (of layer 0, which every forward updates first)."""
@@ -51,8 +53,14 @@ class KVCache:
         self._lengths[layer] = end
         return buf_k.narrow(2, 0, end), buf_v.narrow(2, 0, end)  # type: ignore[union-attr]
 
-    def reorder(self, index: Tensor) -> None:
-        """Select batch rows (beam search keeps the cache of the surviving beams)."""
+    def reorder(self, index: Tensor, cross: bool = True) -> None:
+        """Select batch rows (beam search keeps the cache of the surviving beams).
+
+        ``cross=False`` leaves the cross-attention entries alone: beam search only moves rows
+        among the beams of one input, which share the same encoder output.
+        """
+        if cross:
+            self.cross = {i: (k.index_select(0, index), v.index_select(0, index)) for i, (k, v) in self.cross.items()}
         for layer in range(self.n_layers):
             if self._keys[layer] is not None:
                 self._keys[layer] = self._keys[layer].index_select(0, index)  # type: ignore[union-attr]
@@ -69,4 +77,5 @@ class KVCache:
     def to(self, device: torch.device | str) -> KVCache:
         self._keys = [k.to(device) if k is not None else None for k in self._keys]
         self._values = [v.to(device) if v is not None else None for v in self._values]
+        self.cross = {i: (k.to(device), v.to(device)) for i, (k, v) in self.cross.items()}
         return self

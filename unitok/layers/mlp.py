@@ -11,20 +11,27 @@ from unitok.layers.activations import Activation, make_activation
 
 
 class MLP(nn.Module):
-    """fc_in -> activation -> dropout -> fc_out (the Transformer's feed-forward network)."""
+    """fc_in -> activation -> dropout -> fc_out (the Transformer's feed-forward network).
+
+    ``gated=True``: act(fc_in(x)) · fc_gate(x) before fc_out (GLU variants, Shazeer 2020;
+    T5 v1.1's gated-GELU).
+    """
 
     def __init__(
         self, d_model: int, d_ff: int, activation: Activation = "gelu", bias: bool = True,
-        dropout: float = 0.0, device=None, dtype=None,
+        dropout: float = 0.0, gated: bool = False, device=None, dtype=None,
     ) -> None:
         super().__init__()
         self.fc_in = nn.Linear(d_model, d_ff, bias=bias, device=device, dtype=dtype)
+        self.fc_gate = nn.Linear(d_model, d_ff, bias=bias, device=device, dtype=dtype) if gated else None
         self.act = make_activation(activation)
         self.drop = nn.Dropout(dropout)
         self.fc_out = nn.Linear(d_ff, d_model, bias=bias, device=device, dtype=dtype)
 
     def forward(self, x: Tensor) -> Tensor:  # (B, N, D) -> (B, N, D)
         h = self.act(self.fc_in(x))
+        if self.fc_gate is not None:
+            h = h * self.fc_gate(x)
         if self.training and self.drop.p > 0:
             h = self.drop(h)
         return self.fc_out(h)

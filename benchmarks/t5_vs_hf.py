@@ -1,0 +1,156 @@
+"""Throughput of unitok's T5 against Hugging Face's `T5ForConditionalGeneration`, same weights.
+
+What it measures, in one process (the Hugging Face model is built with random weights and
+converted with ``unitok.convert.from_transformers``; logits are checked equal first):
+
+1. Training: target tokens/s of encoder + decoder forward, cross-entropy, backward and an
+   AdamW step on a batch of random sources and targets.
+2. Beam search: new tokens/s of ``generate(num_beams=W, max_new_tokens=M)`` with EOS
+   disabled (every row runs the full M steps on both sides), outputs checked identical.
+
+Repetitions alternate between the libraries; medians and the ratio unitok / Hugging Face
+(> 1 means unitok is faster) are printed.
+
+Run::
+
+    python benchmarks/t5_vs_hf.py --threads 1
+    python benchmarks/t5_vs_hf.py --variant v1.1 --d-model 512 --layers 6 --device cuda
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: find timing.py
+from timing import alternate  # noqa: E402
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--variant", choices=("v1.0", "v1.1"), default="v1.0")
+    p.add_argument("--vocab-size", type=int, default=8192)
+    p.add_argument("--d-model", type=int, default=256)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--source-len", type=int, default=64)
+    p.add_argument("--target-len", type=int, default=32)
+    p.add_argument("--beams", type=int, default=4)
+    p.add_argument("--gen-batch", type=int, default=2)
+    p.add_argument("--new-tokens", type=int, default=32)
+    p.add_argument("--train-steps", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args(argv)
+
+
+def build_models(args: argparse.Namespace) -> tuple[nn.Module, nn.Module]:
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    from unitok.convert import from_transformers
+
+    torch.manual_seed(args.seed)
+    ff = {"v1.0": "relu", "v1.1": "gated-gelu"}[args.variant]
+    config = T5Config(vocab_size=args.vocab_size, d_model=args.d_model, d_kv=args.d_model // args.heads,
+                      d_ff=4 * args.d_model, num_layers=args.layers, num_heads=args.heads, dropout_rate=0.0,
+                      feed_forward_proj=ff, decoder_start_token_id=0)
+    theirs = T5ForConditionalGeneration(config).eval()
+    ours = from_transformers(theirs).eval()
+    return ours.to(args.device), theirs.to(args.device)
+
+
+def make_train_step(model: nn.Module, forward: Callable, batch: tuple, steps: int) -> Callable[[], float]:
+    model = copy.deepcopy(model).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def run() -> float:
+        loss = torch.zeros(())
+        for _ in range(steps):
+            opt.zero_grad(set_to_none=True)
+            logits = forward(model, *batch)
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), batch[2].flatten())
+            loss.backward()
+            opt.step()
+        return float(loss.detach())
+
+    return run
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit("--device cuda asked for, but CUDA is not available")
+    import transformers
+
+    start = time.perf_counter()
+    ours, theirs = build_models(args)
+    g = torch.Generator().manual_seed(args.seed + 1)
+    src = torch.randint(2, args.vocab_size, (args.batch_size, args.source_len), generator=g).to(args.device)
+    labels = torch.randint(2, args.vocab_size, (args.batch_size, args.target_len), generator=g).to(args.device)
+    dec_in = ours.shift_right(labels)
+    with torch.no_grad():
+        diff = float((ours(src, decoder_input_ids=dec_in).logits
+                      - theirs(input_ids=src, decoder_input_ids=dec_in).logits).abs().max())
+    if diff > 1e-4:
+        raise AssertionError(f"unitok and Hugging Face logits differ by {diff:.2e}")
+    print(f"T5 {args.variant}: D={args.d_model}, {args.layers}+{args.layers} layers, V={args.vocab_size}, "
+          f"max |logit diff| {diff:.1e} | device={args.device} threads={torch.get_num_threads()} "
+          f"torch={torch.__version__} transformers={transformers.__version__}")
+
+    def ours_forward(model, s, d, _labels):
+        return model(s, decoder_input_ids=d).logits
+
+    def theirs_forward(model, s, d, _labels):
+        return model(input_ids=s, decoder_input_ids=d).logits
+
+    batch = (src, dec_in, labels)
+    times = alternate({"unitok": make_train_step(ours, ours_forward, batch, args.train_steps),
+                       "hf": make_train_step(theirs, theirs_forward, batch, args.train_steps)},
+                      args.repeats, args.warmup, args.device)
+    tokens = args.batch_size * args.target_len * args.train_steps
+    train = {k: tokens / statistics.median(v) for k, v in times.items()}
+
+    gen_src = src[: args.gen_batch]
+    no_eos = args.vocab_size + 7  # an id no model can produce: every row decodes all steps
+
+    def gen_ours() -> torch.Tensor:
+        return ours.generate(gen_src, max_new_tokens=args.new_tokens, strategy="beam", num_beams=args.beams,
+                             eos_token_id=None)
+
+    def gen_theirs() -> torch.Tensor:
+        return theirs.generate(input_ids=gen_src, max_new_tokens=args.new_tokens, num_beams=args.beams,
+                               do_sample=False, eos_token_id=no_eos, min_new_tokens=0)
+
+    a, b = gen_ours(), gen_theirs()
+    if a.tolist() != b.tolist():
+        raise AssertionError("beam-search outputs differ")
+    times = alternate({"unitok": gen_ours, "hf": gen_theirs}, args.repeats, args.warmup, args.device)
+    new = args.gen_batch * args.new_tokens
+    beam = {k: new / statistics.median(v) for k, v in times.items()}
+
+    print(f"{'metric':<36}{'unitok':>10}{'HF':>10}{'ratio':>9}")
+    for metric, r in (("training target tokens/s", train), (f"beam search (W={args.beams}) new tokens/s", beam)):
+        print(f"{metric:<36}{r['unitok']:>10.1f}{r['hf']:>10.1f}{r['unitok'] / r['hf']:>8.2f}x")
+    print(f"(ratio > 1: unitok faster; {time.perf_counter() - start:.0f} s in all)")
+    return {"train": train, "beam": beam}
+
+
+if __name__ == "__main__":
+    main()

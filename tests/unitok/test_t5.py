@@ -1,0 +1,97 @@
+"""The unitok T5: KV-cached decoding equals the full decoder, cross-attention keys/values are
+computed once, relative buckets equal T5's, checkpoints round-trip, bad input is refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from unitok.backbone import Backbone, BackboneConfig
+from unitok.embed import relative_position_bucket
+from unitok.models import GPT, T5, GPTConfig, T5Config
+
+
+def tiny(**overrides) -> T5:
+    config = T5Config.from_name("t5-tiny", vocab_size=50, dropout=0.0, relative_buckets=8,
+                                relative_max_distance=16, **overrides)
+    return T5(config).eval()
+
+
+def test_cached_decoding_step_by_step_equals_the_full_decoder():
+    model = tiny(gated=True, activation="gelu_tanh", tie_embeddings=False)
+    src = torch.randint(2, 50, (2, 9))
+    mask = torch.ones_like(src)
+    mask[1, 6:] = 0
+    tgt = torch.randint(2, 50, (2, 7))
+    with torch.no_grad():
+        full = model(src, mask, decoder_input_ids=tgt).logits
+        memory = model.encode(src, mask).last_hidden_state
+        cache = model.decoder.new_cache(0)
+        steps = [model.decode(tgt[:, i : i + 1], memory, mask, cache=cache)[0] for i in range(tgt.shape[1])]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
+    assert set(cache.cross) == {0, 1}  # one cross-attention entry per decoder layer, computed on step one
+
+
+def test_relative_buckets_equal_t5s_function():
+    from transformers.models.t5.modeling_t5 import T5Attention
+
+    offsets = torch.arange(-300, 300)[None, :]
+    for bidirectional in (True, False):
+        for buckets, distance in ((32, 128), (8, 16)):
+            ours = relative_position_bucket(offsets, bidirectional, buckets, distance)
+            theirs = T5Attention._relative_position_bucket(offsets, bidirectional, buckets, distance)
+            assert torch.equal(ours, theirs)
+
+
+def test_shift_right_and_labels():
+    model = tiny()
+    labels = torch.tensor([[5, 6, 1, -100]])
+    assert model.shift_right(labels).tolist() == [[0, 5, 6, 1]]
+    torch.testing.assert_close(model(torch.tensor([[3, 4, 1]]), labels=labels).logits,
+                               model(torch.tensor([[3, 4, 1]]), decoder_input_ids=torch.tensor([[0, 5, 6, 1]])).logits)
+
+
+def test_generation_starts_from_the_start_token_and_pads_after_eos():
+    model = tiny()
+    out = model.generate(torch.randint(2, 50, (3, 5)), max_new_tokens=6, strategy="beam", num_beams=2)
+    assert (out[:, 0] == 0).all() and out.shape[1] <= 7
+    sampled = model.generate(torch.randint(2, 50, (2, 5)), max_new_tokens=4, strategy="sample", top_k=5,
+                             generator=torch.Generator().manual_seed(0))
+    assert sampled.shape == (2, 5)
+
+
+def test_save_and_load_round_trip(tmp_path):
+    for tie in (True, False):
+        model = tiny(tie_embeddings=tie)
+        model.save_pretrained(tmp_path / str(tie))
+        loaded = T5.from_pretrained(tmp_path / str(tie)).eval()
+        src, tgt = torch.randint(2, 50, (2, 6)), torch.randint(2, 50, (2, 4))
+        torch.testing.assert_close(loaded(src, decoder_input_ids=tgt).logits, model(src, decoder_input_ids=tgt).logits)
+    GPT(GPTConfig.from_name("gpt-nano")).save_pretrained(tmp_path / "gpt")
+    with pytest.raises(ValueError, match="GPT checkpoint, not a T5"):
+        T5.from_pretrained(tmp_path / "gpt")
+
+
+def test_v1_1_shapes_allow_heads_times_width_unequal_to_d_model():
+    config = T5Config.from_name("t5-v1_1-small")
+    assert config.n_heads * config.d_kv != config.d_model and config.gated and not config.tie_embeddings
+    model = T5(config.replace(n_layers=1, vocab_size=100, d_ff=64))
+    assert model.decoder.blocks[0].sublayers["attn"].qkv.out_features == 3 * 6 * 64
+
+
+def test_bad_input_is_refused():
+    model = tiny(max_decoder_length=8)
+    src = torch.randint(2, 50, (1, 4))
+    with pytest.raises(ValueError, match="target has 9 tokens, more than max_decoder_length=8"):
+        model(src, decoder_input_ids=torch.randint(2, 50, (1, 9)))
+    with pytest.raises(ValueError, match="exceeds max_decoder_length=8"):
+        model.generate(src, max_new_tokens=8)
+    with pytest.raises(ValueError, match="decoder_input_ids or labels"):
+        model(src)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        model(torch.tensor([[3, 60]]), decoder_input_ids=torch.tensor([[0]]))
+    with pytest.raises(ValueError, match="eos_token_id=60 is outside"):
+        T5Config.from_name("t5-tiny", vocab_size=50, eos_token_id=60)
+    backbone = Backbone(BackboneConfig(d_model=16, n_layers=1, n_heads=2, block=("attn", "cross_attn", "mlp")))
+    with pytest.raises(ValueError, match="needs encoder states"):
+        backbone(torch.randn(1, 3, 16))
