@@ -1,8 +1,8 @@
 """The one backbone: a Block is a list of residual sublayers; a Backbone is a stack of Blocks.
 
 GPT/ViT block = ("attn", "mlp"); MLP-Mixer block = ("token_mlp", "mlp"); T5 decoder block =
-("attn", "cross_attn", "mlp"). Other families add sublayer kinds to `SUBLAYERS` (conformer
-convolution, ...) instead of writing new block classes. Pre-/post-norm, LayerNorm/RMSNorm,
+("attn", "cross_attn", "mlp"); Conformer block = ("half_mlp", "attn", "conv", "half_mlp").
+Other families add sublayer kinds to `SUBLAYERS` instead of writing new block classes. Pre-/post-norm, LayerNorm/RMSNorm,
 biases, gated MLPs and T5's relative position bias are config fields.
 
 Axis legend: B batch, N tokens, T key positions (cache + new), S encoder positions, D model
@@ -28,6 +28,7 @@ from unitok.layers.attention import (
     build_attention_mask,
     causal_mask,
 )
+from unitok.layers.conv_module import ConvModule, ConvNorm
 from unitok.layers.kv_cache import KVCache
 from unitok.layers.mlp import MLP
 from unitok.layers.norms import NormKind, make_norm
@@ -55,6 +56,9 @@ class BackboneConfig(Config):
         mlp_gated: act(fc_in(x)) · fc_gate(x) in the MLP (T5 v1.1's gated-GELU).
         relative_buckets / relative_max_distance: T5's bucketed relative position bias, one
             table shared by every layer, bidirectional unless causal (0 buckets: none).
+        conv_kernel_size / conv_norm / conv_mask_padding: the Conformer "conv" sublayer (zeroing
+            padded frames before its depthwise conv unless False, as torchaudio does not).
+        block_norm: a norm at the end of every Block (the Conformer's per-block LayerNorm).
     """
 
     d_model: int = 768
@@ -78,6 +82,10 @@ class BackboneConfig(Config):
     mlp_gated: bool = False
     relative_buckets: int = 0
     relative_max_distance: int = 128
+    conv_kernel_size: int = 31
+    conv_norm: ConvNorm = "batchnorm"
+    conv_mask_padding: bool = True
+    block_norm: bool = False
 
     def __post_init__(self) -> None:
         for name in ("d_model", "n_layers", "n_heads"):
@@ -145,6 +153,27 @@ class MLPSublayer(MLP):
         return super().forward(x)
 
 
+class HalfMLPSublayer(MLPSublayer):
+    """The Conformer's macaron feed-forward: x + ½·FFN(x) (Gulati et al., 2020, eq. 1)."""
+
+    def forward(self, x: Tensor, ctx: AttentionContext | None = None) -> Tensor:
+        return 0.5 * super().forward(x)
+
+
+class ConvSublayer(ConvModule):
+    """The Conformer's convolution module with its own (Layer)norm; reads the padding mask."""
+
+    def __init__(self, cfg: BackboneConfig, layer_idx: int) -> None:
+        super().__init__(cfg.d_model, cfg.conv_kernel_size, cfg.conv_norm, bias=cfg.bias, dropout=cfg.dropout,
+                         mask_padding=cfg.conv_mask_padding)
+        self.norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.bias)
+
+    def forward(self, x: Tensor, ctx: AttentionContext | None = None) -> Tensor:  # type: ignore[override]
+        if ctx is not None and ctx.cache is not None:
+            raise ValueError("the convolution sublayer mixes along time and cannot decode incrementally")
+        return super().forward(x, ctx.padding if ctx is not None else None)
+
+
 class TokenMLPSublayer(MLP):
     """MLP-Mixer's token mixing: one MLP across the N tokens, shared by every channel."""
 
@@ -166,6 +195,8 @@ class TokenMLPSublayer(MLP):
 SUBLAYERS: dict[str, type[nn.Module]] = {
     "attn": AttentionSublayer,
     "cross_attn": CrossAttentionSublayer,
+    "half_mlp": HalfMLPSublayer,
+    "conv": ConvSublayer,
     "mlp": MLPSublayer,
     "token_mlp": TokenMLPSublayer,
 }
@@ -182,6 +213,7 @@ class Block(nn.Module):
         for i, name in enumerate(cfg.block):
             key = name if cfg.block.count(name) == 1 else f"{name}{i}"
             self.sublayers[key] = SUBLAYERS[name](cfg, layer_idx)
+        self.norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.bias) if cfg.block_norm else None
 
     def forward(self, x: Tensor, ctx: AttentionContext) -> Tensor:  # (B, N, D) -> (B, N, D)
         drop = self.drop if self.training and self.drop.p > 0 else None
@@ -190,7 +222,7 @@ class Block(nn.Module):
             if drop is not None:
                 y = drop(y)
             x = x + y if self.pre_norm else sub.norm(x + y)
-        return x
+        return self.norm(x) if self.norm is not None else x
 
 
 class Backbone(nn.Module):
@@ -261,9 +293,10 @@ class Backbone(nn.Module):
                                  f"got {tuple(encoder_attention_mask.shape)}")
             if not bool(encoder_attention_mask.all()):
                 memory_mask = encoder_attention_mask.bool()[:, None, None, :]
+        padding = attention_mask[:, -n_new:].bool() if attention_mask is not None else None
         ctx = AttentionContext(mask=mask, is_causal=is_causal, cache=cache, kernel=kernel,
                                attentions=[] if output_attentions else None, memory=encoder_hidden_states,
-                               memory_mask=memory_mask)
+                               memory_mask=memory_mask, padding=padding)
         hidden: list[Tensor] | None = [x] if output_hidden_states else None
         for block in self.blocks:
             x = block(x, ctx)

@@ -72,3 +72,14 @@ class Seq2SeqLMOutput:
     encoder_hidden_states: tuple[Tensor, ...] | None = None
     decoder_hidden_states: tuple[Tensor, ...] | None = None
     cache: KVCache | None = None
+
+
+@dataclass
+class CTCOutput:
+    """``logits`` (B, N', V) per output frame (blank = 0; None without a head), ``lengths`` (B,)
+    valid output frames, ``last_hidden_state`` (B, N', D)."""
+
+    logits: Tensor | None
+    lengths: Tensor
+    last_hidden_state: Tensor
+    hidden_states: tuple[Tensor, ...] | None = None

@@ -60,9 +60,9 @@ def build_attention_mask(
 ) -> Tensor | None:
     """Combine causal and padding masks into one (B|1, 1, N, T) boolean mask, or None if no mask.
 
-    ``key_padding_mask`` is (B, T), 1/True for real tokens. A padding query could otherwise see
-    no key at all (left padding + causal) and produce NaN, so every query may attend to its own
-    position; what padding positions compute is never used.
+    ``key_padding_mask`` is (B, T), 1/True for real tokens. Under a causal mask a padding query
+    could see no key at all (left padding) and produce NaN, so there every query may attend to
+    its own position; what those padding positions compute is never used.
     """
     if key_padding_mask is None:
         if not causal:
@@ -70,10 +70,16 @@ def build_attention_mask(
         return causal_mask(n_queries, n_keys, device)[None, None]
     if key_padding_mask.shape[-1] != n_keys:
         raise ValueError(f"attention_mask covers {key_padding_mask.shape[-1]} positions, expected {n_keys}")
-    mask = key_padding_mask.bool()[:, None, None, :].expand(-1, 1, n_queries, n_keys)
+    keys = key_padding_mask.bool()
+    mask = keys[:, None, None, :].expand(-1, 1, n_queries, n_keys)
     if causal:
-        mask = mask & causal_mask(n_queries, n_keys, device)
-    return mask | _diagonal(n_queries, n_keys, device)
+        return (mask & causal_mask(n_queries, n_keys, device)) | _diagonal(n_queries, n_keys, device)
+    # Bidirectional: every query sees the real keys (padding queries too, as the references
+    # compute them: their values feed later convolutions); only an all-padding row needs its diagonal.
+    empty = ~keys.any(dim=-1)
+    if bool(empty.any()):
+        mask = mask | (_diagonal(n_queries, n_keys, device) & empty[:, None, None, None])
+    return mask
 
 
 def add_position_bias(bias: Tensor, mask: Tensor | None) -> Tensor:
@@ -101,6 +107,7 @@ class AttentionContext:
     attentions: list[Tensor] | None = None  # filled with (B, H, N, T) weights when requested
     memory: Tensor | None = None  # (B, S, D) encoder output read by cross-attention
     memory_mask: Tensor | None = None  # (B, 1, 1, S) boolean, None when nothing is padded
+    padding: Tensor | None = None  # (B, N) True for real tokens, for sublayers that mix along N (convolution)
 
 
 def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, scale: float | None,

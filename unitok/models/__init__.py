@@ -2,6 +2,7 @@
 
 from unitok.models.base import CheckpointMismatchError, PretrainedModel
 from unitok.models.clip import CLIP, CLIPConfig, CLIPTextConfig
+from unitok.models.conformer import ConformerConfig, ConformerCTC
 from unitok.models.gpt import GPT, GPTConfig
 from unitok.models.mixer import MixerConfig, MLPMixer
 from unitok.models.t5 import T5, T5Config, T5Encoder
@@ -9,5 +10,5 @@ from unitok.models.vit import DeiT, ViT, ViTConfig
 
 __all__ = [
     "CLIP", "CLIPConfig", "CLIPTextConfig", "GPT", "CheckpointMismatchError", "DeiT", "GPTConfig", "MLPMixer", "MixerConfig", "PretrainedModel",
-    "T5", "T5Config", "T5Encoder", "ViT", "ViTConfig",
+    "ConformerCTC", "ConformerConfig", "T5", "T5Config", "T5Encoder", "ViT", "ViTConfig",
 ]

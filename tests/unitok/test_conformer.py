@@ -1,0 +1,73 @@
+"""ConformerCTC: ×4 subsampling and its lengths, padding that cannot leak into real frames,
+checkpoints that keep the vocabulary and spectrogram settings, clear errors for bad frames."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from unitok.backbone import Backbone, BackboneConfig
+from unitok.embed.frames import subsampled_length
+from unitok.models import ConformerConfig, ConformerCTC
+
+
+def tiny(**overrides) -> ConformerCTC:
+    config = ConformerConfig.from_name("conformer-digits", n_mels=16, d_model=32, n_layers=2, dropout=0.0,
+                                       vocabulary=tuple("ab "), spectrogram={"n_mels": 16}, **overrides)
+    return ConformerCTC(config).eval()
+
+
+def test_subsampling_shortens_four_times_and_reports_lengths():
+    model = tiny()
+    out = model(torch.randn(2, 101, 16), torch.tensor([101, 57]))
+    assert out.logits.shape == (2, 24, 4)  # V = blank + 3 characters
+    assert out.lengths.tolist() == subsampled_length(torch.tensor([101, 57])).tolist() == [24, 13]
+
+
+def test_padding_content_does_not_change_real_frames():
+    model = tiny()
+    frames = torch.randn(2, 60, 16)
+    lengths = torch.tensor([60, 31])
+    other = frames.clone()
+    other[1, 31:] = torch.randn(29, 16) * 10  # different padding
+    a, b = model(frames, lengths), model(other, lengths)
+    n = int(a.lengths[1])
+    # Valid output frames of the unpadded ×4 convolutions read only real input frames; after that
+    # the blocks mask padding (attention keys and the convolution module's input).
+    torch.testing.assert_close(a.logits[1, :n], b.logits[1, :n])
+    torch.testing.assert_close(a.logits[0], b.logits[0])
+
+
+def test_block_is_the_one_backbone_with_conformer_sublayers():
+    block = tiny().backbone.blocks[0]
+    assert list(block.sublayers) == ["half_mlp0", "attn", "conv", "half_mlp3"] and block.norm is not None
+    first = tiny(convolution_first=True).backbone.blocks[0]
+    assert list(first.sublayers) == ["half_mlp0", "conv", "attn", "half_mlp3"]
+
+
+def test_checkpoint_keeps_vocabulary_and_spectrogram_settings(tmp_path):
+    model = tiny()
+    model.save_pretrained(tmp_path)
+    loaded = ConformerCTC.from_pretrained(tmp_path).eval()
+    assert loaded.config.vocabulary == ("a", "b", " ") and loaded.config.spectrogram == {"n_mels": 16}
+    frames = torch.randn(1, 40, 16)
+    torch.testing.assert_close(loaded(frames).logits, model(frames).logits)
+
+
+def test_bad_frames_are_refused():
+    model = tiny()
+    with pytest.raises(ValueError, match="expected 16 features per frame, got 80"):
+        model(torch.randn(1, 40, 80))
+    with pytest.raises(ValueError, match="NaN"):
+        model(torch.full((1, 40, 16), float("nan")))
+    with pytest.raises(ValueError, match="at least 7 frames"):
+        model(torch.randn(1, 5, 16))
+    with pytest.raises(ValueError, match="lengths must be"):
+        model(torch.randn(2, 40, 16), torch.tensor([40, 41]))
+    with pytest.raises(ValueError, match="repeated"):
+        ConformerConfig(vocabulary=("a", "a"))
+    with pytest.raises(ValueError, match="must be odd"):
+        ConformerCTC(ConformerConfig.from_name("conformer-digits", conv_kernel_size=8))
+    backbone = Backbone(BackboneConfig(d_model=16, n_layers=1, n_heads=2, block=("conv", "mlp")))
+    with pytest.raises(ValueError, match="cannot decode incrementally"):
+        backbone(torch.randn(1, 3, 16), cache=backbone.new_cache())

@@ -1,0 +1,44 @@
+"""The Conformer's convolution module (Gulati et al., 2020, Fig. 2): local mixing along time.
+
+LayerNorm is the sublayer's own pre-norm (applied by the Block); this module is
+pointwise conv (D -> 2C) -> GLU -> depthwise conv (kernel k, "same" padding) -> BatchNorm or
+GroupNorm -> SiLU -> pointwise conv (C -> D) -> dropout.
+
+Axis legend: B batch, N frames, D model width, C channels (= D).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+ConvNorm = Literal["batchnorm", "groupnorm"]
+
+
+class ConvModule(nn.Module):
+    """Depthwise-separable convolution over frames; padded frames are zeroed before the
+    depthwise conv when ``mask_padding`` so they cannot leak into real frames' outputs."""
+
+    def __init__(self, d_model: int, kernel_size: int = 31, norm: ConvNorm = "batchnorm", bias: bool = True,
+                 dropout: float = 0.0, mask_padding: bool = True) -> None:
+        super().__init__()
+        if kernel_size < 1 or kernel_size % 2 == 0:
+            raise ValueError(f"the depthwise kernel must be odd for 'same' padding, got {kernel_size}")
+        if norm not in ("batchnorm", "groupnorm"):
+            raise ValueError(f"conv norm must be 'batchnorm' or 'groupnorm', got {norm!r}")
+        self.pointwise_in = nn.Conv1d(d_model, 2 * d_model, 1, bias=bias)
+        self.depthwise = nn.Conv1d(d_model, d_model, kernel_size, padding=(kernel_size - 1) // 2, groups=d_model,
+                                   bias=bias)
+        self.conv_norm = nn.BatchNorm1d(d_model) if norm == "batchnorm" else nn.GroupNorm(1, d_model)
+        self.pointwise_out = nn.Conv1d(d_model, d_model, 1, bias=bias)
+        self.drop = nn.Dropout(dropout)
+        self.mask_padding = mask_padding
+
+    def forward(self, x: Tensor, padding: Tensor | None = None) -> Tensor:  # (B, N, D) -> (B, N, D)
+        h = F.glu(self.pointwise_in(x.transpose(1, 2)), dim=1)  # (B, C, N)
+        if padding is not None and self.mask_padding:
+            h = h.masked_fill(~padding[:, None, :], 0.0)
+        h = F.silu(self.conv_norm(self.depthwise(h)))
+        return self.drop(self.pointwise_out(h)).transpose(1, 2)
