@@ -13,12 +13,14 @@ from unitok.layers.kv_cache import KVCache
 class BackboneOutput:
     """``last_hidden_state`` (B, N, D); ``hidden_states``: embeddings, then each block's output
     (the last one after the final norm, as Hugging Face counts them), L + 1 in all;
-    ``attentions``: one (B, H, N, T) weight tensor per attention sublayer."""
+    ``attentions``: one (B, H, N, T) weight tensor per attention sublayer; ``attention_mask``
+    (B, N) of the states, set by encoders whose input length changes (subsampled audio)."""
 
     last_hidden_state: Tensor
     hidden_states: tuple[Tensor, ...] | None = None
     attentions: tuple[Tensor, ...] | None = None
     cache: KVCache | None = None
+    attention_mask: Tensor | None = None
 
 
 @dataclass

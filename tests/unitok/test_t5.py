@@ -95,3 +95,29 @@ def test_bad_input_is_refused():
     backbone = Backbone(BackboneConfig(d_model=16, n_layers=1, n_heads=2, block=("attn", "cross_attn", "mlp")))
     with pytest.raises(ValueError, match="needs encoder states"):
         backbone(torch.randn(1, 3, 16))
+
+
+def test_whisper_style_t5_reads_spectrogram_frames_and_learns_to_transcribe():
+    torch.manual_seed(0)
+    config = T5Config.from_name("t5-speech-tiny", n_mels=16, vocab_size=12, d_model=32, d_kv=8, n_layers=2,
+                                n_decoder_layers=1, d_ff=64, dropout=0.0)
+    model = T5(config)
+    frames = torch.randn(4, 40, 16)
+    mask = torch.ones(4, 40, dtype=torch.long)
+    mask[3, 30:] = 0  # a shorter utterance in the batch
+    targets = torch.tensor([[3, 4, 5, 1], [6, 7, 1, 0], [8, 1, 0, 0], [9, 10, 11, 1]])
+    labels = targets.masked_fill(targets == 0, -100)
+    enc = model.encode(frames, mask)
+    assert enc.last_hidden_state.shape == (4, 9, 32) and enc.attention_mask[3].sum() == 6  # ×4 subsampled
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for _ in range(150):
+        logits = model(frames, mask, labels=labels).logits
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    assert loss.item() < 0.05
+    out = model.generate(frames, mask, max_new_tokens=5)
+    assert out[:, 1:5].tolist() == targets.tolist()  # each utterance's own transcript
+    with pytest.raises(ValueError, match="reads spectrogram frames"):
+        model.encode(torch.randint(0, 12, (1, 40)))

@@ -3,6 +3,9 @@ embedding. T5's specifics are backbone config fields: RMSNorm without bias, no b
 1/√d score scaling, a bucketed relative position bias shared by the layers of each stack,
 ReLU (v1.0) or gated-GELU (v1.1) MLPs; decoder blocks add a "cross_attn" sublayer.
 
+Whisper-style speech recognition is the same model with ``n_mels`` set: the encoder reads
+log-mel frames through the ×4 convolutional front end of the Conformer instead of token ids.
+
 Axis legend: B batch, S source (encoder) tokens, N target (decoder) tokens, D width, V vocabulary.
 """
 
@@ -18,6 +21,7 @@ from tokenizers_mm import Tokens
 from unitok.backbone import Backbone, BackboneConfig
 from unitok.config import Config
 from unitok.embed import TokenEmbedding
+from unitok.embed.frames import ConvSubsampling
 from unitok.generate import GenerationConfig, generate
 from unitok.layers.activations import Activation
 from unitok.layers.attention import Kernel
@@ -41,6 +45,8 @@ class T5Config(Config):
         scale_output: multiply decoder states by D^-0.5 before the LM head (default: when tied).
         max_decoder_length: the longest target the decoder accepts (a guard, not a position table).
         pad_token_id / eos_token_id / decoder_start_token_id: T5 starts decoding from pad.
+        n_mels: 0 for text sources; F > 0 makes the encoder read (B, N, F) spectrogram frames
+            (×4 convolutional subsampling), Whisper-style.
     """
 
     vocab_size: int = 32128
@@ -62,6 +68,7 @@ class T5Config(Config):
     pad_token_id: int = 0
     eos_token_id: int = 1
     decoder_start_token_id: int = 0
+    n_mels: int = 0
 
     presets = {
         # The released T5 shapes (v1.0: ReLU, tied head; v1.1: gated-GELU, untied head).
@@ -75,6 +82,9 @@ class T5Config(Config):
         # CPU-sized for the built-in tasks (vocabulary set by the tokenizer).
         "t5-tiny": dict(vocab_size=4096, d_model=64, d_kv=16, n_layers=2, n_heads=4, d_ff=256),
         "t5-mini": dict(vocab_size=8192, d_model=128, d_kv=32, n_layers=4, n_heads=4, d_ff=512),
+        # Whisper-style: 80 log-mel bins in, characters or BPE out.
+        "t5-speech-tiny": dict(vocab_size=64, d_model=96, d_kv=24, n_layers=4, n_decoder_layers=2, n_heads=4,
+                               d_ff=384, n_mels=80),
     }
 
     def __post_init__(self) -> None:
@@ -138,16 +148,39 @@ class T5Encoder(PretrainedModel):
         super().__init__()
         self.config = config
         self.shared = TokenEmbedding(config.vocab_size, config.d_model)
+        self.frontend = ConvSubsampling(config.n_mels, config.d_model) if config.n_mels else None
         self.encoder = Backbone(config.backbone_config(decoder=False))
         self.drop = nn.Dropout(config.dropout)
         _init_t5(self, config.d_model)
 
+    def embed_source(self, inputs: Tensor | Tokens, attention_mask: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        """Source ids, or (B, N, F) frames when ``n_mels`` is set -> (B, S, D) vectors and their mask."""
+        if self.frontend is None:
+            ids, mask = _ids_and_mask(inputs, attention_mask)
+            return self.shared(ids), mask
+        if isinstance(inputs, Tokens):
+            attention_mask = inputs.attention_mask if attention_mask is None else attention_mask
+            inputs = inputs.features  # type: ignore[assignment]
+        if not isinstance(inputs, Tensor) or inputs.dim() != 3 or not inputs.dtype.is_floating_point:
+            shape = tuple(inputs.shape) if isinstance(inputs, Tensor) else type(inputs).__name__
+            raise ValueError(f"this T5 reads spectrogram frames (batch, frames, {self.config.n_mels}), got {shape}")
+        if not bool(torch.isfinite(inputs).all()):
+            raise ValueError("spectrogram frames contain NaN/inf values")
+        B, N, _ = inputs.shape
+        lengths = (attention_mask.sum(dim=1) if attention_mask is not None
+                   else torch.full((B,), N, device=inputs.device)).long()
+        x, lengths = self.frontend(inputs, lengths)
+        if bool((lengths < 1).any()):
+            raise ValueError("an utterance is too short for ×4 subsampling (needs ≥ 7 frames)")
+        return x, (torch.arange(x.shape[1], device=x.device)[None, :] < lengths[:, None]).long()
+
     def encode(self, input_ids: Tensor | Tokens, attention_mask: Tensor | None = None,
                output_hidden_states: bool = False, kernel: Kernel = "sdpa") -> BackboneOutput:
-        ids, mask = _ids_and_mask(input_ids, attention_mask)
-        out = self.encoder(self.drop(self.shared(ids)), mask, output_hidden_states=output_hidden_states,
-                           kernel=kernel)
+        """Sources -> encoder states; ``attention_mask`` of the output says which are real."""
+        x, mask = self.embed_source(input_ids, attention_mask)
+        out = self.encoder(self.drop(x), mask, output_hidden_states=output_hidden_states, kernel=kernel)
         out.last_hidden_state = self.drop(out.last_hidden_state)
+        out.attention_mask = mask
         return out
 
     def forward(self, input_ids: Tensor | Tokens, attention_mask: Tensor | None = None,
@@ -212,15 +245,15 @@ class T5(T5Encoder):
         """Source ids (or `Tokens`) and target inputs -> next-token logits at every target position.
 
         Give ``decoder_input_ids`` or ``labels`` (then the inputs are ``shift_right(labels)``);
-        the loss is the task's business (``tasks``).
+        the loss is the task's business (``tasks``). With ``n_mels`` set the sources are (B, N, F)
+        spectrogram frames (or audio `Tokens`) and ``attention_mask`` marks real frames.
         """
-        ids, mask = _ids_and_mask(input_ids, attention_mask)
         if decoder_input_ids is None:
             if labels is None:
                 raise ValueError("give decoder_input_ids or labels (the targets) to run the decoder")
             decoder_input_ids = self.shift_right(labels)
-        enc = encoder_outputs or self.encode(ids, mask, output_hidden_states, kernel)
-        logits, dec = self.decode(decoder_input_ids, enc.last_hidden_state, mask, decoder_attention_mask,
+        enc = encoder_outputs or self.encode(input_ids, attention_mask, output_hidden_states, kernel)
+        logits, dec = self.decode(decoder_input_ids, enc.last_hidden_state, enc.attention_mask, decoder_attention_mask,
                                   output_hidden_states=output_hidden_states, kernel=kernel)
         return Seq2SeqLMOutput(logits=logits, encoder_last_hidden_state=enc.last_hidden_state,
                                decoder_last_hidden_state=dec.last_hidden_state,
@@ -239,7 +272,6 @@ class T5(T5Encoder):
         """Sources -> (B, 1 + new) target ids, starting with ``decoder_start_token_id`` and padded
         after EOS (as Hugging Face returns them). Same options as ``GPT.generate``; the encoder
         runs once and the decoder caches its own and the cross-attention keys/values."""
-        ids, mask = _ids_and_mask(input_ids, attention_mask)
         options.setdefault("eos_token_id", self.config.eos_token_id)
         options.setdefault("pad_token_id", self.config.pad_token_id)
         cfg = GenerationConfig.from_dict({"max_new_tokens": max_new_tokens, "strategy": strategy, **options})
@@ -249,10 +281,11 @@ class T5(T5Encoder):
         was_training = self.training
         self.eval()
         try:
-            memory = self.encode(ids, mask).last_hidden_state
-            session = _DecodingSession(self, memory, mask)
-            start = torch.full((ids.shape[0], 1), self.config.decoder_start_token_id, dtype=torch.long,
-                               device=ids.device)
+            enc = self.encode(input_ids, attention_mask)
+            memory = enc.last_hidden_state
+            session = _DecodingSession(self, memory, enc.attention_mask)
+            start = torch.full((memory.shape[0], 1), self.config.decoder_start_token_id, dtype=torch.long,
+                               device=memory.device)
             return generate(session, start, cfg, None, generator)
         finally:
             self.train(was_training)
