@@ -36,6 +36,8 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/gpt_vs_hf.py --threads 1
 	$(BIN)/python benchmarks/vision_vs_timm.py --threads 1
 	$(BIN)/python benchmarks/clip_vs_open_clip.py --threads 1
+	$(BIN)/python benchmarks/t5_vs_hf.py --threads 1
+	$(BIN)/python benchmarks/conformer_vs_torchaudio.py --threads 1
 
 lint: $(STAMP)
 	$(BIN)/ruff check unitok tokenizers_mm tasks tests benchmarks
