@@ -4,12 +4,20 @@ from tasks.callbacks import ExportPretrained, PrintPredictions
 from tasks.causal_lm import CausalLMTask
 from tasks.clip_data import CaptionedDigitsDataModule, ImageCaptionDataModule
 from tasks.contrastive import ContrastiveTask, contrastive_loss
+from tasks.decision_transformer import DecisionTransformerTask, action_loss, save_return_plot
 from tasks.image_classification import (
     ImageClassificationTask,
     hard_distillation_loss,
     soft_distillation_loss,
 )
 from tasks.image_data import DigitsDataModule, ImageFolderDataModule
+from tasks.rl_data import (
+    TrajectoryDataModule,
+    builtin_trajectories,
+    load_trajectories,
+    record_episodes,
+    save_trajectories,
+)
 from tasks.teachers import SmallCNN, train_cnn_teacher
 from tasks.text_data import TextDataModule, stdlib_source_files
 
@@ -18,4 +26,6 @@ __all__ = [
     "CausalLMTask", "DigitsDataModule", "ExportPretrained", "ImageClassificationTask", "ImageFolderDataModule",
     "PrintPredictions", "SmallCNN", "TextDataModule", "hard_distillation_loss", "soft_distillation_loss",
     "stdlib_source_files", "train_cnn_teacher",
+    "DecisionTransformerTask", "TrajectoryDataModule", "action_loss", "builtin_trajectories", "load_trajectories",
+    "record_episodes", "save_return_plot", "save_trajectories",
 ]

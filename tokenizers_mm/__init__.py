@@ -11,8 +11,18 @@ from tokenizers_mm.image import (
 )
 from tokenizers_mm.text import BPETokenizer, TextEncoding
 from tokenizers_mm.tokens import Tokens, collate
+from tokenizers_mm.trajectory import (
+    Episode,
+    TrajectoryTokenizer,
+    TrajectoryWindows,
+    episodes_from_arrays,
+    episodes_to_arrays,
+    returns_to_go,
+)
 
 __all__ = [
     "IMAGENET_MEAN", "IMAGENET_STD", "BPETokenizer", "CLIPTokenizer", "ImagePreprocessConfig", "PatchTokenizer",
     "TextEncoding", "Tokens", "collate", "patchify", "unpatchify",
+    "Episode", "TrajectoryTokenizer", "TrajectoryWindows", "episodes_from_arrays", "episodes_to_arrays",
+    "returns_to_go",
 ]

@@ -48,6 +48,8 @@ class BackboneConfig(Config):
         bias: biases in linear layers and LayerNorms.
         activation: MLP nonlinearity. causal: mask future tokens in self-attention.
         dropout: on each sublayer's output before the residual add. attn_dropout: on weights.
+        mlp_dropout: on the MLP's hidden activation (T5 and the Conformer drop it; GPT-2 and
+            BERT do not).
         final_norm: a norm after the last Block (pre-norm stacks need it).
         attn_scale: attention score scale; None means 1/sqrt(head width).
         n_tokens / token_mlp_dim: sequence length and hidden width of the token-mixing MLP
@@ -74,6 +76,7 @@ class BackboneConfig(Config):
     causal: bool = False
     dropout: float = 0.0
     attn_dropout: float = 0.0
+    mlp_dropout: float = 0.0
     final_norm: bool = True
     attn_scale: float | None = None
     n_tokens: int | None = None
@@ -109,7 +112,7 @@ class BackboneConfig(Config):
             raise ValueError(f"norm_position must be 'pre' or 'post', got {self.norm_position!r}")
         if self.norm not in ("layernorm", "rmsnorm"):
             raise ValueError(f"norm must be 'layernorm' or 'rmsnorm', got {self.norm!r}")
-        for name in ("dropout", "attn_dropout"):
+        for name in ("dropout", "attn_dropout", "mlp_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
 
@@ -145,7 +148,7 @@ class MLPSublayer(MLP):
     """Position-wise feed-forward with its own norm."""
 
     def __init__(self, cfg: BackboneConfig, layer_idx: int) -> None:
-        super().__init__(cfg.d_model, cfg.hidden_dim, cfg.activation, bias=cfg.bias, dropout=cfg.dropout,
+        super().__init__(cfg.d_model, cfg.hidden_dim, cfg.activation, bias=cfg.bias, dropout=cfg.mlp_dropout,
                          gated=cfg.mlp_gated)
         self.norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.bias)
 

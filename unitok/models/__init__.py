@@ -3,6 +3,11 @@
 from unitok.models.base import CheckpointMismatchError, PretrainedModel
 from unitok.models.clip import CLIP, CLIPConfig, CLIPTextConfig
 from unitok.models.conformer import ConformerConfig, ConformerCTC
+from unitok.models.decision_transformer import (
+    DecisionTransformer,
+    DecisionTransformerConfig,
+    DecisionTransformerOutput,
+)
 from unitok.models.gpt import GPT, GPTConfig
 from unitok.models.mixer import MixerConfig, MLPMixer
 from unitok.models.t5 import T5, T5Config, T5Encoder
@@ -11,4 +16,5 @@ from unitok.models.vit import DeiT, ViT, ViTConfig
 __all__ = [
     "CLIP", "CLIPConfig", "CLIPTextConfig", "GPT", "CheckpointMismatchError", "DeiT", "GPTConfig", "MLPMixer", "MixerConfig", "PretrainedModel",
     "ConformerCTC", "ConformerConfig", "T5", "T5Config", "T5Encoder", "ViT", "ViTConfig",
+    "DecisionTransformer", "DecisionTransformerConfig", "DecisionTransformerOutput",
 ]

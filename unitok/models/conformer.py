@@ -92,7 +92,8 @@ class ConformerConfig(Config):
         return BackboneConfig(
             d_model=self.d_model, n_layers=self.n_layers, n_heads=self.n_heads, d_ff=self.d_ff, block=block,
             norm="layernorm", norm_position="pre", norm_eps=self.norm_eps, bias=True, activation=self.activation,
-            causal=False, dropout=self.dropout, attn_dropout=self.dropout, final_norm=False, block_norm=True,
+            causal=False, dropout=self.dropout, attn_dropout=self.dropout, mlp_dropout=self.dropout, final_norm=False,
+            block_norm=True,
             conv_kernel_size=self.conv_kernel_size, conv_norm=self.conv_norm,
             conv_mask_padding=self.conv_mask_padding,
         )

@@ -109,7 +109,8 @@ class T5Config(Config):
             d_model=self.d_model, n_layers=self.decoder_layers if decoder else self.n_layers, n_heads=self.n_heads,
             d_ff=self.d_ff, head_dim=self.d_kv, block=("attn", "cross_attn", "mlp") if decoder else ("attn", "mlp"),
             norm="rmsnorm", norm_position="pre", norm_eps=self.norm_eps, bias=False, activation=self.activation,
-            mlp_gated=self.gated, causal=decoder, dropout=self.dropout, attn_dropout=self.dropout, final_norm=True,
+            mlp_gated=self.gated, causal=decoder, dropout=self.dropout, attn_dropout=self.dropout,
+            mlp_dropout=self.dropout, final_norm=True,
             attn_scale=1.0,  # T5 folds the scale into its initialisation: no 1/√d on the scores
             relative_buckets=self.relative_buckets, relative_max_distance=self.relative_max_distance,
         )

@@ -1,0 +1,68 @@
+"""The Decision Transformer recipes run through `unitok`: both parse; cartpole.yaml fits on
+built-in data (tiny overrides), leaves a checkpoint, a model folder with the tokenizer
+statistics, per-target returns and the achieved-vs-target plot, and tests from the checkpoint;
+offline.yaml trains on a user's .npz and says so when the file is missing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tasks import record_episodes, save_trajectories
+from tasks.cli import main
+from tokenizers_mm import TrajectoryTokenizer
+from unitok.models import DecisionTransformer
+
+ROOT = Path(__file__).resolve().parents[2]
+CARTPOLE = ROOT / "configs" / "dt" / "cartpole.yaml"
+OFFLINE = ROOT / "configs" / "dt" / "offline.yaml"
+QUICK = ["--trainer.max_steps", "3", "--trainer.val_check_interval", "3", "--trainer.limit_val_batches", "1",
+         "--trainer.limit_test_batches", "1", "--trainer.enable_progress_bar", "false",
+         "--trainer.enable_model_summary", "false", "--data.batch_size", "8", "--model.eval_episodes", "1",
+         "--model.eval_max_steps", "20"]
+
+
+@pytest.mark.parametrize("config", [CARTPOLE, OFFLINE], ids=["cartpole", "offline"])
+def test_recipes_parse(config, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", str(config), "--print_config"])
+    assert exit_info.value.code in (0, None)
+    printed = capsys.readouterr().out
+    assert "tasks.DecisionTransformerTask" in printed and "tasks.TrajectoryDataModule" in printed
+
+
+def test_cartpole_recipe_fits_then_tests_from_the_checkpoint(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    small = ["--data.expert_episodes", "2", "--data.noisy_episodes", "3", "--data.random_episodes", "2",
+             "--data.cache_dir", str(tmp_path / "cache")]
+    main(["fit", "--config", str(CARTPOLE), *QUICK, *small])
+    run = tmp_path / "runs" / "dt_cartpole"
+    assert (run / "checkpoints" / "last.ckpt").is_file()
+    model = DecisionTransformer.from_pretrained(run / "pretrained")
+    assert model.config.context_length == 10  # linked from the data module
+    assert TrajectoryTokenizer.load(run / "pretrained") == model.tokenizer()
+    metrics = (run / "version_0" / "metrics.csv").read_text()
+    assert all(f"eval_return_{t}" in metrics for t in (100, 250, 500))
+    assert (run / "version_0" / "returns_vs_target.png").is_file()
+
+    main(["test", "--config", str(CARTPOLE), "--ckpt_path", str(run / "checkpoints" / "last.ckpt"), *QUICK, *small])
+    assert "test_loss" in (run / "version_1" / "metrics.csv").read_text()
+    assert (run / "version_1" / "returns_vs_target.png").is_file()
+
+
+def test_offline_recipe_trains_on_a_users_file(tmp_path, monkeypatch):
+    path = save_trajectories(record_episodes("Pendulum-v1", 3, "noisy", seed=0), tmp_path / "trajectories.npz")
+    monkeypatch.chdir(tmp_path)
+    main(["fit", "--config", str(OFFLINE), "--data.path", str(path), "--data.env_id", "Pendulum-v1", *QUICK])
+    run = tmp_path / "runs" / "dt_offline"
+    model = DecisionTransformer.from_pretrained(run / "pretrained")
+    assert (model.config.state_dim, model.config.act_dim, model.config.discrete) == (3, 1, False)
+    assert model.config.action_low is not None and model.config.return_scale > 0
+    assert "eval_return_top" in (run / "version_0" / "metrics.csv").read_text()
+
+
+def test_offline_recipe_without_a_file_says_what_to_give(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=r"give a trajectory file \(path: my_data.npz\)"):
+        main(["fit", "--config", str(OFFLINE), *QUICK])
