@@ -4,6 +4,7 @@ from tasks.callbacks import ExportPretrained, PrintPredictions
 from tasks.causal_lm import CausalLMTask
 from tasks.clip_data import CaptionedDigitsDataModule, ImageCaptionDataModule
 from tasks.contrastive import ContrastiveTask, contrastive_loss
+from tasks.ctc_asr import CTCSpeechTask, ctc_loss
 from tasks.decision_transformer import DecisionTransformerTask, action_loss, save_return_plot
 from tasks.image_classification import (
     ImageClassificationTask,
@@ -18,10 +19,12 @@ from tasks.rl_data import (
     record_episodes,
     save_trajectories,
 )
+from tasks.speech_data import ManifestDataModule, SpokenDigitsDataModule, spoken_digits_corpus
 from tasks.teachers import SmallCNN, train_cnn_teacher
 from tasks.text_data import TextDataModule, stdlib_source_files
 
 __all__ = [
+    "CTCSpeechTask", "ManifestDataModule", "SpokenDigitsDataModule", "ctc_loss", "spoken_digits_corpus",
     "CaptionedDigitsDataModule", "ContrastiveTask", "ImageCaptionDataModule", "contrastive_loss",
     "CausalLMTask", "DigitsDataModule", "ExportPretrained", "ImageClassificationTask", "ImageFolderDataModule",
     "PrintPredictions", "SmallCNN", "TextDataModule", "hard_distillation_loss", "soft_distillation_loss",

@@ -1,5 +1,7 @@
 """tokenizers_mm: parameter-free, picklable transforms from raw data to `Tokens` batches."""
 
+from tokenizers_mm.audio import SpecAugment, SpectrogramConfig, SpectrogramTokenizer, read_audio
+from tokenizers_mm.characters import CharacterVocabulary
 from tokenizers_mm.clip_bpe import CLIPTokenizer
 from tokenizers_mm.image import (
     IMAGENET_MEAN,
@@ -21,6 +23,7 @@ from tokenizers_mm.trajectory import (
 )
 
 __all__ = [
+    "CharacterVocabulary", "SpecAugment", "SpectrogramConfig", "SpectrogramTokenizer", "read_audio",
     "IMAGENET_MEAN", "IMAGENET_STD", "BPETokenizer", "CLIPTokenizer", "ImagePreprocessConfig", "PatchTokenizer",
     "TextEncoding", "Tokens", "collate", "patchify", "unpatchify",
     "Episode", "TrajectoryTokenizer", "TrajectoryWindows", "episodes_from_arrays", "episodes_to_arrays",

@@ -1,0 +1,198 @@
+"""CTC speech recognition: a Conformer-CTC trained on spectrogram frames, scored by CER and WER.
+
+Axis legend: B batch, N frames in, N' frames after subsampling, V = 1 + characters, L target length.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torchmetrics.text import CharErrorRate, WordErrorRate
+
+from tasks.optim import warmup_cosine, weight_decay_groups
+from tokenizers_mm import CharacterVocabulary, SpectrogramConfig
+from unitok.ctc import ctc_greedy_decode, ctc_prefix_beam_search
+from unitok.models import ConformerConfig, ConformerCTC
+from unitok.outputs import CTCOutput
+
+Decoder = Literal["greedy", "beam"]
+
+
+def ctc_loss(logits: Tensor, output_lengths: Tensor, targets: Tensor, target_lengths: Tensor) -> Tensor:
+    """CTC loss (blank = 0) from (B, N', V) logits, averaged over the batch after dividing each
+    utterance's loss by its target length; impossible alignments (too few frames) count as 0."""
+    log_probs = logits.float().log_softmax(dim=-1).transpose(0, 1)  # (N', B, V)
+    return F.ctc_loss(log_probs, targets, output_lengths, target_lengths, blank=0, reduction="mean",
+                      zero_infinity=True)
+
+
+class CTCSpeechTask(L.LightningModule):
+    """Trains a `ConformerCTC` on ``{"features", "feature_lengths", "targets", "target_lengths",
+    "texts"}`` batches.
+
+    The model's vocabulary and spectrogram settings come from the data module (``vocabulary``,
+    ``spectrogram_config``) when fitting starts, or from ``vocabulary`` / ``spectrogram`` here;
+    they are stored in the model's config and the checkpoint's hyperparameters, so a checkpoint
+    or an exported folder transcribes audio on its own.
+
+    Logs ``train_loss``, ``val_loss``, ``val_cer``, ``val_wer`` (greedy decoding), ``test_loss``,
+    ``test_cer``, ``test_wer`` (with ``decoder``); ``predict`` returns transcripts.
+
+    Args:
+        preset: a `ConformerConfig` preset. d_model / n_layers / n_heads / conv_kernel_size /
+            dropout: override it.
+        pretrained: a ``save_pretrained`` folder to start from (its vocabulary and spectrogram
+            settings must match the data's).
+        vocabulary / spectrogram: the characters (ids 1..) and `SpectrogramConfig` fields, to
+            build the model now instead of from the data module.
+        learning_rate / weight_decay / betas / warmup_steps / min_lr_ratio: AdamW (no decay on
+            biases and norm gains), linear warm-up then cosine decay.
+        decoder / beam_size: decoding for test and predict: "greedy" or CTC prefix beam search.
+    """
+
+    def __init__(
+        self,
+        preset: str = "conformer-digits",
+        d_model: int | None = None,
+        n_layers: int | None = None,
+        n_heads: int | None = None,
+        conv_kernel_size: int | None = None,
+        dropout: float | None = None,
+        pretrained: str | None = None,
+        vocabulary: list[str] | None = None,
+        spectrogram: dict[str, Any] | None = None,
+        learning_rate: float = 2e-3,
+        weight_decay: float = 1e-2,
+        betas: tuple[float, float] = (0.9, 0.98),
+        warmup_steps: int = 100,
+        min_lr_ratio: float = 0.01,
+        decoder: Decoder = "greedy",
+        beam_size: int = 8,
+    ) -> None:
+        super().__init__()
+        # Decoding is an evaluation choice, not part of the trained model: left out of the
+        # checkpoint's hyperparameters so `unitok test --ckpt_path … --model.decoder beam` applies.
+        self.save_hyperparameters(ignore=["decoder", "beam_size"])
+        if decoder not in ("greedy", "beam"):
+            raise ValueError(f"decoder must be 'greedy' or 'beam', got {decoder!r}")
+        if beam_size < 1:
+            raise ValueError(f"beam_size must be ≥ 1, got {beam_size}")
+        self.decoder, self.beam_size = decoder, beam_size
+        overrides = self._overrides()
+        if pretrained is not None and overrides:
+            raise ValueError(f"a pretrained model's {', '.join(overrides)} cannot be overridden")
+        self.model: ConformerCTC | None = None
+        if pretrained is not None:
+            self.model = ConformerCTC.from_pretrained(pretrained)
+        elif vocabulary is not None:
+            self.model = self._build(CharacterVocabulary(vocabulary), SpectrogramConfig.from_dict(spectrogram or {}))
+        self.val_cer, self.val_wer = CharErrorRate(), WordErrorRate()
+        self.test_cer, self.test_wer = CharErrorRate(), WordErrorRate()
+
+    # ------------------------------------------------------------------ model
+    def _overrides(self) -> dict[str, Any]:
+        h = self.hparams
+        return {k: h[k] for k in ("d_model", "n_layers", "n_heads", "conv_kernel_size", "dropout") if h[k] is not None}
+
+    def _build(self, vocabulary: CharacterVocabulary, spectrogram: SpectrogramConfig) -> ConformerCTC:
+        config = ConformerConfig.from_name(self.hparams.preset, n_mels=spectrogram.n_mels,
+                                           vocabulary=tuple(vocabulary.chars), spectrogram=spectrogram.to_dict(),
+                                           **self._overrides())
+        return ConformerCTC(config)
+
+    def configure_model(self) -> None:
+        """Build the model from the data module's vocabulary and spectrogram settings, unless it
+        exists; check a pretrained or given model against the data."""
+        datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+        vocabulary = getattr(datamodule, "vocabulary", None)
+        spectrogram = getattr(datamodule, "spectrogram_config", None)
+        if self.model is None:
+            if vocabulary is None or spectrogram is None:
+                raise ValueError("CTCSpeechTask needs a vocabulary and spectrogram settings: fit with a speech data "
+                                 "module (vocabulary, spectrogram_config) or pass vocabulary=[...] / pretrained=")
+            self.model = self._build(vocabulary, spectrogram)
+            # Recorded so `load_from_checkpoint` rebuilds the same model without the data module.
+            self.hparams["vocabulary"] = list(vocabulary.chars)
+            self.hparams["spectrogram"] = spectrogram.to_dict()
+            return
+        c = self.model.config
+        if vocabulary is not None and tuple(vocabulary.chars) != c.vocabulary:
+            raise ValueError(f"the data's vocabulary {''.join(vocabulary.chars)!r} differs from the model's "
+                             f"{''.join(c.vocabulary)!r}; give the data module vocabulary={list(c.vocabulary)}")
+        if spectrogram is not None and c.spectrogram and spectrogram != SpectrogramConfig.from_dict(c.spectrogram):
+            differ = {k: (v, c.spectrogram.get(k)) for k, v in spectrogram.to_dict().items()
+                      if c.spectrogram.get(k) != v and k not in ("global_mean", "global_std")}
+            raise ValueError(f"the data's spectrogram settings differ from the model's (data, model): {differ or 'stats'}; "
+                             f"give the data module spectrogram={c.spectrogram}")
+
+    def forward(self, features: Tensor, lengths: Tensor | None = None) -> CTCOutput:
+        return self._model(features, lengths)
+
+    @property
+    def _model(self) -> ConformerCTC:
+        if self.model is None:
+            raise RuntimeError("the model is built when fitting starts (from the data module); "
+                               "pass vocabulary=[...] or pretrained= to build it now")
+        return self.model
+
+    # ------------------------------------------------------------------ steps
+    def _loss(self, batch: dict[str, Any]) -> tuple[Tensor, CTCOutput]:
+        out = self._model(batch["features"], batch["feature_lengths"])
+        loss = ctc_loss(out.logits, out.lengths, batch["targets"], batch["target_lengths"])
+        return loss, out
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
+        loss, _ = self._loss(batch)
+        self.log("train_loss", loss, prog_bar=True, batch_size=len(batch["texts"]))
+        self.log("lr", self.optimizers().param_groups[0]["lr"], prog_bar=False)  # type: ignore[union-attr]
+        return loss
+
+    def decode(self, out: CTCOutput, decoder: Decoder = "greedy", beam_size: int = 8) -> list[str]:
+        """Model output -> transcripts with greedy decoding or CTC prefix beam search."""
+        log_probs = out.logits.float().log_softmax(dim=-1)
+        if decoder == "greedy":
+            paths = ctc_greedy_decode(log_probs, out.lengths)
+        else:
+            paths = ctc_prefix_beam_search(log_probs, out.lengths, beam_size=beam_size)
+        vocabulary = CharacterVocabulary(self._model.config.vocabulary)
+        return [vocabulary.decode(p) for p in paths]
+
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        loss, out = self._loss(batch)
+        hypotheses = self.decode(out)
+        self.val_cer.update(hypotheses, batch["texts"])
+        self.val_wer.update(hypotheses, batch["texts"])
+        size = len(batch["texts"])
+        self.log("val_loss", loss, prog_bar=True, batch_size=size, sync_dist=True)
+        self.log("val_cer", self.val_cer, prog_bar=True, batch_size=size)
+        self.log("val_wer", self.val_wer, batch_size=size)
+
+    def test_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        loss, out = self._loss(batch)
+        hypotheses = self.decode(out, self.decoder, self.beam_size)
+        self.test_cer.update(hypotheses, batch["texts"])
+        self.test_wer.update(hypotheses, batch["texts"])
+        size = len(batch["texts"])
+        self.log("test_loss", loss, batch_size=size, sync_dist=True)
+        self.log("test_cer", self.test_cer, batch_size=size)
+        self.log("test_wer", self.test_wer, batch_size=size)
+
+    def predict_step(self, batch: dict[str, Any] | Tensor, batch_idx: int) -> list[str]:
+        """Transcripts of a data batch (or of (B, N, F) frames, all valid)."""
+        if isinstance(batch, dict):
+            out = self._model(batch["features"], batch["feature_lengths"])
+        else:
+            out = self._model(batch)
+        return self.decode(out, self.decoder, self.beam_size)
+
+    def configure_optimizers(self):
+        h = self.hparams
+        groups = weight_decay_groups(self._model, h.weight_decay)
+        optimizer = torch.optim.AdamW(groups, lr=h.learning_rate, betas=tuple(h.betas))
+        total = max(1, int(self.trainer.estimated_stepping_batches))
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(h.warmup_steps, total, h.min_lr_ratio))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}

@@ -1,0 +1,579 @@
+"""Speech recognition data: users' JSONL manifests, or the built-in spoken digits synthesised
+with espeak-ng.
+
+Both modules yield ``{"features": (B, N, F) normalised log-mel frames padded with 0,
+"feature_lengths": (B,), "targets": (B, L) character ids padded with 0, "target_lengths": (B,),
+"texts": list[str]}`` batches, and expose ``vocabulary`` (a `CharacterVocabulary`, blank = 0)
+and ``spectrogram_config`` (a `SpectrogramConfig`) for the task's model. Utterances are read
+and turned into frames in the data loader (workers); SpecAugment applies to training only.
+Batches are drawn from pools of similar durations (length bucketing), so little is padding.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import random
+import shutil
+import subprocess
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    Dataset,
+    RandomSampler,
+    Sampler,
+    SequentialSampler,
+)
+
+from tokenizers_mm import CharacterVocabulary, SpecAugment, SpectrogramConfig, SpectrogramTokenizer
+
+DIGIT_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+# espeak-ng voices are "<accent>+<variant>". Training uses five accents with seven variants;
+# the held-out voices use variants (timbres) that never occur in training.
+ACCENTS = ("en-us", "en-gb", "en-gb-scotland", "en-029", "en-gb-x-rp")
+TRAIN_VARIANTS = ("m1", "m2", "m3", "m6", "f1", "f2", "f4")
+TRAIN_VOICES = tuple(f"{accent}+{variant}" for accent in ACCENTS for variant in TRAIN_VARIANTS)
+HELD_OUT_VOICES = ("en-us+m4", "en-gb+f3", "en-gb-scotland+m7", "en-029+f5", "en-gb-x-rp+m5")
+CACHE_ENV = "UNITOK_SPOKEN_DIGITS_DIR"
+CORPUS_VERSION = 2  # part of the cache key: bump when synthesis changes what the same spec produces
+SILENCE = 1e-4  # |sample| below this is espeak-ng's silence
+INSTALL_HINT = "install it with `apt-get install espeak-ng` (Debian/Ubuntu) or `brew install espeak-ng` (macOS)"
+
+
+# ---------------------------------------------------------------------------- manifests
+
+
+@dataclass(frozen=True)
+class Utterance:
+    """One row of a manifest: an audio file, its transcript and its duration in seconds."""
+
+    audio_filepath: Path
+    text: str
+    duration: float
+
+
+def read_manifest(path: str | Path, lowercase: bool = False) -> list[Utterance]:
+    """A JSONL manifest (one ``{"audio_filepath", "text", "duration"}`` object a line, NeMo's
+    format) -> utterances. Relative audio paths are taken from the manifest's folder; a missing
+    ``duration`` is read from the file's header. Bad rows are errors naming the line."""
+    import soundfile
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"manifest {path} does not exist")
+    rows = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path}:{n} is not JSON: {error}") from error
+        missing = [k for k in ("audio_filepath", "text") if k not in row]
+        if missing:
+            raise ValueError(f"{path}:{n} lacks {missing}; a manifest row needs audio_filepath, text "
+                             f"(and duration), it has {sorted(row)}")
+        text = row["text"]
+        if not isinstance(text, str) or not text.strip():
+            raise ValueError(f"{path}:{n} has an empty or non-string text {text!r}")
+        audio = Path(row["audio_filepath"])
+        audio = audio if audio.is_absolute() else path.parent / audio
+        if not audio.is_file():
+            raise FileNotFoundError(f"{path}:{n}: audio file {audio} does not exist")
+        duration = row.get("duration")
+        if duration is None:
+            duration = soundfile.info(str(audio)).duration
+        if not isinstance(duration, (int, float)) or not duration > 0:
+            raise ValueError(f"{path}:{n} has duration {duration!r}; expected seconds > 0")
+        rows.append(Utterance(audio, text.lower() if lowercase else text, float(duration)))
+    if not rows:
+        raise ValueError(f"manifest {path} has no utterances")
+    return rows
+
+
+def write_manifest(path: str | Path, rows: Sequence[dict[str, Any]]) -> Path:
+    """Write manifest rows as JSONL (audio paths as given: relative ones are read from ``path``'s folder)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+# ---------------------------------------------------------------------------- datasets and batches
+
+
+class SpeechDataset(Dataset):
+    """Utterances read from disk and turned into (N, F) frames on access; ``augment`` (SpecAugment)
+    for training. Each item: ``{"features", "targets", "text"}``."""
+
+    def __init__(self, utterances: Sequence[Utterance], tokenizer: SpectrogramTokenizer,
+                 vocabulary: CharacterVocabulary, augment: SpecAugment | None = None) -> None:
+        self.utterances, self.tokenizer, self.vocabulary, self.augment = list(utterances), tokenizer, vocabulary, augment
+
+    def __len__(self) -> int:
+        return len(self.utterances)
+
+    @property
+    def durations(self) -> list[float]:
+        return [u.duration for u in self.utterances]
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        utterance = self.utterances[index]
+        frames = self.tokenizer.features(utterance.audio_filepath)
+        if self.augment is not None:
+            frames = self.augment(frames)
+        return {"features": frames, "targets": self.vocabulary.encode(utterance.text), "text": utterance.text}
+
+
+def collate_speech(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Pad frames with 0 and targets with 0 (the blank, never a target) into one batch."""
+    pad = torch.nn.utils.rnn.pad_sequence
+    return {
+        "features": pad([it["features"] for it in items], batch_first=True),  # (B, N, F)
+        "feature_lengths": torch.tensor([it["features"].shape[0] for it in items], dtype=torch.long),
+        "targets": pad([it["targets"] for it in items], batch_first=True, padding_value=0),  # (B, L)
+        "target_lengths": torch.tensor([len(it["targets"]) for it in items], dtype=torch.long),
+        "texts": [it["text"] for it in items],
+    }
+
+
+class BucketBatchSampler(BatchSampler):
+    """Batches of utterances of similar length: indices from ``sampler`` are taken in pools of
+    ``pool_batches`` batches, each pool sorted by length and cut into batches, and (with
+    ``shuffle``) the batches are served in random order.
+
+    A `BatchSampler` with a ``sampler`` argument, so Lightning can put a `DistributedSampler`
+    in its place (each device then buckets its own share).
+    """
+
+    def __init__(self, sampler: Sampler[int] | Sequence[int], batch_size: int, drop_last: bool,
+                 lengths: Sequence[float], pool_batches: int = 32, shuffle: bool = True) -> None:
+        super().__init__(sampler, batch_size, drop_last)
+        if pool_batches < 1:
+            raise ValueError(f"pool_batches must be ≥ 1, got {pool_batches}")
+        self.lengths, self.pool_batches, self.shuffle = list(lengths), pool_batches, shuffle
+
+    def __iter__(self) -> Iterator[list[int]]:
+        indices = list(self.sampler)
+        pool = self.batch_size * self.pool_batches
+        batches = []
+        for start in range(0, len(indices), pool):
+            chunk = sorted(indices[start:start + pool], key=lambda i: self.lengths[i])
+            batches += [chunk[i:i + self.batch_size] for i in range(0, len(chunk), self.batch_size)]
+        if self.drop_last:
+            batches = [b for b in batches if len(b) == self.batch_size]
+        if self.shuffle:
+            order = torch.randperm(len(batches)).tolist()
+            batches = [batches[i] for i in order]
+        yield from batches
+
+    def __len__(self) -> int:
+        full, rest = divmod(len(self.sampler), self.batch_size * self.pool_batches)  # type: ignore[arg-type]
+        last = rest // self.batch_size if self.drop_last else math.ceil(rest / self.batch_size)
+        return full * self.pool_batches + last
+
+
+# ---------------------------------------------------------------------------- data modules
+
+
+class SpeechDataModule(L.LightningDataModule):
+    """Shared pieces: the spectrogram tokenizer, SpecAugment, the vocabulary and the loaders.
+
+    Subclasses fill ``train_utterances`` / ``val_utterances`` (and ``test_utterances``) and
+    ``vocabulary`` in ``setup``.
+    """
+
+    vocabulary: CharacterVocabulary | None = None
+
+    def __init__(self, spectrogram: dict[str, Any] | None, batch_size: int, num_workers: int, augment: bool,
+                 freq_masks: int, freq_width: int, time_masks: int, time_width: int, bucketing: bool,
+                 pool_batches: int) -> None:
+        super().__init__()
+        if batch_size < 1 or num_workers < 0:
+            raise ValueError(f"need batch_size ≥ 1 and num_workers ≥ 0, got {batch_size}, {num_workers}")
+        self.spectrogram = dict(spectrogram or {})
+        self.spectrogram_config = _global_pending(self.spectrogram) or SpectrogramConfig.from_dict(self.spectrogram)
+        self.batch_size, self.num_workers = batch_size, num_workers
+        self.spec_augment = SpecAugment(freq_masks, freq_width, time_masks, time_width) if augment else None
+        self.bucketing, self.pool_batches = bucketing, pool_batches
+        self.train_utterances: list[Utterance] = []
+        self.val_utterances: list[Utterance] = []
+        self.test_utterances: list[Utterance] | None = None
+
+    @property
+    def tokenizer(self) -> SpectrogramTokenizer:
+        return SpectrogramTokenizer(self.spectrogram_config)
+
+    def _finish_setup(self) -> None:
+        """Fit global statistics when asked for, and check every transcript against the vocabulary."""
+        if self.vocabulary is None:
+            raise RuntimeError("setup must set the vocabulary")
+        if self.spectrogram.get("normalize") == "global" and self.spectrogram.get("global_mean") is None:
+            probe = SpectrogramTokenizer(self.spectrogram_config)
+            rank_zero_info(f"computing global log-mel statistics over {len(self.train_utterances)} utterances")
+            mean, std = probe.global_stats(u.audio_filepath for u in self.train_utterances)
+            self.spectrogram = {**self.spectrogram, "global_mean": mean, "global_std": std}
+            self.spectrogram_config = SpectrogramConfig.from_dict(self.spectrogram)
+        for name, rows in (("validation", self.val_utterances), ("test", self.test_utterances or [])):
+            missing = sorted({c for u in rows for c in self.vocabulary.unknown(u.text)})
+            if missing:
+                raise ValueError(f"the {name} transcripts have characters {missing} that the vocabulary "
+                                 f"{''.join(self.vocabulary.chars)!r} lacks (it was built from the training "
+                                 "transcripts); pass vocabulary=[...] listing every character")
+
+    def _dataset(self, rows: Sequence[Utterance], train: bool) -> SpeechDataset:
+        return SpeechDataset(rows, self.tokenizer, self.vocabulary,  # type: ignore[arg-type]
+                             self.spec_augment if train else None)
+
+    def _loader(self, split: str) -> DataLoader:
+        if not self.train_utterances:
+            self.setup("fit")
+        rows = {"train": self.train_utterances, "val": self.val_utterances,
+                "test": self.test_utterances if self.test_utterances is not None else self.val_utterances}[split]
+        train = split == "train"
+        dataset = self._dataset(rows, train)
+        options: dict[str, Any] = dict(num_workers=self.num_workers, persistent_workers=self.num_workers > 0,
+                                       collate_fn=collate_speech)
+        if not self.bucketing:
+            return DataLoader(dataset, batch_size=self.batch_size, shuffle=train, drop_last=train, **options)
+        sampler = RandomSampler(dataset) if train else SequentialSampler(dataset)
+        batches = BucketBatchSampler(sampler, self.batch_size, drop_last=train, lengths=dataset.durations,
+                                     pool_batches=self.pool_batches, shuffle=train)
+        return DataLoader(dataset, batch_sampler=batches, **options)
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train")
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("val")
+
+    def test_dataloader(self) -> DataLoader:
+        """The test manifest's utterances, else the validation set again."""
+        return self._loader("test")
+
+    def predict_dataloader(self) -> DataLoader:
+        return self._loader("test")
+
+
+def _global_pending(spectrogram: dict[str, Any]) -> SpectrogramConfig | None:
+    """normalize="global" without statistics: a placeholder config until they are computed in setup."""
+    if spectrogram.get("normalize") == "global" and spectrogram.get("global_mean") is None:
+        return SpectrogramConfig.from_dict({**spectrogram, "normalize": "none"})
+    return None
+
+
+class ManifestDataModule(SpeechDataModule):
+    """Users' speech: JSONL manifests of ``{"audio_filepath", "text", "duration"}`` rows.
+
+    The vocabulary is built from the training transcripts unless ``vocabulary`` lists the
+    characters (needed to fine-tune a model whose vocabulary is fixed). Without
+    ``val_manifest``, a seeded ``val_fraction`` of the training rows is held out.
+
+    Args:
+        train_manifest / val_manifest / test_manifest: JSONL files (relative audio paths are
+            read from the manifest's folder).
+        val_fraction / split_seed: the held-out split when there is no ``val_manifest``.
+        vocabulary: the characters, in id order (ids 1..; 0 is the blank).
+        lowercase: lowercase every transcript. max_duration: drop longer training utterances.
+        spectrogram: `SpectrogramConfig` fields; ``normalize: global`` without statistics
+            computes them over the training audio.
+        batch_size / num_workers: data loading. bucketing / pool_batches: length bucketing.
+        augment / freq_masks / freq_width / time_masks / time_width: SpecAugment (training only).
+    """
+
+    def __init__(
+        self,
+        train_manifest: str | None = None,
+        val_manifest: str | None = None,
+        test_manifest: str | None = None,
+        val_fraction: float = 0.1,
+        split_seed: int = 0,
+        vocabulary: list[str] | None = None,
+        lowercase: bool = False,
+        max_duration: float | None = None,
+        spectrogram: dict[str, Any] | None = None,
+        batch_size: int = 16,
+        num_workers: int = 0,
+        bucketing: bool = True,
+        pool_batches: int = 32,
+        augment: bool = True,
+        freq_masks: int = 2,
+        freq_width: int = 15,
+        time_masks: int = 2,
+        time_width: int = 25,
+    ) -> None:
+        super().__init__(spectrogram, batch_size, num_workers, augment, freq_masks, freq_width, time_masks,
+                         time_width, bucketing, pool_batches)
+        if train_manifest is None:
+            raise ValueError("ManifestDataModule needs train_manifest: a JSONL file of {audio_filepath, text, "
+                             "duration} rows (--data.train_manifest PATH)")
+        if not 0.0 < val_fraction < 1.0:
+            raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
+        self.train_manifest = Path(train_manifest)
+        self.val_manifest = Path(val_manifest) if val_manifest else None
+        self.test_manifest = Path(test_manifest) if test_manifest else None
+        self.val_fraction, self.split_seed, self.lowercase, self.max_duration = (val_fraction, split_seed, lowercase,
+                                                                                max_duration)
+        self.fixed_vocabulary = CharacterVocabulary(vocabulary) if vocabulary else None
+        # Read now: a bad manifest fails at construction, and the vocabulary is known before fitting.
+        self._read()
+
+    def _read(self) -> None:
+        train = read_manifest(self.train_manifest, self.lowercase)
+        if self.val_manifest is not None:
+            val = read_manifest(self.val_manifest, self.lowercase)
+        else:
+            if len(train) < 2:
+                raise ValueError(f"{self.train_manifest} has one utterance; holding some out needs ≥ 2 "
+                                 "(or give val_manifest)")
+            order = list(range(len(train)))
+            random.Random(self.split_seed).shuffle(order)
+            n_val = max(1, round(self.val_fraction * len(train)))
+            val, train = [train[i] for i in sorted(order[:n_val])], [train[i] for i in sorted(order[n_val:])]
+        if self.max_duration is not None:
+            kept = [u for u in train if u.duration <= self.max_duration]
+            if len(kept) < len(train):
+                rank_zero_info(f"dropped {len(train) - len(kept)} training utterances longer than "
+                               f"{self.max_duration} s")
+            if not kept:
+                raise ValueError(f"every training utterance is longer than max_duration={self.max_duration} s")
+            train = kept
+        self.train_utterances, self.val_utterances = train, val
+        self.test_utterances = read_manifest(self.test_manifest, self.lowercase) if self.test_manifest else None
+        if self.fixed_vocabulary is not None:
+            self.vocabulary = self.fixed_vocabulary
+            missing = sorted({c for u in train for c in self.vocabulary.unknown(u.text)})
+            if missing:
+                raise ValueError(f"the training transcripts have characters {missing} that the given vocabulary "
+                                 f"{''.join(self.vocabulary.chars)!r} lacks")
+        else:
+            self.vocabulary = CharacterVocabulary.build(u.text for u in train)
+        self._finish_setup()
+
+    def setup(self, stage: str | None = None) -> None:
+        """Everything was read at construction; nothing is left to do per stage."""
+
+
+# ---------------------------------------------------------------------------- spoken digits
+
+
+def default_cache_dir() -> Path:
+    """``$UNITOK_SPOKEN_DIGITS_DIR``, else ``$XDG_CACHE_HOME/unitok/spoken_digits`` (~/.cache/…)."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "unitok" / "spoken_digits"
+
+
+def espeak_ng() -> str:
+    """The espeak-ng executable, or a clear error saying how to install it."""
+    found = shutil.which("espeak-ng")
+    if found is None:
+        raise RuntimeError(f"the built-in spoken digits are synthesised with espeak-ng, which is not installed: "
+                           f"{INSTALL_HINT}. Or train on your own recordings with ManifestDataModule.")
+    return found
+
+
+def synthesize(text: str, voice: str, speed: int, pitch: int, sample_rate: int = 16000,
+               word_gap: int = 0, margin: float | None = 0.1) -> np.ndarray:
+    """Speak ``text`` with espeak-ng -> a float32 mono waveform at ``sample_rate``.
+
+    ``speed`` in words per minute, ``pitch`` 0–99, ``word_gap`` extra pause between words in 10 ms.
+    ``margin``: keep this many seconds of silence before and after the speech (espeak-ng ends
+    every utterance with ~0.4 s of it, a fifth of the frames); None keeps all.
+    """
+    import io
+
+    import soundfile
+    import torchaudio
+
+    command = [espeak_ng(), "-v", voice, "-s", str(speed), "-p", str(pitch), "-g", str(word_gap), "--stdout", text]
+    result = subprocess.run(command, capture_output=True, check=False)
+    if result.returncode != 0 or not result.stdout:
+        raise RuntimeError(f"espeak-ng failed for voice {voice!r}: {result.stderr.decode(errors='replace').strip()}")
+    wave, rate = soundfile.read(io.BytesIO(result.stdout), dtype="float32")
+    wave = torch.from_numpy(wave)
+    if rate != sample_rate:
+        wave = torchaudio.functional.resample(wave, rate, sample_rate)
+    wave = wave.numpy()
+    if margin is not None:
+        voiced = np.flatnonzero(np.abs(wave) > SILENCE)
+        if len(voiced):
+            keep = int(margin * sample_rate)
+            wave = wave[max(0, voiced[0] - keep): voiced[-1] + 1 + keep]
+    return wave
+
+
+@dataclass(frozen=True)
+class DigitsCorpusSpec:
+    """What the synthesised corpus holds; its hash names the cache folder."""
+
+    train_voices: tuple[str, ...] = TRAIN_VOICES
+    held_out_voices: tuple[str, ...] = HELD_OUT_VOICES
+    train_utterances: int = 2100
+    held_out_utterances: int = 200
+    min_digits: int = 1
+    max_digits: int = 5
+    speeds: tuple[int, int] = (130, 200)
+    pitches: tuple[int, int] = (30, 70)
+    max_word_gap: int = 3
+    sample_rate: int = 16000
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.train_voices or not self.held_out_voices:
+            raise ValueError("need at least one training and one held-out voice")
+        shared = sorted(set(self.train_voices) & set(self.held_out_voices))
+        if shared:
+            raise ValueError(f"voices {shared} are both training and held-out voices; held-out voices must be unseen")
+        if not 1 <= self.min_digits <= self.max_digits:
+            raise ValueError(f"need 1 ≤ min_digits ≤ max_digits, got {self.min_digits}, {self.max_digits}")
+        if self.train_utterances < 1 or self.held_out_utterances < 1:
+            raise ValueError("need at least one training and one held-out utterance")
+        if not (80 <= self.speeds[0] <= self.speeds[1] <= 450 and 0 <= self.pitches[0] <= self.pitches[1] <= 99):
+            raise ValueError(f"speeds must lie in 80..450 wpm and pitches in 0..99, got {self.speeds}, {self.pitches}")
+
+    def key(self) -> str:
+        fields = {k: list(v) if isinstance(v, tuple) else v for k, v in self.__dict__.items()}
+        text = json.dumps({**fields, "version": CORPUS_VERSION}, sort_keys=True)
+        return hashlib.sha1(text.encode()).hexdigest()[:12]
+
+    def rows(self) -> list[dict[str, Any]]:
+        """Every utterance to synthesise: split, voice (round-robin), digits, speed, pitch, gap."""
+        rng = random.Random(self.seed)
+        rows = []
+        for split, voices, count in (("train", self.train_voices, self.train_utterances),
+                                     ("held_out", self.held_out_voices, self.held_out_utterances)):
+            for i in range(count):
+                n = rng.randint(self.min_digits, self.max_digits)
+                rows.append({
+                    "split": split, "index": i, "voice": voices[i % len(voices)],
+                    "text": " ".join(rng.choice(DIGIT_WORDS) for _ in range(n)),
+                    "speed": rng.randint(*self.speeds), "pitch": rng.randint(*self.pitches),
+                    "word_gap": rng.randint(0, self.max_word_gap),
+                })
+        return rows
+
+
+def spoken_digits_corpus(spec: DigitsCorpusSpec | None = None, cache_dir: str | Path | None = None,
+                         jobs: int = 2) -> Path:
+    """The corpus folder (``train.jsonl``, ``held_out.jsonl`` and 16-bit wavs), synthesised on
+    first use with ``jobs`` espeak-ng processes at a time and cached under ``cache_dir``
+    (default `default_cache_dir`) in a folder named by the spec's hash."""
+    import soundfile
+
+    spec = spec or DigitsCorpusSpec()
+    folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    final = folder / f"digits-{spec.key()}"
+    if (final / "held_out.jsonl").is_file():
+        return final
+    espeak_ng()
+    rows = spec.rows()
+    rank_zero_info(f"synthesising {len(rows)} spoken-digit utterances with espeak-ng into {final} (once)")
+    staging = folder / f".{final.name}.{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    for split in ("train", "held_out"):
+        (staging / split).mkdir(parents=True)
+
+    def make(row: dict[str, Any]) -> dict[str, Any]:
+        wave = synthesize(row["text"], row["voice"], row["speed"], row["pitch"], spec.sample_rate, row["word_gap"])
+        relative = f"{row['split']}/{row['index']:05d}.wav"
+        soundfile.write(str(staging / relative), wave, spec.sample_rate, subtype="PCM_16")
+        return {"audio_filepath": relative, "text": row["text"], "duration": round(len(wave) / spec.sample_rate, 4),
+                "voice": row["voice"], "speed": row["speed"], "pitch": row["pitch"]}
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        written = list(pool.map(make, rows))
+    for split in ("train", "held_out"):
+        write_manifest(staging / f"{split}.jsonl", [r for r in written if r["audio_filepath"].startswith(split + "/")])
+    (staging / "spec.json").write_text(json.dumps(spec.__dict__, indent=2) + "\n")
+    try:
+        staging.rename(final)  # atomic: readers see a whole corpus or none
+    except OSError:
+        if not (final / "held_out.jsonl").is_file():  # not another process's finished copy: a real failure
+            raise
+        shutil.rmtree(staging, ignore_errors=True)
+    return final
+
+
+class SpokenDigitsDataModule(SpeechDataModule):
+    """The built-in speech data: digit strings ("three one four") spoken by espeak-ng (Debian
+    package ``espeak-ng``) over many voices, speeds (words per minute), pitches and pauses,
+    16 kHz, synthesised once and cached on disk.
+
+    Training voices are five English accents × seven voice variants; the held-out utterances
+    (the validation and test set) are spoken by voices whose variants never occur in training,
+    so CER on them measures recognition of unseen speakers. The vocabulary is the characters of
+    the ten digit words and the space.
+
+    Args:
+        cache_dir: where the corpus is kept (default: ``$UNITOK_SPOKEN_DIGITS_DIR`` or
+            ``~/.cache/unitok/spoken_digits``).
+        train_utterances / held_out_utterances: corpus size. min_digits / max_digits: digits per
+            utterance. speeds / pitches: espeak-ng ranges. max_word_gap: pauses (10 ms units).
+        train_voices / held_out_voices: espeak-ng voices ("en-us+m3"). seed: the corpus draw.
+        jobs: espeak-ng processes at a time when synthesising.
+        spectrogram / batch_size / num_workers / bucketing / pool_batches / augment / freq_masks /
+            freq_width / time_masks / time_width: as in `ManifestDataModule`.
+    """
+
+    def __init__(
+        self,
+        cache_dir: str | None = None,
+        train_utterances: int = 2100,
+        held_out_utterances: int = 200,
+        min_digits: int = 1,
+        max_digits: int = 5,
+        speeds: tuple[int, int] = (130, 200),
+        pitches: tuple[int, int] = (30, 70),
+        max_word_gap: int = 3,
+        train_voices: Sequence[str] = TRAIN_VOICES,
+        held_out_voices: Sequence[str] = HELD_OUT_VOICES,
+        seed: int = 0,
+        jobs: int = 2,
+        spectrogram: dict[str, Any] | None = None,
+        batch_size: int = 16,
+        num_workers: int = 0,
+        bucketing: bool = True,
+        pool_batches: int = 32,
+        augment: bool = True,
+        freq_masks: int = 2,
+        freq_width: int = 15,
+        time_masks: int = 2,
+        time_width: int = 25,
+    ) -> None:
+        super().__init__(spectrogram, batch_size, num_workers, augment, freq_masks, freq_width, time_masks,
+                         time_width, bucketing, pool_batches)
+        self.spec = DigitsCorpusSpec(
+            train_voices=tuple(train_voices), held_out_voices=tuple(held_out_voices),
+            train_utterances=train_utterances, held_out_utterances=held_out_utterances, min_digits=min_digits,
+            max_digits=max_digits, speeds=(int(speeds[0]), int(speeds[1])),
+            pitches=(int(pitches[0]), int(pitches[1])), max_word_gap=max_word_gap,
+            sample_rate=self.spectrogram_config.sample_rate, seed=seed)
+        self.cache_dir, self.jobs = cache_dir, jobs
+        self.vocabulary = CharacterVocabulary.build(DIGIT_WORDS + (" ",))
+        self.corpus: Path | None = None
+
+    def prepare_data(self) -> None:
+        """Synthesise the corpus once (Lightning calls this on one process per node)."""
+        spoken_digits_corpus(self.spec, self.cache_dir, self.jobs)
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.train_utterances:
+            return
+        self.corpus = spoken_digits_corpus(self.spec, self.cache_dir, self.jobs)
+        self.train_utterances = read_manifest(self.corpus / "train.jsonl")
+        self.val_utterances = read_manifest(self.corpus / "held_out.jsonl")
+        self._finish_setup()

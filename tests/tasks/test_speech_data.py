@@ -1,0 +1,243 @@
+"""Speech data: the built-in spoken digits are synthesised once by espeak-ng into 16 kHz wavs
+and JSONL manifests, cached, with held-out voices never used in training; users' manifests
+are read with clear errors; batches pad frames and targets and keep their lengths; length
+bucketing groups similar durations; SpecAugment touches training batches only."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import soundfile
+import torch
+from torch.utils.data import DistributedSampler, SequentialSampler
+
+from tasks import ManifestDataModule, SpokenDigitsDataModule, speech_data
+from tasks.speech_data import (
+    CACHE_ENV,
+    DIGIT_WORDS,
+    HELD_OUT_VOICES,
+    TRAIN_VOICES,
+    BucketBatchSampler,
+    DigitsCorpusSpec,
+    read_manifest,
+    spoken_digits_corpus,
+)
+from tokenizers_mm import CharacterVocabulary
+
+needs_espeak = pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="espeak-ng is not installed")
+TINY = dict(train_voices=("en-us+m1", "en-gb+f2"), held_out_voices=("en-us+m4",), train_utterances=6,
+            held_out_utterances=3, max_digits=3)
+
+
+@pytest.fixture(scope="module")
+def tiny_corpus(tmp_path_factory):
+    """A small corpus in a temporary cache (6 training and 3 held-out utterances)."""
+    if shutil.which("espeak-ng") is None:
+        pytest.skip("espeak-ng is not installed")
+    cache = tmp_path_factory.mktemp("digits")
+    return spoken_digits_corpus(DigitsCorpusSpec(**TINY), cache), cache
+
+
+def rows_of(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def write_wavs(folder, texts, seconds=(0.5,), rate=16000):
+    """Noise wavs with transcripts -> manifest rows (relative paths)."""
+    rng = np.random.default_rng(0)
+    rows = []
+    for i, text in enumerate(texts):
+        s = seconds[i % len(seconds)]
+        soundfile.write(folder / f"{i}.wav", 0.1 * rng.standard_normal(int(s * rate)).astype("float32"), rate)
+        rows.append({"audio_filepath": f"{i}.wav", "text": text, "duration": s})
+    return rows
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+# --------------------------------------------------------------------------- the built-in corpus
+
+
+def test_the_default_corpus_keeps_held_out_voices_out_of_training():
+    assert not set(TRAIN_VOICES) & set(HELD_OUT_VOICES)
+    held_out_variants = {v.split("+")[1] for v in HELD_OUT_VOICES}
+    assert not held_out_variants & {v.split("+")[1] for v in TRAIN_VOICES}  # unseen timbres, not just accents
+    rows = DigitsCorpusSpec().rows()
+    assert rows == DigitsCorpusSpec().rows()  # seeded
+    assert {r["voice"] for r in rows if r["split"] == "train"} == set(TRAIN_VOICES)
+    assert all(set(r["text"].split()) <= set(DIGIT_WORDS) and 1 <= len(r["text"].split()) <= 5 for r in rows)
+    with pytest.raises(ValueError, match="both training and held-out"):
+        DigitsCorpusSpec(held_out_voices=(TRAIN_VOICES[0],))
+
+
+@needs_espeak
+def test_the_corpus_is_16_khz_speech_with_manifests(tiny_corpus):
+    corpus, _ = tiny_corpus
+    train, held = rows_of(corpus / "train.jsonl"), rows_of(corpus / "held_out.jsonl")
+    assert len(train) == 6 and len(held) == 3
+    assert {r["voice"] for r in held} == {"en-us+m4"} and {r["voice"] for r in train} == {"en-us+m1", "en-gb+f2"}
+    for row in train + held:
+        audio, rate = soundfile.read(corpus / row["audio_filepath"])
+        assert rate == 16000 and audio.ndim == 1
+        assert row["duration"] == pytest.approx(len(audio) / 16000, abs=1e-3)
+        assert 0.3 < row["duration"] < 5 and np.abs(audio).max() > 0.05  # speech, not silence
+
+
+@needs_espeak
+def test_the_corpus_is_cached_and_not_synthesised_again(tiny_corpus, monkeypatch):
+    corpus, cache = tiny_corpus
+    monkeypatch.setattr(speech_data, "synthesize", lambda *a, **k: pytest.fail("synthesised again"))
+    assert spoken_digits_corpus(DigitsCorpusSpec(**TINY), cache) == corpus
+    monkeypatch.setenv(CACHE_ENV, str(cache))
+    assert spoken_digits_corpus(DigitsCorpusSpec(**TINY)) == corpus  # the env var names the cache
+
+
+def test_missing_espeak_ng_says_how_to_install_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    with pytest.raises(RuntimeError, match="apt-get install espeak-ng"):
+        spoken_digits_corpus(DigitsCorpusSpec(**TINY), tmp_path)
+    assert not any(tmp_path.iterdir())  # nothing half-written
+
+
+@needs_espeak
+def test_spoken_digit_batches_pad_frames_and_targets_and_keep_lengths(tiny_corpus):
+    _, cache = tiny_corpus
+    dm = SpokenDigitsDataModule(cache_dir=str(cache), batch_size=3, augment=False, **TINY)
+    dm.setup("fit")
+    assert dm.vocabulary == CharacterVocabulary.build(DIGIT_WORDS + (" ",)) and len(dm.vocabulary) == 17
+    assert dm.spectrogram_config.n_mels == 80
+    batch = next(iter(dm.val_dataloader()))
+    assert set(batch) == {"features", "feature_lengths", "targets", "target_lengths", "texts"}
+    B, N, F = batch["features"].shape
+    assert B == 3 and F == 80 and int(batch["feature_lengths"].max()) == N
+    for i in range(B):
+        n, length = int(batch["feature_lengths"][i]), int(batch["target_lengths"][i])
+        assert torch.all(batch["features"][i, n:] == 0) and torch.all(batch["targets"][i, length:] == 0)
+        assert dm.vocabulary.decode(batch["targets"][i, :length]) == batch["texts"][i]
+    assert batch["texts"][0] in {u.text for u in dm.val_utterances}
+
+
+@needs_espeak
+def test_specaugment_applies_to_training_batches_only(tiny_corpus):
+    _, cache = tiny_corpus
+    dm = SpokenDigitsDataModule(cache_dir=str(cache), batch_size=2, freq_masks=2, freq_width=20, **TINY)
+    train = dm.train_dataloader().dataset  # no explicit setup: the loaders set up on first use
+    val = dm.val_dataloader().dataset
+    assert len(train) == 6 and len(val) == 3
+    assert train.augment is dm.spec_augment and val.augment is None
+    torch.manual_seed(0)
+    masked = train[0]["features"]
+    clean = dm.tokenizer.features(dm.train_utterances[0].audio_filepath)
+    assert masked.shape == clean.shape and not torch.equal(masked, clean)
+    assert torch.equal(val[0]["features"], dm.tokenizer.features(dm.val_utterances[0].audio_filepath))
+
+
+@needs_espeak
+def test_worker_processes_load_the_same_batches(tiny_corpus):
+    _, cache = tiny_corpus
+    batches = [next(iter(SpokenDigitsDataModule(cache_dir=str(cache), batch_size=3, num_workers=workers,
+                                                **TINY).val_dataloader())) for workers in (0, 2)]
+    assert torch.equal(batches[0]["features"], batches[1]["features"]) and batches[0]["texts"] == batches[1]["texts"]
+
+
+# --------------------------------------------------------------------------- users' manifests
+
+
+def test_a_manifest_builds_the_vocabulary_and_holds_out_a_split(tmp_path):
+    texts = [" ".join(DIGIT_WORDS[(i + k) % 3] for k in range(1 + i % 3)) for i in range(10)]  # one / two / zero
+    write_jsonl(tmp_path / "train.jsonl", write_wavs(tmp_path, texts, seconds=(0.3, 0.6)))
+    dm = ManifestDataModule(str(tmp_path / "train.jsonl"), val_fraction=0.2, batch_size=4)
+    assert len(dm.train_utterances) == 8 and len(dm.val_utterances) == 2
+    assert dm.vocabulary == CharacterVocabulary.build(u.text for u in dm.train_utterances)
+    batch = next(iter(dm.train_dataloader()))
+    assert batch["features"].shape[0] == 4 and batch["feature_lengths"].max() <= 61
+
+
+def test_validation_transcripts_outside_the_training_vocabulary_are_named(tmp_path):
+    write_jsonl(tmp_path / "train.jsonl", write_wavs(tmp_path, ["one two", "two one"]))
+    write_jsonl(tmp_path / "val.jsonl", [{"audio_filepath": "0.wav", "text": "One 2", "duration": 0.5}])
+    with pytest.raises(ValueError, match=r"\['2', 'O'\].*vocabulary=\["):
+        ManifestDataModule(str(tmp_path / "train.jsonl"), val_manifest=str(tmp_path / "val.jsonl"))
+    dm = ManifestDataModule(str(tmp_path / "train.jsonl"), val_manifest=str(tmp_path / "val.jsonl"),
+                            vocabulary=list(" 12Oenotw"))
+    assert dm.vocabulary.chars == tuple(" 12Oenotw")
+    with pytest.raises(ValueError, match=r"\['e', 'n', 'o', 't', 'w'\]"):
+        ManifestDataModule(str(tmp_path / "train.jsonl"), vocabulary=list(" 12O"))
+
+
+def test_lowercase_max_duration_and_a_missing_duration(tmp_path):
+    rows = write_wavs(tmp_path, ["ONE", "TWO", "THREE"], seconds=(0.5, 2.0, 0.4))
+    del rows[2]["duration"]  # read from the file's header instead
+    write_jsonl(tmp_path / "train.jsonl", rows)
+    write_jsonl(tmp_path / "val.jsonl", rows[:1])
+    dm = ManifestDataModule(str(tmp_path / "train.jsonl"), val_manifest=str(tmp_path / "val.jsonl"),
+                            lowercase=True, max_duration=1.0)
+    assert [(u.text, u.duration) for u in dm.train_utterances] == [("one", 0.5), ("three", pytest.approx(0.4))]
+
+
+@pytest.mark.parametrize(("row", "message"), [
+    ({"text": "one", "duration": 1.0}, r"train.jsonl:1 lacks \['audio_filepath'\]"),
+    ({"audio_filepath": "nowhere.wav", "text": "one", "duration": 1.0}, "nowhere.wav does not exist"),
+    ({"audio_filepath": "0.wav", "text": "", "duration": 1.0}, "empty or non-string text"),
+    ({"audio_filepath": "0.wav", "text": "one", "duration": -1}, "duration -1"),
+])
+def test_bad_manifest_rows_are_named(tmp_path, row, message):
+    write_wavs(tmp_path, ["x"])
+    write_jsonl(tmp_path / "train.jsonl", [row])
+    with pytest.raises((ValueError, FileNotFoundError), match=message):
+        read_manifest(tmp_path / "train.jsonl")
+
+
+def test_a_manifest_module_needs_a_manifest(tmp_path):
+    with pytest.raises(ValueError, match="--data.train_manifest"):
+        ManifestDataModule()
+    (tmp_path / "bad.jsonl").write_text("{not json\n")
+    with pytest.raises(ValueError, match="bad.jsonl:1 is not JSON"):
+        ManifestDataModule(str(tmp_path / "bad.jsonl"))
+
+
+def test_global_normalisation_statistics_come_from_the_training_audio(tmp_path):
+    write_jsonl(tmp_path / "train.jsonl", write_wavs(tmp_path, ["ab", "ba", "abba", "b"]))
+    dm = ManifestDataModule(str(tmp_path / "train.jsonl"), spectrogram={"normalize": "global", "n_mels": 40},
+                            val_fraction=0.25)
+    c = dm.spectrogram_config
+    assert c.normalize == "global" and len(c.global_mean) == len(c.global_std) == 40
+    frames = torch.cat([dm.tokenizer.features(u.audio_filepath) for u in dm.train_utterances])
+    assert float(frames.mean(0).abs().max()) < 1e-3
+
+
+# --------------------------------------------------------------------------- bucketing
+
+
+def test_bucketing_batches_similar_lengths_and_covers_every_utterance_once():
+    torch.manual_seed(0)
+    lengths = torch.rand(200).tolist()
+    sampler = BucketBatchSampler(list(range(200)), batch_size=10, drop_last=False, lengths=lengths, pool_batches=20)
+    batches = list(sampler)
+    assert len(batches) == len(sampler) == 20
+    assert sorted(i for b in batches for i in b) == list(range(200))
+    spread = sum(max(lengths[i] for i in b) - min(lengths[i] for i in b) for b in batches) / 20
+    assert spread < 0.1  # random batches of 10 would spread ≈ 0.8
+
+
+def test_bucketing_under_a_distributed_sampler_splits_the_data_between_devices():
+    lengths = list(range(50))
+    shares = []
+    for rank in range(2):
+        sampler = DistributedSampler(range(50), num_replicas=2, rank=rank, shuffle=True, seed=0)
+        batches = list(BucketBatchSampler(sampler, batch_size=5, drop_last=True, lengths=lengths, pool_batches=2))
+        assert len(batches) == 5 and all(len(b) == 5 for b in batches)
+        shares.append({i for b in batches for i in b})
+    assert not shares[0] & shares[1]
+
+
+def test_evaluation_batches_are_sorted_and_not_shuffled():
+    lengths = [5, 1, 4, 2, 3, 0]
+    sampler = BucketBatchSampler(SequentialSampler(range(6)), 2, False, lengths, pool_batches=3, shuffle=False)
+    assert list(sampler) == [[5, 1], [3, 4], [2, 0]]

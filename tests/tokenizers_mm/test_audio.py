@@ -1,0 +1,227 @@
+"""Audio -> log-mel frames: 25 ms / 10 ms windows give 1 + T // hop frames of 80 mels, equal to
+torchaudio's MelSpectrogram and log; files, tensors, arrays and int16 PCM read the same; other
+sample rates are resampled (or refused, naming both rates); per-utterance and global
+normalisation; lengths survive batching; SpecAugment masks bands and spans; the tokenizer
+pickles; bad input (empty, stereo, NaN, too short) raises naming the problem."""
+
+from __future__ import annotations
+
+import json
+import math
+import pickle
+
+import numpy as np
+import pytest
+import soundfile
+import torch
+import torchaudio
+
+from tokenizers_mm import SpecAugment, SpectrogramConfig, SpectrogramTokenizer, Tokens
+
+RATE = 16000
+
+
+def tone(freq: float, seconds: float, rate: int = RATE, amplitude: float = 0.5) -> torch.Tensor:
+    t = torch.arange(int(seconds * rate)) / rate
+    return amplitude * torch.sin(2 * math.pi * freq * t)
+
+
+def noisy_tone(freq: float, seconds: float, rate: int = RATE, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return tone(freq, seconds, rate) + 0.01 * torch.randn(int(seconds * rate), generator=g)
+
+
+# --------------------------------------------------------------------------- config
+
+
+def test_defaults_are_80_mels_of_25_ms_windows_every_10_ms():
+    c = SpectrogramConfig()
+    assert (c.sample_rate, c.n_mels, c.win_length, c.hop_length, c.fft_size) == (16000, 80, 400, 160, 512)
+    assert c.num_frames(16000) == 101
+    assert SpectrogramConfig(sample_rate=8000).fft_size == 256  # 200-sample window -> next power of two
+
+
+def test_config_round_trips_through_json():
+    c = SpectrogramConfig(n_mels=4, normalize="global", global_mean=(0.0, 1.0, 2.0, 3.0),
+                          global_std=(1.0, 1.0, 2.0, 2.0), f_max=7000.0, resample=False)
+    back = SpectrogramConfig.from_dict(json.loads(json.dumps(c.to_dict())))
+    assert back == c and isinstance(back.global_mean, tuple)
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    (dict(hop_ms=30.0), "hop_ms"),
+    (dict(n_fft=256), "n_fft=256"),
+    (dict(f_max=9000.0), "8000"),
+    (dict(normalize="global"), "global_mean"),
+    (dict(n_mels=2, normalize="global", global_mean=(0.0,), global_std=(1.0,)), "2 values"),
+    (dict(normalize="per-batch"), "normalize"),
+])
+def test_bad_configs_name_the_field(options, message):
+    with pytest.raises(ValueError, match=message):
+        SpectrogramConfig(**options)
+    with pytest.raises(ValueError, match="unknown SpectrogramConfig key"):
+        SpectrogramConfig.from_dict({"n_mel": 80})
+
+
+# --------------------------------------------------------------------------- frames
+
+
+def test_frames_are_torchaudios_log_mel_spectrogram():
+    wave = noisy_tone(440.0, 0.5)
+    frames = SpectrogramTokenizer(normalize="none").features(wave)
+    mel = torchaudio.transforms.MelSpectrogram(RATE, n_fft=512, win_length=400, hop_length=160, n_mels=80)(wave)
+    assert frames.shape == (1 + 8000 // 160, 80)
+    torch.testing.assert_close(frames, torch.log(mel + 1e-6).T)
+
+
+def test_a_tone_lights_up_the_mel_bin_of_its_frequency():
+    low = SpectrogramTokenizer(normalize="none").features(tone(300.0, 0.3)).mean(0).argmax()
+    high = SpectrogramTokenizer(normalize="none").features(tone(3000.0, 0.3)).mean(0).argmax()
+    assert int(high) > int(low) + 20
+
+
+def test_utterance_normalisation_gives_each_mel_bin_zero_mean_unit_variance():
+    frames = SpectrogramTokenizer().features(noisy_tone(440.0, 1.0))
+    torch.testing.assert_close(frames.mean(0), torch.zeros(80), atol=1e-4, rtol=0)
+    torch.testing.assert_close(frames.std(0, unbiased=False), torch.ones(80), atol=1e-3, rtol=0)
+
+
+def test_global_normalisation_uses_corpus_statistics():
+    corpus = [noisy_tone(f, 0.4, seed=i) for i, f in enumerate((200.0, 500.0, 1200.0))]
+    raw = SpectrogramTokenizer(normalize="none")
+    mean, std = raw.global_stats(corpus)
+    assert len(mean) == len(std) == 80
+    tokenizer = SpectrogramTokenizer(normalize="global", global_mean=mean, global_std=std)
+    frames = torch.cat([tokenizer.features(w) for w in corpus])
+    torch.testing.assert_close(frames.mean(0), torch.zeros(80), atol=1e-3, rtol=0)
+    torch.testing.assert_close(frames.std(0, unbiased=False), torch.ones(80), atol=1e-2, rtol=0)
+
+
+def test_encode_pads_a_batch_and_keeps_each_utterances_length():
+    tokens = SpectrogramTokenizer().encode([noisy_tone(440, 1.0), noisy_tone(440, 0.25), noisy_tone(440, 0.5)])
+    assert isinstance(tokens, Tokens) and tokens.modality == "audio"
+    assert tokens.features.shape == (3, 101, 80)
+    assert tokens.attention_mask.sum(1).tolist() == [101, 26, 51]
+    assert torch.all(tokens.features[1, 26:] == 0)
+    single = SpectrogramTokenizer().encode(noisy_tone(440, 0.25))
+    torch.testing.assert_close(single.features[0], tokens.features[1, :26])
+
+
+def test_files_tensors_arrays_and_int16_pcm_give_the_same_frames(tmp_path):
+    wave = noisy_tone(440.0, 0.5)
+    pcm = (wave * 32767).round().to(torch.int16)
+    soundfile.write(tmp_path / "a.wav", pcm.numpy(), RATE, subtype="PCM_16")
+    soundfile.write(tmp_path / "a.flac", pcm.numpy(), RATE, subtype="PCM_16")
+    tokenizer = SpectrogramTokenizer()
+    reference = tokenizer.features(pcm.float() / 32768)
+    for audio in (str(tmp_path / "a.wav"), tmp_path / "a.flac", pcm, pcm.numpy(), (pcm.float() / 32768)[None]):
+        torch.testing.assert_close(tokenizer.features(audio), reference, atol=1e-5, rtol=0)
+
+
+def test_other_sample_rates_are_resampled_to_the_configured_rate(tmp_path):
+    at_8k = tone(500.0, 1.0, rate=8000)
+    tokenizer = SpectrogramTokenizer(normalize="none")
+    frames = tokenizer.features(at_8k, sample_rate=8000)
+    assert frames.shape == (101, 80)  # one second at 16 kHz
+    reference = tokenizer.features(tone(500.0, 1.0))
+    assert int(frames.mean(0).argmax()) == int(reference.mean(0).argmax())
+    soundfile.write(tmp_path / "8k.wav", at_8k.numpy(), 8000, subtype="FLOAT")
+    torch.testing.assert_close(tokenizer.features(tmp_path / "8k.wav"), frames, atol=1e-3, rtol=0)
+
+
+def test_the_tokenizer_pickles_with_its_config_alone():
+    tokenizer = SpectrogramTokenizer(n_mels=40)
+    wave = noisy_tone(440.0, 0.3)
+    before = tokenizer.features(wave, sample_rate=22050)  # builds and caches transforms
+    copy = pickle.loads(pickle.dumps(tokenizer))
+    assert copy.config == tokenizer.config and copy._mel is None
+    torch.testing.assert_close(copy.features(wave, sample_rate=22050), before)
+
+
+# --------------------------------------------------------------------------- SpecAugment
+
+
+def test_specaugment_masks_frequency_bands_and_time_spans_with_zeros():
+    frames = torch.randn(200, 80) + 5.0  # nothing is 0 before masking
+    g = torch.Generator().manual_seed(0)
+    masked = SpecAugment(freq_masks=2, freq_width=10, time_masks=2, time_width=20)(frames, generator=g)
+    zero_bins = (masked == 0).all(dim=0)
+    zero_frames = (masked == 0).all(dim=1)
+    assert 1 <= int(zero_bins.sum()) <= 20 and 1 <= int(zero_frames.sum()) <= 40
+    kept = ~(masked == 0)
+    assert torch.equal(masked[kept], frames[kept])  # everything else is untouched
+    assert not torch.equal(frames, masked) and frames.min() > 0  # the input is not modified
+
+
+def test_specaugment_time_masks_stay_within_a_fraction_of_short_utterances():
+    g = torch.Generator().manual_seed(1)
+    augment = SpecAugment(freq_masks=0, time_masks=1, time_width=100, max_time_fraction=0.1)
+    for _ in range(50):
+        masked = augment(torch.ones(30, 8), generator=g)
+        assert int((masked == 0).all(dim=1).sum()) <= 3
+
+
+def test_specaugment_without_masks_is_the_identity_and_is_picklable():
+    frames = torch.randn(50, 80)
+    assert torch.equal(SpecAugment(freq_masks=0, time_masks=0)(frames), frames)
+    assert "freq_masks=2" in repr(pickle.loads(pickle.dumps(SpecAugment())))
+    with pytest.raises(ValueError, match="one utterance"):
+        SpecAugment()(torch.randn(2, 50, 80))
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def test_empty_audio_is_refused():
+    with pytest.raises(ValueError, match="empty"):
+        SpectrogramTokenizer().encode(torch.zeros(0))
+    with pytest.raises(ValueError, match="empty list"):
+        SpectrogramTokenizer().encode([])
+
+
+def test_audio_shorter_than_one_window_is_refused():
+    with pytest.raises(ValueError, match="shorter than one 25 ms window"):
+        SpectrogramTokenizer().encode(torch.zeros(100))
+
+
+def test_stereo_audio_is_refused_with_how_to_downmix(tmp_path):
+    stereo = torch.stack([noisy_tone(440, 0.3), noisy_tone(660, 0.3)])
+    with pytest.raises(ValueError, match=r"2 channels.*mono.*mean\(dim=0\)"):
+        SpectrogramTokenizer().encode(stereo)
+    soundfile.write(tmp_path / "stereo.wav", stereo.T.numpy(), RATE)
+    with pytest.raises(ValueError, match=r"stereo.wav has 2 channels"):
+        SpectrogramTokenizer().encode(str(tmp_path / "stereo.wav"))
+    downmixed = SpectrogramTokenizer(downmix=True).features(stereo)
+    torch.testing.assert_close(downmixed, SpectrogramTokenizer().features(stereo.mean(0)))
+
+
+def test_a_wrong_sample_rate_without_resampling_names_both_rates(tmp_path):
+    with pytest.raises(ValueError, match=r"at 8000 Hz but the tokenizer expects 16000 Hz"):
+        SpectrogramTokenizer(resample=False).encode(tone(440, 0.5, 8000), sample_rate=8000)
+    soundfile.write(tmp_path / "44k.wav", tone(440, 0.2, 44100).numpy(), 44100)
+    with pytest.raises(ValueError, match=r"44k.wav is at 44100 Hz .* 16000 Hz"):
+        SpectrogramTokenizer(resample=False).encode(str(tmp_path / "44k.wav"))
+
+
+def test_nan_in_audio_or_in_the_features_is_refused():
+    wave = noisy_tone(440, 0.3)
+    wave[100] = float("nan")
+    with pytest.raises(ValueError, match="1 NaN/inf samples"):
+        SpectrogramTokenizer().encode(wave)
+    loud = noisy_tone(440, 0.3) * 1e30  # finite samples whose power overflows float32
+    with pytest.raises(ValueError, match="spectrogram has .* NaN/inf"):
+        SpectrogramTokenizer(normalize="none").encode(loud)
+
+
+def test_unsupported_inputs_name_what_is_accepted(tmp_path):
+    with pytest.raises(TypeError, match="file path, a tensor or an array"):
+        SpectrogramTokenizer().encode(3.5)
+    with pytest.raises(FileNotFoundError, match="missing.wav"):
+        SpectrogramTokenizer().encode(str(tmp_path / "missing.wav"))
+    (tmp_path / "noise.wav").write_bytes(b"not audio at all")
+    with pytest.raises(ValueError, match="cannot read audio file"):
+        SpectrogramTokenizer().encode(str(tmp_path / "noise.wav"))
+    with pytest.raises(ValueError, match=r"\(samples,\) or \(channels, samples\)"):
+        SpectrogramTokenizer().encode(torch.zeros(2, 1, 1000))
+    with pytest.raises(TypeError, match="int16/int32"):
+        SpectrogramTokenizer().encode(np.zeros(1000, dtype=np.uint8))

@@ -1,0 +1,331 @@
+"""Audio -> log-mel spectrogram frames (the "tokens" of speech models), and SpecAugment.
+
+Waveforms (tensors, numpy arrays) or audio files (read with soundfile) are resampled to the
+configured rate, turned into log-mel frames with torchaudio (25 ms windows every 10 ms by
+default) and normalised per utterance or with global statistics. SpecAugment (frequency and
+time masks) is a separate, training-only transform that data pipelines apply to the frames.
+
+Axis legend: B batch, T samples, C channels, N frames, F mel bins.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from tokenizers_mm.tokens import Tokens, collate
+
+Normalize = Literal["utterance", "global", "none"]
+NORMALIZE_EPS = 1e-5  # keeps silent (constant) mel bins finite under per-utterance normalisation
+
+
+@dataclass(frozen=True)
+class SpectrogramConfig:
+    """How waveforms become log-mel frames; stored with a model so inference matches training.
+
+    Every field is plain JSON (``to_dict`` / ``from_dict``), so the config travels inside a
+    model's config file.
+
+    Args:
+        sample_rate: the rate the frames are computed at (Hz).
+        n_mels: F, mel bins per frame. win_ms / hop_ms: window length and frame step.
+        n_fft: FFT size; None: the next power of two ≥ the window (400 samples -> 512).
+        f_min / f_max: the mel filterbank's range in Hz (f_max None: half the sample rate).
+        log_offset: added to the mel power before the log, so silence stays finite.
+        normalize: "utterance" (each mel bin to zero mean, unit variance over the utterance),
+            "global" (with ``global_mean`` / ``global_std``, one value per mel bin) or "none".
+        resample: resample audio at another rate to ``sample_rate``; False makes that an error.
+        downmix: average the channels of multi-channel audio; False makes it an error.
+    """
+
+    sample_rate: int = 16000
+    n_mels: int = 80
+    win_ms: float = 25.0
+    hop_ms: float = 10.0
+    n_fft: int | None = None
+    f_min: float = 0.0
+    f_max: float | None = None
+    log_offset: float = 1e-6
+    normalize: Normalize = "utterance"
+    global_mean: tuple[float, ...] | None = None
+    global_std: tuple[float, ...] | None = None
+    resample: bool = True
+    downmix: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("global_mean", "global_std"):  # JSON has no tuples
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, tuple(float(v) for v in value))
+        if self.sample_rate < 1000:
+            raise ValueError(f"sample_rate must be ≥ 1000 Hz, got {self.sample_rate}")
+        if self.n_mels < 1:
+            raise ValueError(f"n_mels must be ≥ 1, got {self.n_mels}")
+        if not 0 < self.hop_ms <= self.win_ms:
+            raise ValueError(f"need 0 < hop_ms ≤ win_ms, got hop_ms={self.hop_ms}, win_ms={self.win_ms}")
+        if self.n_fft is not None and self.n_fft < self.win_length:
+            raise ValueError(f"n_fft={self.n_fft} is shorter than the window ({self.win_length} samples)")
+        nyquist = self.sample_rate / 2
+        f_max = nyquist if self.f_max is None else self.f_max
+        if not 0.0 <= self.f_min < f_max <= nyquist:
+            raise ValueError(f"need 0 ≤ f_min < f_max ≤ {nyquist:g} Hz (half the sample rate), "
+                             f"got f_min={self.f_min}, f_max={self.f_max}")
+        if self.log_offset <= 0:
+            raise ValueError(f"log_offset must be positive, got {self.log_offset}")
+        if self.normalize not in ("utterance", "global", "none"):
+            raise ValueError(f"normalize must be 'utterance', 'global' or 'none', got {self.normalize!r}")
+        if self.normalize == "global":
+            if self.global_mean is None or self.global_std is None:
+                raise ValueError("normalize='global' needs global_mean and global_std (one value per mel bin); "
+                                 "compute them with SpectrogramTokenizer.global_stats(training audio)")
+            if len(self.global_mean) != self.n_mels or len(self.global_std) != self.n_mels:
+                raise ValueError(f"global_mean / global_std need {self.n_mels} values (one per mel bin), "
+                                 f"got {len(self.global_mean)} and {len(self.global_std)}")
+            if any(not s > 0 for s in self.global_std):
+                raise ValueError("global_std values must be positive")
+
+    @property
+    def win_length(self) -> int:
+        """Window length in samples."""
+        return round(self.sample_rate * self.win_ms / 1000)
+
+    @property
+    def hop_length(self) -> int:
+        """Frame step in samples."""
+        return round(self.sample_rate * self.hop_ms / 1000)
+
+    @property
+    def fft_size(self) -> int:
+        return self.n_fft if self.n_fft is not None else 1 << (self.win_length - 1).bit_length()
+
+    def num_frames(self, num_samples: int) -> int:
+        """Frames computed from ``num_samples`` samples (centred windows: 1 + T // hop)."""
+        return 1 + num_samples // self.hop_length
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SpectrogramConfig:
+        """Build from a plain dict (a JSON file's); unknown keys are an error."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown SpectrogramConfig key(s) {unknown}; known keys: {', '.join(sorted(known))}")
+        return cls(**data)
+
+
+class SpectrogramTokenizer:
+    """Audio (file paths, 1-D / (1, T) tensors or arrays, or a list of them) -> log-mel `Tokens`.
+
+    Parameter-free and picklable (the torchaudio transforms are built lazily in each process),
+    so it runs in data-loader workers. A 2-D input is (channels, samples); batch several
+    utterances by passing a list. Float input is taken as is; int16 / int32 PCM is scaled to
+    [-1, 1].
+    """
+
+    def __init__(self, config: SpectrogramConfig | None = None, **options: Any) -> None:
+        if config is not None and options:
+            raise ValueError("give either a SpectrogramConfig or keyword options, not both")
+        self.config = config if config is not None else SpectrogramConfig(**options)
+        self._mel: Any = None
+        self._resamplers: dict[int, Any] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"config": self.config}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.config, self._mel, self._resamplers = state["config"], None, {}
+
+    @property
+    def n_mels(self) -> int:
+        return self.config.n_mels
+
+    # ------------------------------------------------------------------ waveforms
+    def load(self, audio: Any, sample_rate: int | None = None) -> Tensor:
+        """One utterance -> a float32 mono waveform (T,) at ``config.sample_rate``.
+
+        ``sample_rate`` is the rate of a tensor / array (default: the configured rate);
+        files carry their own.
+        """
+        name = "audio"
+        if isinstance(audio, (str, Path)):
+            name = str(audio)
+            audio, sample_rate = read_audio(audio)  # (C, T)
+        elif isinstance(audio, np.ndarray):
+            audio = torch.from_numpy(np.ascontiguousarray(audio))
+        if not isinstance(audio, Tensor):
+            raise TypeError(f"unsupported audio type {type(audio).__name__}; give a file path, a tensor or an array")
+        rate = self.config.sample_rate if sample_rate is None else int(sample_rate)
+        wave = _to_float(audio, name)
+        if wave.dim() == 2:
+            if wave.shape[0] != 1:
+                if not self.config.downmix:
+                    raise ValueError(
+                        f"{name} has {wave.shape[0]} channels (shape (channels, samples) = {tuple(wave.shape)}) "
+                        "but the tokenizer expects mono: downmix it with waveform.mean(dim=0) (for a "
+                        "(samples, channels) array, .mean(axis=1)), or set downmix=True")
+                wave = wave.mean(dim=0, keepdim=True)
+            wave = wave[0]
+        elif wave.dim() != 1:
+            raise ValueError(f"{name} must be (samples,) or (channels, samples), got shape {tuple(wave.shape)}; "
+                             "pass a list to encode several utterances")
+        if wave.numel() == 0:
+            raise ValueError(f"{name} is empty (0 samples)")
+        if not bool(torch.isfinite(wave).all()):
+            raise ValueError(f"{name} contains {int((~torch.isfinite(wave)).sum())} NaN/inf samples")
+        if rate != self.config.sample_rate:
+            if not self.config.resample:
+                raise ValueError(f"{name} is at {rate} Hz but the tokenizer expects {self.config.sample_rate} Hz; "
+                                 f"resample it to {self.config.sample_rate} Hz or set resample=True")
+            wave = self._resampler(rate)(wave)
+        if wave.numel() < self.config.win_length:
+            raise ValueError(f"{name} has {wave.numel()} samples at {self.config.sample_rate} Hz, shorter than one "
+                             f"{self.config.win_ms:g} ms window ({self.config.win_length} samples)")
+        return wave
+
+    def _resampler(self, rate: int) -> Any:
+        if rate not in self._resamplers:
+            import torchaudio
+
+            self._resamplers[rate] = torchaudio.transforms.Resample(rate, self.config.sample_rate)
+        return self._resamplers[rate]
+
+    # ------------------------------------------------------------------ frames
+    def log_mel(self, wave: Tensor) -> Tensor:
+        """A mono waveform (T,) at the configured rate -> un-normalised log-mel frames (N, F)."""
+        if self._mel is None:
+            import torchaudio
+
+            c = self.config
+            self._mel = torchaudio.transforms.MelSpectrogram(
+                sample_rate=c.sample_rate, n_fft=c.fft_size, win_length=c.win_length, hop_length=c.hop_length,
+                f_min=c.f_min, f_max=c.f_max, n_mels=c.n_mels, power=2.0, center=True, pad_mode="reflect")
+        with torch.no_grad():
+            mel = self._mel(wave.float())  # (F, N)
+        return torch.log(mel + self.config.log_offset).T.contiguous()
+
+    def normalize(self, frames: Tensor) -> Tensor:
+        """Apply the configured normalisation to one utterance's (N, F) log-mel frames."""
+        c = self.config
+        if c.normalize == "utterance":
+            mean = frames.mean(dim=0, keepdim=True)
+            std = frames.std(dim=0, keepdim=True, unbiased=False) if frames.shape[0] > 1 else torch.ones_like(mean)
+            frames = (frames - mean) / (std + NORMALIZE_EPS)
+        elif c.normalize == "global":
+            frames = (frames - torch.tensor(c.global_mean)) / torch.tensor(c.global_std)
+        return frames
+
+    def features(self, audio: Any, sample_rate: int | None = None) -> Tensor:
+        """One utterance -> normalised log-mel frames (N, F), N = 1 + T // hop."""
+        frames = self.normalize(self.log_mel(self.load(audio, sample_rate)))
+        if not bool(torch.isfinite(frames).all()):
+            raise ValueError(f"the spectrogram has {int((~torch.isfinite(frames)).sum())} NaN/inf values; "
+                             "check the audio and the normalisation statistics")
+        return frames
+
+    def encode(self, audio: Any, sample_rate: int | None = None) -> Tokens:
+        """One utterance or a list -> `Tokens` with (B, N, F) features padded with 0 and the
+        attention mask (its row sums are the utterances' frame counts)."""
+        items = list(audio) if isinstance(audio, (list, tuple)) else [audio]
+        if not items:
+            raise ValueError("got an empty list of audio")
+        return collate([self.features(item, sample_rate) for item in items], modality="audio")
+
+    def __call__(self, audio: Any, sample_rate: int | None = None) -> Tokens:
+        return self.encode(audio, sample_rate)
+
+    def global_stats(self, audio: Iterable[Any], sample_rate: int | None = None) -> tuple[tuple[float, ...],
+                                                                                         tuple[float, ...]]:
+        """Per-mel-bin mean and std of the log-mel frames over a corpus (for normalize="global")."""
+        total, total_sq, count = torch.zeros(self.n_mels, dtype=torch.float64), torch.zeros(
+            self.n_mels, dtype=torch.float64), 0
+        for item in audio:
+            frames = self.log_mel(self.load(item, sample_rate)).double()
+            total += frames.sum(dim=0)
+            total_sq += (frames**2).sum(dim=0)
+            count += frames.shape[0]
+        if count == 0:
+            raise ValueError("global_stats needs at least one utterance")
+        mean = total / count
+        std = (total_sq / count - mean**2).clamp_min(0).sqrt().clamp_min(NORMALIZE_EPS)
+        return tuple(mean.tolist()), tuple(std.tolist())
+
+
+def read_audio(path: str | Path) -> tuple[Tensor, int]:
+    """An audio file (anything libsndfile reads: wav, flac, ogg, …) -> (C, T) float32 and its rate."""
+    import soundfile
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"audio file {path} does not exist")
+    try:
+        data, rate = soundfile.read(str(path), dtype="float32", always_2d=True)  # (T, C)
+    except (RuntimeError, soundfile.LibsndfileError) as error:
+        raise ValueError(f"cannot read audio file {path}: {error}") from error
+    return torch.from_numpy(np.ascontiguousarray(data.T)), int(rate)
+
+
+def _to_float(audio: Tensor, name: str) -> Tensor:
+    if audio.dtype == torch.int16:
+        return audio.float() / 32768.0
+    if audio.dtype == torch.int32:
+        return audio.float() / 2147483648.0
+    if not audio.dtype.is_floating_point:
+        raise TypeError(f"{name} must be float or int16/int32 PCM samples, got {audio.dtype}")
+    return audio.float()
+
+
+class SpecAugment:
+    """SpecAugment's masks (Park et al., 2019) on one utterance's (N, F) frames: training only.
+
+    ``freq_masks`` bands of up to ``freq_width`` mel bins and ``time_masks`` spans of up to
+    ``time_width`` frames (and at most ``max_time_fraction`` of the utterance each) are set to
+    ``mask_value`` — 0, the mean after normalisation. Parameter-free and picklable; draws from
+    ``generator`` or torch's global generator (seeded per data-loader worker by Lightning).
+    """
+
+    def __init__(self, freq_masks: int = 2, freq_width: int = 15, time_masks: int = 2, time_width: int = 25,
+                 max_time_fraction: float = 0.2, mask_value: float = 0.0) -> None:
+        if min(freq_masks, freq_width, time_masks, time_width) < 0:
+            raise ValueError(f"mask counts and widths must be ≥ 0, got freq {freq_masks}×{freq_width}, "
+                             f"time {time_masks}×{time_width}")
+        if not 0.0 <= max_time_fraction <= 1.0:
+            raise ValueError(f"max_time_fraction must be in [0, 1], got {max_time_fraction}")
+        self.freq_masks, self.freq_width = freq_masks, freq_width
+        self.time_masks, self.time_width = time_masks, time_width
+        self.max_time_fraction, self.mask_value = max_time_fraction, mask_value
+
+    def __repr__(self) -> str:
+        return (f"SpecAugment(freq_masks={self.freq_masks}, freq_width={self.freq_width}, "
+                f"time_masks={self.time_masks}, time_width={self.time_width}, "
+                f"max_time_fraction={self.max_time_fraction})")
+
+    def __call__(self, frames: Tensor, generator: torch.Generator | None = None) -> Tensor:
+        """(N, F) -> a masked copy (N, F)."""
+        if frames.dim() != 2:
+            raise ValueError(f"SpecAugment takes one utterance's (frames, mel bins), got shape {tuple(frames.shape)}")
+        out = frames.clone()
+        N, F = out.shape
+        for _ in range(self.freq_masks):
+            start, width = _span(F, self.freq_width, generator)
+            out[:, start:start + width] = self.mask_value
+        longest = min(self.time_width, math.floor(self.max_time_fraction * N))
+        for _ in range(self.time_masks):
+            start, width = _span(N, longest, generator)
+            out[start:start + width] = self.mask_value
+        return out
+
+
+def _span(size: int, max_width: int, generator: torch.Generator | None) -> tuple[int, int]:
+    """A random (start, width) with width uniform in [0, min(max_width, size)]."""
+    width = int(torch.randint(0, min(max_width, size) + 1, (), generator=generator))
+    start = int(torch.randint(0, size - width + 1, (), generator=generator))
+    return start, width
