@@ -19,11 +19,22 @@ from tasks.rl_data import (
     record_episodes,
     save_trajectories,
 )
+from tasks.seq2seq import Seq2SeqTask, exact_match
+from tasks.span_corruption import (
+    SpanCorruptionCollator,
+    random_spans_noise_mask,
+    restore_spans,
+    sentinel_tokens,
+    span_corrupt,
+)
 from tasks.speech_data import ManifestDataModule, SpokenDigitsDataModule, spoken_digits_corpus
+from tasks.t5_data import SpanCorruptionDataModule, TextToTextDataModule, train_t5_tokenizer
 from tasks.teachers import SmallCNN, train_cnn_teacher
 from tasks.text_data import TextDataModule, stdlib_source_files
 
 __all__ = [
+    "Seq2SeqTask", "SpanCorruptionCollator", "SpanCorruptionDataModule", "TextToTextDataModule", "exact_match",
+    "random_spans_noise_mask", "restore_spans", "sentinel_tokens", "span_corrupt", "train_t5_tokenizer",
     "CTCSpeechTask", "ManifestDataModule", "SpokenDigitsDataModule", "ctc_loss", "spoken_digits_corpus",
     "CaptionedDigitsDataModule", "ContrastiveTask", "ImageCaptionDataModule", "contrastive_loss",
     "CausalLMTask", "DigitsDataModule", "ExportPretrained", "ImageClassificationTask", "ImageFolderDataModule",

@@ -20,11 +20,11 @@ from torch import Tensor, nn
 from tokenizers_mm import Tokens
 from unitok.backbone import Backbone, BackboneConfig
 from unitok.config import Config
-from unitok.embed import TokenEmbedding
+from unitok.embed import RelativePositionBias, TokenEmbedding
 from unitok.embed.frames import ConvSubsampling
 from unitok.generate import GenerationConfig, generate
 from unitok.layers.activations import Activation
-from unitok.layers.attention import Kernel
+from unitok.layers.attention import CrossAttention, Kernel, SelfAttention
 from unitok.layers.kv_cache import KVCache
 from unitok.models.base import PretrainedModel
 from unitok.outputs import BackboneOutput, Seq2SeqLMOutput
@@ -116,13 +116,22 @@ class T5Config(Config):
         )
 
 
-def _init_t5(model: nn.Module, d_model: int) -> None:
-    """T5's initialisation (Mesh TensorFlow): normal with std 1/√fan-in, norms at one."""
+def _init_t5(model: nn.Module, d_model: int, d_kv: int) -> None:
+    """T5's initialisation (Mesh TensorFlow): linears normal with std 1/√fan-in, embeddings std 1,
+    and queries std 1/√(D·d_kv) — the scale T5 leaves out of its attention scores lives here."""
     for module in model.modules():
         if isinstance(module, nn.Linear):
             nn.init.normal_(module.weight, std=module.in_features**-0.5)
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, std=1.0)
+        elif isinstance(module, RelativePositionBias):
+            nn.init.normal_(module.weight, std=d_model**-0.5)
+    query_std = (d_model * d_kv) ** -0.5
+    for module in model.modules():
+        if isinstance(module, SelfAttention):
+            nn.init.normal_(module.qkv.weight[: module.inner], std=query_std)  # the q rows of fused q·k·v
+        elif isinstance(module, CrossAttention):
+            nn.init.normal_(module.q.weight, std=query_std)
 
 
 def _ids_and_mask(input_ids: Tensor | Tokens, attention_mask: Tensor | None) -> tuple[Tensor, Tensor | None]:
@@ -152,7 +161,7 @@ class T5Encoder(PretrainedModel):
         self.frontend = ConvSubsampling(config.n_mels, config.d_model) if config.n_mels else None
         self.encoder = Backbone(config.backbone_config(decoder=False))
         self.drop = nn.Dropout(config.dropout)
-        _init_t5(self, config.d_model)
+        _init_t5(self, config.d_model, config.d_kv)
 
     def embed_source(self, inputs: Tensor | Tokens, attention_mask: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         """Source ids, or (B, N, F) frames when ``n_mels`` is set -> (B, S, D) vectors and their mask."""
@@ -197,8 +206,8 @@ class T5(T5Encoder):
         super().__init__(config)
         self.decoder = Backbone(config.backbone_config(decoder=True))
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
-        _init_t5(self.decoder, config.d_model)
-        nn.init.normal_(self.lm_head.weight, std=config.d_model**-0.5)
+        _init_t5(self.decoder, config.d_model, config.d_kv)
+        nn.init.normal_(self.lm_head.weight, std=1.0)
         if config.tie_embeddings:
             self.lm_head.weight = self.shared.weight
 

@@ -1,0 +1,67 @@
+"""`Seq2SeqTask`: exact match counts a prediction up to its EOS, the loss is teacher-forced
+cross-entropy that ignores padding, and mismatched vocabularies or special ids are clear errors."""
+
+from __future__ import annotations
+
+import lightning as L
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tasks.seq2seq import Seq2SeqTask, exact_match
+
+V = 50
+
+
+def tiny_task(**overrides) -> Seq2SeqTask:
+    options = dict(vocab_size=V, eos_token_id=1, pad_token_id=0, dropout=0.0)
+    return Seq2SeqTask(**{**options, **overrides})
+
+
+def test_exact_match_counts_up_to_the_first_eos():
+    generated = torch.tensor([[0, 5, 6, 1, 0],    # right, then padding
+                              [0, 5, 1, 0, 0],    # stops too early
+                              [0, 5, 6, 7, 8],    # never ends
+                              [0, 5, 6, 1, 9]])   # right; whatever follows EOS does not count
+    labels = torch.tensor([[5, 6, 1, -100], [5, 6, 1, -100], [5, 6, 7, 8], [5, 6, 1, -100]])
+    assert exact_match(generated, labels, eos_token_id=1).tolist() == [True, False, False, True]
+
+
+def test_the_loss_is_teacher_forced_cross_entropy_ignoring_padding():
+    task = tiny_task().eval()
+    batch = {"input_ids": torch.randint(2, V, (2, 7)), "attention_mask": torch.ones(2, 7, dtype=torch.long),
+             "labels": torch.tensor([[5, 6, 7, 1], [8, 1, -100, -100]])}
+    logits = task.model(batch["input_ids"], decoder_input_ids=torch.tensor([[0, 5, 6, 7], [0, 8, 1, 0]])).logits
+    expected = F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(), ignore_index=-100)
+    torch.testing.assert_close(task.loss(batch), expected)
+    out = task.predict_ids(batch)
+    assert out.shape[0] == 2 and out.shape[1] <= 1 + batch["labels"].shape[1] + 1
+    assert (out[:, 0] == 0).all()  # decoding starts from <pad>, as in T5
+
+
+def test_fine_tuning_checks_the_pretrained_models_vocabulary(tmp_path):
+    tiny_task().model.save_pretrained(tmp_path / "t5")
+    task = Seq2SeqTask(vocab_size=V, eos_token_id=1, pretrained=str(tmp_path / "t5"))
+    assert task.model.config.vocab_size == V
+    with pytest.raises(ValueError, match=r"the data's vocab_size=60 differs from the pretrained model's 50"):
+        Seq2SeqTask(vocab_size=60, eos_token_id=1, pretrained=str(tmp_path / "t5"))
+    with pytest.raises(ValueError, match="vocab_size is required"):
+        Seq2SeqTask()
+    with pytest.raises(ValueError, match="eval_num_beams must be ≥ 2"):
+        tiny_task(eval_num_beams=1)
+
+
+class _Data(L.LightningDataModule):
+    vocab_size, eos_token_id, pad_token_id = V, 1, 3
+
+    def train_dataloader(self):
+        return [{"input_ids": torch.tensor([[4, 1]]), "labels": torch.tensor([[5, 1]])}]
+
+    val_dataloader = train_dataloader
+
+
+def test_a_data_module_with_another_pad_id_is_a_clear_error():
+    trainer = L.Trainer(max_steps=1, accelerator="cpu", logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False)
+    with pytest.raises(ValueError, match="the data module's pad_token_id=3 differs from the model's pad_token_id=0"):
+        trainer.fit(tiny_task(), datamodule=_Data())
