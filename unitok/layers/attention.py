@@ -121,7 +121,31 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: boo
     return sdpa_attention(q, k, v, mask, is_causal, scale, dropout_p)
 
 
-class SelfAttention(nn.Module):
+class _MultiHead(nn.Module):
+    """Shape and settings shared by self- and cross-attention: H heads of width K; subclasses
+    create their input projections, then the output projection ``proj`` (in that order, so
+    seeded initialisation stays as it was)."""
+
+    def __init__(self, d_model: int, n_heads: int, bias: bool, dropout: float, scale: float | None,
+                 layer_idx: int, head_dim: int | None, device=None, dtype=None) -> None:
+        super().__init__()
+        if head_dim is None and d_model % n_heads:
+            raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
+        self.n_heads = n_heads
+        self.head_dim = head_dim if head_dim is not None else d_model // n_heads
+        self.inner = n_heads * self.head_dim
+        self.scale, self.dropout, self.layer_idx = scale, dropout, layer_idx
+
+    def _output(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool,
+                ctx: AttentionContext) -> Tensor:
+        """(B, H, N, K) queries against (B, H, T, K) keys/values -> (B, N, D)."""
+        B, _, N, _ = q.shape
+        dropout_p = self.dropout if self.training else 0.0
+        out = _attend(q, k, v, mask, is_causal, self.scale, dropout_p, ctx)
+        return self.proj(out.transpose(1, 2).reshape(B, N, self.inner))
+
+
+class SelfAttention(_MultiHead):
     """Multi-head self-attention with fused QKV projection and an optional KV cache.
 
     Args:
@@ -135,15 +159,7 @@ class SelfAttention(nn.Module):
         self, d_model: int, n_heads: int, bias: bool = True, dropout: float = 0.0,
         scale: float | None = None, layer_idx: int = 0, head_dim: int | None = None, device=None, dtype=None,
     ) -> None:
-        super().__init__()
-        if head_dim is None and d_model % n_heads:
-            raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
-        self.n_heads = n_heads
-        self.head_dim = head_dim if head_dim is not None else d_model // n_heads
-        self.inner = n_heads * self.head_dim
-        self.scale = scale
-        self.dropout = dropout
-        self.layer_idx = layer_idx
+        super().__init__(d_model, n_heads, bias, dropout, scale, layer_idx, head_dim, device, dtype)
         self.qkv = nn.Linear(d_model, 3 * self.inner, bias=bias, device=device, dtype=dtype)
         self.proj = nn.Linear(self.inner, d_model, bias=bias, device=device, dtype=dtype)
 
@@ -152,29 +168,21 @@ class SelfAttention(nn.Module):
         q, k, v = self.qkv(x).view(B, N, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         if ctx.cache is not None:
             k, v = ctx.cache.update(self.layer_idx, k, v)  # (B, H, T, K) with T ≥ N
-        dropout_p = self.dropout if self.training else 0.0
-        out = _attend(q, k, v, ctx.mask, ctx.is_causal, self.scale, dropout_p, ctx)
-        return self.proj(out.transpose(1, 2).reshape(B, N, self.inner))
+        return self._output(q, k, v, ctx.mask, ctx.is_causal, ctx)
 
 
-class CrossAttention(nn.Module):
+class CrossAttention(_MultiHead):
     """Multi-head attention from the tokens (queries) to an encoder's output (keys, values).
 
     The encoder output is fixed while a decoder generates, so its keys and values are computed
-    once and kept in the cache (``KVCache.cross``).
+    once and kept in the cache (``KVCache.cross``). Arguments as for `SelfAttention`.
     """
 
     def __init__(
         self, d_model: int, n_heads: int, bias: bool = True, dropout: float = 0.0,
         scale: float | None = None, layer_idx: int = 0, head_dim: int | None = None, device=None, dtype=None,
     ) -> None:
-        super().__init__()
-        if head_dim is None and d_model % n_heads:
-            raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
-        self.n_heads = n_heads
-        self.head_dim = head_dim if head_dim is not None else d_model // n_heads
-        self.inner = n_heads * self.head_dim
-        self.scale, self.dropout, self.layer_idx = scale, dropout, layer_idx
+        super().__init__(d_model, n_heads, bias, dropout, scale, layer_idx, head_dim, device, dtype)
         self.q = nn.Linear(d_model, self.inner, bias=bias, device=device, dtype=dtype)
         self.kv = nn.Linear(d_model, 2 * self.inner, bias=bias, device=device, dtype=dtype)
         self.proj = nn.Linear(self.inner, d_model, bias=bias, device=device, dtype=dtype)
@@ -197,6 +205,4 @@ class CrossAttention(nn.Module):
                 ctx.cache.cross[self.layer_idx] = (k, v)
         else:
             k, v = cached
-        dropout_p = self.dropout if self.training else 0.0
-        out = _attend(q, k, v, ctx.memory_mask, False, self.scale, dropout_p, ctx)
-        return self.proj(out.transpose(1, 2).reshape(B, N, self.inner))
+        return self._output(q, k, v, ctx.memory_mask, False, ctx)
