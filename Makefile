@@ -34,10 +34,12 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/gpt_vs_hf.py --threads 1
+	$(BIN)/python benchmarks/bert_vs_hf.py --threads 1
 	$(BIN)/python benchmarks/vision_vs_timm.py --threads 1
 	$(BIN)/python benchmarks/clip_vs_open_clip.py --threads 1
 	$(BIN)/python benchmarks/t5_vs_hf.py --threads 1
 	$(BIN)/python benchmarks/conformer_vs_torchaudio.py --threads 1
+	$(BIN)/python benchmarks/dt_vs_hf.py --threads 1
 
 lint: $(STAMP)
 	$(BIN)/ruff check unitok tokenizers_mm tasks tests benchmarks

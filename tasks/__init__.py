@@ -1,5 +1,11 @@
 """tasks: Lightning training for unitok models (losses, metrics, data modules, the CLI)."""
 
+from tasks.bert_data import BERTDataModule, MaskingCollator, mask_tokens
+from tasks.bert_finetune import (
+    QuestionAnsweringTask,
+    SequenceClassificationTask,
+    TokenClassificationTask,
+)
 from tasks.callbacks import ExportPretrained, PrintPredictions
 from tasks.causal_lm import CausalLMTask
 from tasks.clip_data import CaptionedDigitsDataModule, ImageCaptionDataModule
@@ -12,6 +18,8 @@ from tasks.image_classification import (
     soft_distillation_loss,
 )
 from tasks.image_data import DigitsDataModule, ImageFolderDataModule
+from tasks.labelled_text import CodeTokensDataModule, DocstringDataModule, DocstringQADataModule
+from tasks.masked_lm import ElectraTask, MaskedLMTask
 from tasks.rl_data import (
     TrajectoryDataModule,
     builtin_trajectories,
@@ -33,13 +41,15 @@ from tasks.teachers import SmallCNN, train_cnn_teacher
 from tasks.text_data import TextDataModule, stdlib_source_files
 
 __all__ = [
-    "Seq2SeqTask", "SpanCorruptionCollator", "SpanCorruptionDataModule", "TextToTextDataModule", "exact_match",
-    "random_spans_noise_mask", "restore_spans", "sentinel_tokens", "span_corrupt", "train_t5_tokenizer",
-    "CTCSpeechTask", "ManifestDataModule", "SpokenDigitsDataModule", "ctc_loss", "spoken_digits_corpus",
-    "CaptionedDigitsDataModule", "ContrastiveTask", "ImageCaptionDataModule", "contrastive_loss",
-    "CausalLMTask", "DigitsDataModule", "ExportPretrained", "ImageClassificationTask", "ImageFolderDataModule",
-    "PrintPredictions", "SmallCNN", "TextDataModule", "hard_distillation_loss", "soft_distillation_loss",
-    "stdlib_source_files", "train_cnn_teacher",
-    "DecisionTransformerTask", "TrajectoryDataModule", "action_loss", "builtin_trajectories", "load_trajectories",
-    "record_episodes", "save_return_plot", "save_trajectories",
+    "action_loss", "BERTDataModule", "builtin_trajectories", "CaptionedDigitsDataModule", "CausalLMTask",
+    "CodeTokensDataModule", "contrastive_loss", "ContrastiveTask", "ctc_loss", "CTCSpeechTask",
+    "DecisionTransformerTask", "DigitsDataModule", "DocstringDataModule", "DocstringQADataModule", "ElectraTask",
+    "exact_match", "ExportPretrained", "hard_distillation_loss", "ImageCaptionDataModule",
+    "ImageClassificationTask", "ImageFolderDataModule", "load_trajectories", "ManifestDataModule", "mask_tokens",
+    "MaskedLMTask", "MaskingCollator", "PrintPredictions", "QuestionAnsweringTask", "random_spans_noise_mask",
+    "record_episodes", "restore_spans", "save_return_plot", "save_trajectories", "sentinel_tokens", "Seq2SeqTask",
+    "SequenceClassificationTask", "SmallCNN", "soft_distillation_loss", "span_corrupt", "SpanCorruptionCollator",
+    "SpanCorruptionDataModule", "spoken_digits_corpus", "SpokenDigitsDataModule", "stdlib_source_files",
+    "TextDataModule", "TextToTextDataModule", "TokenClassificationTask", "train_cnn_teacher",
+    "train_t5_tokenizer", "TrajectoryDataModule"
 ]

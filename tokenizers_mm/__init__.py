@@ -11,6 +11,7 @@ from tokenizers_mm.image import (
     patchify,
     unpatchify,
 )
+from tokenizers_mm.pairs import Truncation, encode_pair_ids, pad_pairs
 from tokenizers_mm.text import BPETokenizer, TextEncoding
 from tokenizers_mm.tokens import Tokens, collate
 from tokenizers_mm.trajectory import (
@@ -21,11 +22,12 @@ from tokenizers_mm.trajectory import (
     episodes_to_arrays,
     returns_to_go,
 )
+from tokenizers_mm.wordpiece import PairEncoding, WordPieceTokenizer, align_word_labels
 
 __all__ = [
-    "CharacterVocabulary", "SpecAugment", "SpectrogramConfig", "SpectrogramTokenizer", "read_audio",
-    "IMAGENET_MEAN", "IMAGENET_STD", "BPETokenizer", "CLIPTokenizer", "ImagePreprocessConfig", "PatchTokenizer",
-    "TextEncoding", "Tokens", "collate", "patchify", "unpatchify",
-    "Episode", "TrajectoryTokenizer", "TrajectoryWindows", "episodes_from_arrays", "episodes_to_arrays",
-    "returns_to_go",
+    "align_word_labels", "BPETokenizer", "CharacterVocabulary", "CLIPTokenizer", "collate", "encode_pair_ids",
+    "Episode", "episodes_from_arrays", "episodes_to_arrays", "IMAGENET_MEAN", "IMAGENET_STD",
+    "ImagePreprocessConfig", "pad_pairs", "PairEncoding", "patchify", "PatchTokenizer", "read_audio",
+    "returns_to_go", "SpecAugment", "SpectrogramConfig", "SpectrogramTokenizer", "TextEncoding", "Tokens",
+    "TrajectoryTokenizer", "TrajectoryWindows", "Truncation", "unpatchify", "WordPieceTokenizer"
 ]

@@ -11,6 +11,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from torch import Tensor
 
+from tokenizers_mm.pairs import Truncation, encode_pair_ids, pad_pairs
 from tokenizers_mm.tokens import Tokens, collate
 
 DEFAULT_SPECIAL_TOKENS = ("<|endoftext|>",)
@@ -235,3 +236,46 @@ class BPETokenizer:
                 if len(pending) == chunk:
                     yield from flush()
         yield from flush()
+
+    # ----------------------------------------------------------------- sentence pairs (BERT-style)
+    def encode_pair(
+        self,
+        text: str,
+        text_pair: str | None = None,
+        max_length: int | None = None,
+        truncation: Truncation | bool = "off",
+        cls_token: str = "[CLS]",
+        sep_token: str = "[SEP]",
+    ) -> tuple[Tensor, Tensor]:
+        """``[CLS] A [SEP] (B [SEP])`` ids and segment ids, each (N,), for a BERT-style encoder
+        reading BPE tokens. [CLS] and [SEP] must be special tokens of this vocabulary (train
+        with ``special_tokens=(..., "[CLS]", "[SEP]", "[MASK]", "[PAD]")``)."""
+        a = self.encode(text).ids.tolist()
+        b = self.encode(text_pair).ids.tolist() if text_pair is not None else None
+        ids, segments = encode_pair_ids(a, b, self.token_to_id(cls_token), self.token_to_id(sep_token),
+                                        max_length, truncation)
+        return torch.tensor(ids, dtype=torch.long), torch.tensor(segments, dtype=torch.long)
+
+    def batch_encode_pairs(
+        self,
+        texts: Sequence[str],
+        text_pairs: Sequence[str] | None = None,
+        max_length: int | None = None,
+        truncation: Truncation | bool = "off",
+        cls_token: str = "[CLS]",
+        sep_token: str = "[SEP]",
+    ) -> Tokens:
+        """`encode_pair` for a batch, right-padded with ``pad_token`` into `Tokens` with segments."""
+        if isinstance(texts, str):
+            raise TypeError("batch_encode_pairs takes a list of strings; use encode_pair for one string")
+        if text_pairs is not None and len(text_pairs) != len(texts):
+            raise ValueError(f"{len(texts)} texts but {len(text_pairs)} text_pairs; give one pair per text")
+        rows = []
+        for i, text in enumerate(texts):
+            try:
+                ids, segments = self.encode_pair(text, text_pairs[i] if text_pairs is not None else None,
+                                                 max_length, truncation, cls_token, sep_token)
+            except ValueError as err:
+                raise ValueError(f"text {i}: {err}") from None
+            rows.append((ids.tolist(), segments.tolist()))
+        return pad_pairs(rows, self.pad_id)

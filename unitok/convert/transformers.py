@@ -38,4 +38,4 @@ def from_transformers(hf_model: nn.Module) -> nn.Module:
 
 def _load_converters() -> None:
     # Importing the family modules registers their converters.
-    from unitok.convert import decision_transformer, gpt2, t5  # noqa: F401
+    from unitok.convert import bert, decision_transformer, gpt2, t5  # noqa: F401

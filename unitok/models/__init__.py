@@ -1,6 +1,7 @@
 """The model families, each a thin composition over the one backbone."""
 
 from unitok.models.base import CheckpointMismatchError, PretrainedModel
+from unitok.models.bert import BERT, BERTConfig, BERTOutput
 from unitok.models.clip import CLIP, CLIPConfig, CLIPTextConfig
 from unitok.models.conformer import ConformerConfig, ConformerCTC
 from unitok.models.decision_transformer import (
@@ -8,13 +9,15 @@ from unitok.models.decision_transformer import (
     DecisionTransformerConfig,
     DecisionTransformerOutput,
 )
+from unitok.models.electra import ELECTRA, ELECTRAConfig, ELECTRAOutput
 from unitok.models.gpt import GPT, GPTConfig
 from unitok.models.mixer import MixerConfig, MLPMixer
 from unitok.models.t5 import T5, T5Config, T5Encoder
 from unitok.models.vit import DeiT, ViT, ViTConfig
 
 __all__ = [
-    "CLIP", "CLIPConfig", "CLIPTextConfig", "GPT", "CheckpointMismatchError", "DeiT", "GPTConfig", "MLPMixer", "MixerConfig", "PretrainedModel",
-    "ConformerCTC", "ConformerConfig", "T5", "T5Config", "T5Encoder", "ViT", "ViTConfig",
-    "DecisionTransformer", "DecisionTransformerConfig", "DecisionTransformerOutput",
+    "BERT", "BERTConfig", "BERTOutput", "CheckpointMismatchError", "CLIP", "CLIPConfig", "CLIPTextConfig",
+    "ConformerConfig", "ConformerCTC", "DecisionTransformer", "DecisionTransformerConfig",
+    "DecisionTransformerOutput", "DeiT", "ELECTRA", "ELECTRAConfig", "ELECTRAOutput", "GPT", "GPTConfig",
+    "MixerConfig", "MLPMixer", "PretrainedModel", "T5", "T5Config", "T5Encoder", "ViT", "ViTConfig"
 ]

@@ -1,0 +1,165 @@
+"""Training throughput of unitok's BERT against Hugging Face ``BertForMaskedLM`` at the same config.
+
+What it measures, in one process and with identical weights (the HF model is built with random
+weights and converted with ``unitok.convert.from_transformers``): tokens/s of forward + masked-LM
+cross-entropy + backward + AdamW step on a (batch × seq_len) batch masked as BERT masks (15 %;
+80/10/10), two ways:
+
+1. ``full logits``: both models score every position over the vocabulary and the loss ignores
+   unmasked ones (-100) — the same arithmetic on both sides, as ``BertForMaskedLM`` computes it.
+2. ``masked-only``: unitok scores only the masked positions (``model.mlm_head(hidden[masked])``,
+   what ``tasks.MaskedLMTask`` does) against HF's usual full-logit step — the practical speed-up.
+
+The first-step losses of the two models are printed (they must agree). Repetitions alternate
+between the libraries so slow drifts of the machine hit both alike; the table reports medians
+and the ratio unitok / HF (> 1 means unitok is faster).
+
+Run::
+
+    python benchmarks/bert_vs_hf.py --threads 1
+    python benchmarks/bert_vs_hf.py --device cuda --d-model 768 --n-layers 12 --n-heads 12 --vocab-size 30522
+
+Needs ``transformers`` (the ``dev`` extra).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: find timing.py
+from timing import alternate  # noqa: E402
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line options (defaults run in about a minute on 2 cores)."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--d-model", type=int, default=256)
+    p.add_argument("--n-layers", type=int, default=4)
+    p.add_argument("--n-heads", type=int, default=4)
+    p.add_argument("--vocab-size", type=int, default=8192)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--dropout", type=float, default=0.1, help="hidden and attention dropout (BERT's 0.1)")
+    p.add_argument("--train-steps", type=int, default=2, help="optimizer steps per repetition")
+    p.add_argument("--repeats", type=int, default=5, help="timed repetitions per library")
+    p.add_argument("--warmup", type=int, default=1, help="untimed repetitions per library")
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args(argv)
+
+
+def build_models(args: argparse.Namespace) -> tuple[nn.Module, nn.Module]:
+    """(unitok BERT with an MLM head, HF BertForMaskedLM) with the same random weights."""
+    from transformers import BertConfig, BertForMaskedLM
+
+    from unitok.convert import from_transformers
+
+    torch.manual_seed(args.seed)
+    config = BertConfig(vocab_size=args.vocab_size, hidden_size=args.d_model, num_hidden_layers=args.n_layers,
+                        num_attention_heads=args.n_heads, intermediate_size=4 * args.d_model,
+                        max_position_embeddings=max(512, args.seq_len), hidden_dropout_prob=args.dropout,
+                        attention_probs_dropout_prob=args.dropout)
+    hf = BertForMaskedLM(config)
+    ours = from_transformers(hf)
+    return ours.to(args.device), hf.to(args.device)
+
+
+def masked_batch(args: argparse.Namespace) -> tuple[Tensor, Tensor]:
+    """Random ids masked the BERT way: (masked ids, labels with -100 where not masked)."""
+    from tasks.bert_data import mask_tokens
+
+    g = torch.Generator().manual_seed(args.seed + 1)
+    ids = torch.randint(5, args.vocab_size, (args.batch_size, args.seq_len), generator=g)
+    ids[:, 0], ids[:, -1] = 2, 3  # [CLS] ... [SEP]
+    masked, labels = mask_tokens(ids, None, [0, 1, 2, 3, 4], 4, args.vocab_size, generator=g)
+    return masked.to(args.device), labels.to(args.device)
+
+
+def loss_full(model: nn.Module, ids: Tensor, labels: Tensor, hf: bool) -> Tensor:
+    """Masked-LM loss from logits at every position (the loss ignores unmasked ones)."""
+    logits = model(ids).logits if hf else model(ids).mlm_logits
+    return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100)
+
+
+def loss_masked_only(model: nn.Module, ids: Tensor, labels: Tensor) -> Tensor:
+    """unitok's way: run the MLM head only where something was masked."""
+    hidden = model(ids, compute_heads=False).last_hidden_state
+    masked = labels != -100
+    return F.cross_entropy(model.mlm_head(hidden[masked]), labels[masked])
+
+
+def make_train_step(model: nn.Module, loss_fn: Callable[[nn.Module], Tensor], steps: int) -> Callable[[], float]:
+    """A closure running ``steps`` AdamW steps on ``model`` (own optimizer); returns the loss."""
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def run() -> float:
+        loss = torch.zeros(())
+        for _ in range(steps):
+            opt.zero_grad(set_to_none=True)
+            loss = loss_fn(model)
+            loss.backward()
+            opt.step()
+        return float(loss.detach())
+
+    return run
+
+
+def print_table(rows: list[tuple[str, float, float]]) -> None:
+    """metric | unitok | HF | ratio (unitok / HF)."""
+    print(f"{'metric':<34}{'unitok':>12}{'HF':>12}{'ratio':>9}")
+    for metric, ours, theirs in rows:
+        print(f"{metric:<34}{ours:>12.1f}{theirs:>12.1f}{ours / theirs:>8.2f}x")
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run the benchmark, print the table and return the figures."""
+    args = parse_args(argv)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit("--device cuda asked for, but CUDA is not available")
+    start = time.perf_counter()
+    ours, hf = build_models(args)
+    ids, labels = masked_batch(args)
+    ours.eval(), hf.eval()
+    with torch.no_grad():
+        first = {"unitok": float(loss_full(ours, ids, labels, hf=False)), "hf": float(loss_full(hf, ids, labels, hf=True)),
+                 "unitok masked-only": float(loss_masked_only(ours, ids, labels))}
+    n_params = sum(p.numel() for p in ours.parameters())
+    print(f"config: D={args.d_model} L={args.n_layers} H={args.n_heads} V={args.vocab_size} batch "
+          f"{args.batch_size}x{args.seq_len} dropout={args.dropout} ({n_params / 1e6:.2f}M params) | "
+          f"device={args.device} threads={torch.get_num_threads()} torch={torch.__version__} "
+          f"hf_attn={getattr(hf.config, '_attn_implementation', '?')} repeats={args.repeats}")
+    print("initial loss: " + ", ".join(f"{k} {v:.5f}" for k, v in first.items()))
+    runs = {
+        "unitok": make_train_step(copy.deepcopy(ours), lambda m: loss_full(m, ids, labels, hf=False), args.train_steps),
+        "unitok_masked": make_train_step(copy.deepcopy(ours), lambda m: loss_masked_only(m, ids, labels),
+                                         args.train_steps),
+        "hf": make_train_step(copy.deepcopy(hf), lambda m: loss_full(m, ids, labels, hf=True), args.train_steps),
+    }
+    times = alternate(runs, args.repeats, args.warmup, args.device)
+    tokens = args.batch_size * args.seq_len * args.train_steps
+    speed = {name: tokens / statistics.median(t) for name, t in times.items()}
+    print_table([("train tokens/s (full logits)", speed["unitok"], speed["hf"]),
+                 ("train tokens/s (masked-only)", speed["unitok_masked"], speed["hf"])])
+    result = {"train": speed, "initial_loss": first, "seconds": time.perf_counter() - start}
+    print(f"({result['seconds']:.0f} s)")
+    return result
+
+
+if __name__ == "__main__":
+    main()

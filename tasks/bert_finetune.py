@@ -1,0 +1,300 @@
+"""Fine-tuning a BERT-family body, in the lectures' styles:
+
+- ``mode="full"``: a new head, every weight trained (BERT's fine-tuning approach);
+- ``mode="frozen"``: "decapitate, add a new head, freeze the rest" — only the head learns;
+- ``mode="features"``: the feature-based approach — the frozen body's hidden states of
+  chosen layers, combined by a learnable weighted sum (`unitok.heads.ScalarMix`), feed a
+  new head.
+
+`SequenceClassificationTask` ([CLS] classification or regression, single texts or sentence
+pairs through segment ids), `TokenClassificationTask` (labels on first sub-tokens) and
+`QuestionAnsweringTask` (start/end spans). The body comes from a ``save_pretrained`` folder
+(BERT, or ELECTRA whose discriminator is used) or is built from a preset (from scratch).
+
+Axis legend: B batch, N tokens, D width, K labels, L layers mixed.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from tasks.optim import warmup_cosine, weight_decay_groups
+from unitok.heads import ClassificationHead, ScalarMix
+from unitok.models import BERT, ELECTRA, BERTConfig
+from unitok.models.bert import mean_pool, span_from_logits
+
+Mode = Literal["full", "frozen", "features"]
+
+
+def load_body(pretrained: str | Path) -> BERT:
+    """A `BERT` body from a ``save_pretrained`` folder: a BERT, or an ELECTRA's discriminator."""
+    folder = Path(pretrained)
+    config_file = folder / "config.json"
+    if not config_file.is_file():
+        raise FileNotFoundError(f"{folder} has no config.json; expected a folder written by save_pretrained "
+                                "(e.g. the pretrained/ folder of `unitok fit --config configs/bert/mlm_tiny.yaml`)")
+    family = json.loads(config_file.read_text()).get("family")
+    if family == "ELECTRA":
+        return ELECTRA.from_pretrained(folder).discriminator_as_bert()
+    if family != "BERT":
+        raise ValueError(f"{folder} holds a {family} checkpoint; fine-tuning needs a BERT or ELECTRA one")
+    return BERT.from_pretrained(folder)
+
+
+def build_body(vocab_size: int | None, context_length: int, pretrained: str | None, preset: str) -> BERT:
+    """The body to fine-tune: loaded from ``pretrained`` (vocabulary and length checked against
+    the data's), or a fresh `BERT` from ``preset`` when training from scratch."""
+    if pretrained is not None:
+        body = load_body(pretrained)
+        if vocab_size is not None and vocab_size != body.config.vocab_size:
+            raise ValueError(
+                f"the data's tokenizer has {vocab_size} tokens but the pretrained model {pretrained} has "
+                f"{body.config.vocab_size}; give the data module the checkpoint's tokenizer (its folder)")
+        if context_length > body.config.context_length:
+            raise ValueError(f"context_length={context_length} exceeds the pretrained model's "
+                             f"{body.config.context_length} positions")
+        return body
+    if vocab_size is None:
+        raise ValueError("training from scratch (no `pretrained`) needs vocab_size (from the data module)")
+    return BERT(BERTConfig.from_name(preset, vocab_size=vocab_size, context_length=context_length, heads=()))
+
+
+class _FineTuneTask(L.LightningModule):
+    """Modes, the AdamW schedule and label checks shared by the fine-tuning tasks."""
+
+    num_labels: int
+
+    def __init__(self, mode: Mode) -> None:
+        super().__init__()
+        if mode not in ("full", "frozen", "features"):
+            raise ValueError(f"mode must be 'full', 'frozen' or 'features', got {mode!r}")
+        self.mode = mode
+
+    def _check_labels(self, labels: Tensor, num_labels: int) -> None:
+        real = labels[labels != -100]
+        if real.numel() and (int(real.min()) < 0 or int(real.max()) >= num_labels):
+            bad = real[(real < 0) | (real >= num_labels)].unique()[:5].tolist()
+            raise ValueError(f"labels {bad} are outside [0, {num_labels}): the data has more classes than the "
+                             f"model's num_labels={num_labels}")
+
+    def setup(self, stage: str) -> None:
+        datamodule = getattr(self.trainer, "datamodule", None)
+        expected = getattr(datamodule, "num_labels", None)
+        if expected is not None and expected != self.num_labels and self.num_labels != 1:
+            raise ValueError(f"label count mismatch: the data module has {expected} labels "
+                             f"{tuple(getattr(datamodule, 'label_names', ()))} but the task was built with "
+                             f"num_labels={self.num_labels}")
+
+    def configure_optimizers(self):
+        trainable = [p for p in self.parameters() if p.requires_grad]
+        if not trainable:
+            raise ValueError("nothing to train: every parameter is frozen")
+        groups = weight_decay_groups(self, self.hparams.weight_decay)
+        optimizer = torch.optim.AdamW(groups, lr=self.hparams.learning_rate, betas=tuple(self.hparams.betas))
+        total = max(1, int(self.trainer.estimated_stepping_batches))
+        schedule = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, warmup_cosine(self.hparams.warmup_steps, total, self.hparams.min_lr_ratio))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+    def _log_all(self, stage: str, metrics: dict[str, Tensor], batch_size: int) -> None:
+        for name, value in metrics.items():
+            self.log(f"{stage}_{name}", value, prog_bar=True, batch_size=batch_size)
+
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        metrics = self._metrics(batch)
+        self._log_all("train", metrics, batch["input_ids"].shape[0])
+        return metrics["loss"]
+
+    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        self._log_all("val", self._metrics(batch), batch["input_ids"].shape[0])
+
+    def test_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        self._log_all("test", self._metrics(batch), batch["input_ids"].shape[0])
+
+    def _metrics(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+        raise NotImplementedError
+
+
+class _FeatureHead(nn.Module):
+    """Feature-based approach: ScalarMix over a frozen body's layers, then a pooled or
+    per-token linear head."""
+
+    def __init__(self, body: BERT, layers: Any, num_labels: int, per_token: bool, dropout: float) -> None:
+        super().__init__()
+        self.layers = body.layer_indices(layers)
+        self.mix = ScalarMix(len(self.layers))
+        self.head = ClassificationHead(body.config.d_model, num_labels, dropout)
+        self.per_token = per_token
+
+    def forward(self, body: BERT, batch: dict[str, Tensor]) -> Tensor:
+        with torch.no_grad():
+            hidden = body(batch["input_ids"], batch.get("attention_mask"), batch.get("segment_ids"),
+                          output_hidden_states=True, compute_heads=False).hidden_states
+        mixed = self.mix([hidden[i] for i in self.layers])  # (B, N, D)
+        if self.per_token:
+            return self.head(mixed)
+        return self.head(mean_pool(mixed, batch.get("attention_mask")))
+
+
+class SequenceClassificationTask(_FineTuneTask):
+    """Fine-tunes a BERT body to classify (K ≥ 2) or regress (K = 1) whole texts or sentence
+    pairs from the [CLS] state. Logs ``loss`` and ``acc`` (classification) or ``mse``.
+
+    Args:
+        num_labels: K (must equal the data module's; 1 = regression with float labels).
+        vocab_size / context_length: linked from the data module by the CLI.
+        pretrained: a ``save_pretrained`` folder (BERT or ELECTRA); None trains from scratch.
+        preset: the `BERTConfig` preset used from scratch.
+        mode: "full", "frozen" (new head on a frozen body) or "features" (ScalarMix of
+            ``feature_layers`` of the frozen body, mean-pooled, then a linear head).
+        feature_layers: for "features": "all", "last4", or a list of hidden-state indices.
+        dropout: the body's dropout while fine-tuning (BERT's 0.1; None keeps the checkpoint's).
+        classifier_dropout: before the head (None: the body's dropout).
+        learning_rate / weight_decay / betas / warmup_steps / min_lr_ratio: AdamW schedule.
+    """
+
+    def __init__(
+        self,
+        num_labels: int,
+        vocab_size: int | None = None,
+        context_length: int = 128,
+        pretrained: str | None = None,
+        preset: str = "bert-micro",
+        mode: Mode = "full",
+        feature_layers: str | list[int] = "all",
+        dropout: float | None = 0.1,
+        classifier_dropout: float | None = None,
+        learning_rate: float = 5e-4,
+        weight_decay: float = 0.01,
+        betas: tuple[float, float] = (0.9, 0.999),
+        warmup_steps: int = 20,
+        min_lr_ratio: float = 0.1,
+    ) -> None:
+        super().__init__(mode)
+        self.save_hyperparameters()
+        if not isinstance(num_labels, int) or num_labels < 1:
+            raise ValueError(f"num_labels must be an int ≥ 1 (1 = regression), got {num_labels!r}")
+        self.num_labels = num_labels
+        body = build_body(vocab_size, context_length, pretrained, preset)
+        if mode == "features":
+            self.model = body.with_heads((), freeze_backbone=True)
+            head_dropout = classifier_dropout if classifier_dropout is not None else \
+                (dropout if dropout is not None else body.config.dropout)
+            self.feature_head = _FeatureHead(self.model, feature_layers, num_labels, per_token=False,
+                                             dropout=head_dropout)
+        else:
+            self.model = BERT.for_sequence_classification(body, num_labels, freeze_backbone=mode == "frozen",
+                                                          classifier_dropout=classifier_dropout, dropout=dropout)
+            self.feature_head = None
+
+    def forward(self, batch: dict[str, Tensor]) -> Tensor:
+        """(B, K) scores for a batch of ``input_ids`` / ``attention_mask`` / ``segment_ids``."""
+        if self.feature_head is not None:
+            return self.feature_head(self.model, batch)
+        return self.model(batch["input_ids"], batch.get("attention_mask"), batch.get("segment_ids")).logits
+
+    def _metrics(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+        logits, labels = self(batch), batch["labels"]
+        if self.num_labels == 1:
+            mse = F.mse_loss(logits.squeeze(-1).float(), labels.float())
+            return {"loss": mse, "mse": mse}
+        self._check_labels(labels, self.num_labels)
+        return {"loss": F.cross_entropy(logits.float(), labels),
+                "acc": (logits.argmax(-1) == labels).float().mean()}
+
+
+class TokenClassificationTask(_FineTuneTask):
+    """Fine-tunes a BERT body to label every (first sub-)token; -100 labels are ignored.
+    Logs ``loss`` and ``acc`` over labelled tokens. Arguments as `SequenceClassificationTask`."""
+
+    def __init__(
+        self,
+        num_labels: int,
+        vocab_size: int | None = None,
+        context_length: int = 64,
+        pretrained: str | None = None,
+        preset: str = "bert-micro",
+        mode: Mode = "full",
+        feature_layers: str | list[int] = "all",
+        dropout: float | None = 0.1,
+        classifier_dropout: float | None = None,
+        learning_rate: float = 5e-4,
+        weight_decay: float = 0.01,
+        betas: tuple[float, float] = (0.9, 0.999),
+        warmup_steps: int = 20,
+        min_lr_ratio: float = 0.1,
+    ) -> None:
+        super().__init__(mode)
+        self.save_hyperparameters()
+        if not isinstance(num_labels, int) or num_labels < 2:
+            raise ValueError(f"token classification needs num_labels ≥ 2, got {num_labels!r}")
+        self.num_labels = num_labels
+        body = build_body(vocab_size, context_length, pretrained, preset)
+        if mode == "features":
+            self.model = body.with_heads((), freeze_backbone=True)
+            head_dropout = classifier_dropout if classifier_dropout is not None else \
+                (dropout if dropout is not None else body.config.dropout)
+            self.feature_head = _FeatureHead(self.model, feature_layers, num_labels, per_token=True,
+                                             dropout=head_dropout)
+        else:
+            self.model = BERT.for_token_classification(body, num_labels, freeze_backbone=mode == "frozen",
+                                                       classifier_dropout=classifier_dropout, dropout=dropout)
+            self.feature_head = None
+
+    def forward(self, batch: dict[str, Tensor]) -> Tensor:
+        """(B, N, K) scores per token."""
+        if self.feature_head is not None:
+            return self.feature_head(self.model, batch)
+        return self.model(batch["input_ids"], batch.get("attention_mask"), batch.get("segment_ids")).logits
+
+    def _metrics(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+        logits, labels = self(batch), batch["labels"]
+        self._check_labels(labels, self.num_labels)
+        labelled = labels != -100
+        loss = F.cross_entropy(logits[labelled].float(), labels[labelled]) if labelled.any() else logits.sum() * 0
+        acc = (logits[labelled].argmax(-1) == labels[labelled]).float().mean()
+        return {"loss": loss, "acc": acc}
+
+
+class QuestionAnsweringTask(_FineTuneTask):
+    """Fine-tunes a BERT body for extractive QA: a start and an end score per token,
+    cross-entropy on ``start_positions`` / ``end_positions``. Logs ``loss`` and
+    ``exact_match`` (the best valid span inside the context segment equals the answer)."""
+
+    def __init__(
+        self,
+        vocab_size: int | None = None,
+        context_length: int = 128,
+        pretrained: str | None = None,
+        preset: str = "bert-micro",
+        mode: Literal["full", "frozen"] = "full",
+        max_answer_length: int = 16,
+        dropout: float | None = 0.1,
+        learning_rate: float = 5e-4,
+        weight_decay: float = 0.01,
+        betas: tuple[float, float] = (0.9, 0.999),
+        warmup_steps: int = 20,
+        min_lr_ratio: float = 0.1,
+    ) -> None:
+        if mode == "features":
+            raise ValueError("QuestionAnsweringTask supports mode 'full' or 'frozen'")
+        super().__init__(mode)
+        self.save_hyperparameters()
+        self.num_labels = 1  # no class count to check against the data
+        body = build_body(vocab_size, context_length, pretrained, preset)
+        self.model = BERT.for_question_answering(body, freeze_backbone=mode == "frozen", dropout=dropout)
+
+    def _metrics(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+        out = self.model(batch["input_ids"], batch.get("attention_mask"), batch.get("segment_ids"))
+        start, end = batch["start_positions"], batch["end_positions"]
+        loss = (F.cross_entropy(out.start_logits.float(), start) + F.cross_entropy(out.end_logits.float(), end)) / 2
+        allowed = batch["segment_ids"].bool() & batch["attention_mask"].bool()  # the context segment
+        s, e = span_from_logits(out.start_logits, out.end_logits, allowed, self.hparams.max_answer_length)
+        return {"loss": loss, "exact_match": ((s == start) & (e == end)).float().mean()}

@@ -1,0 +1,442 @@
+"""Built-in labelled text for fine-tuning demos and tests — real labels, read off the Python
+standard library (no downloads, no random labels):
+
+- ``DocstringDataModule(task="package")``: which package a docstring comes from
+  (sequence classification);
+- ``DocstringDataModule(task="match")``: does this docstring belong to this ``def`` line?
+  (sentence-pair classification through segment ids);
+- ``CodeTokensDataModule``: the lexical category of every token of a source line, as
+  Python's own `tokenize` module reads it (token classification, word labels on sub-words);
+- ``DocstringQADataModule``: given a docstring and the ``def`` lines of its module, point at
+  the name of the function it documents (extractive QA, start/end span).
+
+Each needs a BERT-family tokenizer: a pretrained checkpoint's (``tokenizer`` folder) or one
+trained on the corpus.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import hashlib
+import io
+import json
+import keyword
+import os
+import sysconfig
+import tokenize
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import lightning as L
+import numpy as np
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader
+
+from tasks.bert_data import prepare_wordpiece_corpus
+from tasks.text_data import stdlib_source_files
+from tokenizers_mm import WordPieceTokenizer, align_word_labels, pad_pairs
+
+DEFAULT_PACKAGES = ("asyncio", "email", "logging", "tkinter")
+TOKEN_CLASSES = ("keyword", "builtin", "name", "operator", "number", "string", "comment")
+
+
+@dataclass(frozen=True)
+class Docstring:
+    """One documented definition: its first paragraph, top-level package, module and first line."""
+
+    text: str
+    package: str
+    module: str
+    signature: str
+    name: str
+
+
+def _package_of(path: Path, root: Path) -> tuple[str, str]:
+    parts = path.relative_to(root).with_suffix("").parts
+    return parts[0], ".".join(p for p in parts if p != "__init__")
+
+
+def stdlib_package_files(packages: Sequence[str]) -> list[Path]:
+    """The standard library's source files of the given top-level packages (or modules)."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    wanted = set(packages)
+    files = [p for p in stdlib_source_files() if _package_of(p, root)[0] in wanted]
+    found = {_package_of(p, root)[0] for p in files}
+    missing = sorted(wanted - found)
+    if missing:
+        raise ValueError(f"no standard-library source for {missing}; choose packages such as {list(DEFAULT_PACKAGES)}")
+    return files
+
+
+def extract_docstrings(files: Sequence[Path], min_chars: int = 30, max_chars: int = 500) -> list[Docstring]:
+    """Docstrings (first paragraph) of every function and class in ``files``, with their
+    package, module and ``def`` / ``class`` line."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    found = []
+    for path in files:
+        source = path.read_text(encoding="utf-8", errors="replace")
+        try:
+            tree = ast.parse(source)
+        except SyntaxError:
+            continue
+        lines = source.splitlines()
+        package, module = _package_of(path, root)
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                continue
+            doc = ast.get_docstring(node)
+            if not doc:
+                continue
+            text = " ".join(doc.split("\n\n")[0].split())[:max_chars]
+            if len(text) >= min_chars:
+                found.append(Docstring(text, package, module, lines[node.lineno - 1].strip(), node.name))
+    return found
+
+
+def _cached(cache_dir: Path, name: str, key: str, build) -> Any:
+    """JSON-cache ``build()`` under ``cache_dir/name-key.json`` (written atomically)."""
+    file = cache_dir / f"{name}-{hashlib.sha1(key.encode()).hexdigest()[:16]}.json"
+    if file.is_file():
+        return json.loads(file.read_text())
+    value = build()
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    tmp = file.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(value))
+    tmp.replace(file)
+    return value
+
+
+def _files_key(files: Sequence[Path]) -> str:
+    return "|".join(f"{f}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files)
+
+
+class _LabelledTextModule(L.LightningDataModule):
+    """Tokenizer handling, splits and loaders shared by the built-in labelled data modules."""
+
+    def __init__(self, tokenizer: str | None, vocab_size: int, context_length: int, batch_size: int,
+                 num_workers: int, train_per_class: int | None, val_per_class: int, seed: int,
+                 cache_dir: str) -> None:
+        super().__init__()
+        if context_length < 8 or batch_size < 1 or val_per_class < 1:
+            raise ValueError(f"need context_length ≥ 8, batch_size ≥ 1, val_per_class ≥ 1; got "
+                             f"{context_length}, {batch_size}, {val_per_class}")
+        if train_per_class is not None and train_per_class < 1:
+            raise ValueError(f"train_per_class must be ≥ 1 or None (all), got {train_per_class}")
+        self.tokenizer_path, self.requested_vocab_size = tokenizer, vocab_size
+        self.context_length, self.batch_size, self.num_workers = context_length, batch_size, num_workers
+        self.train_per_class, self.val_per_class, self.seed = train_per_class, val_per_class, seed
+        self.cache_dir = Path(cache_dir)
+        self._tokenizer: WordPieceTokenizer | None = None
+        self._splits: dict[str, list[dict[str, Any]]] | None = None
+
+    # -- to implement: labelled examples as dicts with "label" and the text fields
+    label_names: tuple[str, ...] = ()
+
+    def _examples(self) -> list[dict[str, Any]]:
+        raise NotImplementedError
+
+    def _encode(self, example: dict[str, Any]) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _source_files(self) -> list[Path]:
+        raise NotImplementedError
+
+    @property
+    def num_labels(self) -> int:
+        return len(self.label_names)
+
+    @property
+    def tokenizer(self) -> WordPieceTokenizer:
+        if self._tokenizer is None:
+            if self.tokenizer_path is not None:
+                self._tokenizer = WordPieceTokenizer.load(self.tokenizer_path)
+            else:  # a vocabulary of the same source files, cached like the pretraining corpus
+                self._tokenizer, _ = prepare_wordpiece_corpus(self._source_files(), self.cache_dir,
+                                                              vocab_size=self.requested_vocab_size)
+        return self._tokenizer
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.vocab_size
+
+    @property
+    def pad_token_id(self) -> int:
+        return self.tokenizer.pad_id
+
+    def prepare_data(self) -> None:
+        self.splits()
+
+    def splits(self) -> dict[str, list[dict[str, Any]]]:
+        """{"train", "val"}: per class, a seeded shuffle; the first ``val_per_class`` examples
+        validate, the next ``train_per_class`` (default: all the rest) train — a label budget."""
+        if self._splits is None:
+            examples = self._examples()
+            by_class: dict[int, list[dict[str, Any]]] = {}
+            for ex in examples:
+                by_class.setdefault(ex["label"], []).append(ex)
+            rng = np.random.default_rng(self.seed)
+            train, val = [], []
+            for label in sorted(by_class):
+                group = by_class[label]
+                order = rng.permutation(len(group))
+                if len(group) <= self.val_per_class:
+                    raise ValueError(f"class {self.label_names[label]!r} has {len(group)} examples, not more than "
+                                     f"val_per_class={self.val_per_class}")
+                val += [group[i] for i in order[: self.val_per_class]]
+                rest = order[self.val_per_class:]
+                if self.train_per_class is not None:
+                    rest = rest[: self.train_per_class]
+                train += [group[i] for i in rest]
+            self._splits = {"train": train, "val": val}
+        return self._splits
+
+    def collate(self, items: Sequence[dict[str, Any]]) -> dict[str, Tensor]:
+        encoded = [self._encode(item) for item in items]
+        batch = pad_pairs([(e["input_ids"], e["segment_ids"]) for e in encoded], self.tokenizer.pad_id)
+        out = {"input_ids": batch.ids, "attention_mask": batch.attention_mask, "segment_ids": batch.segments}
+        if isinstance(encoded[0]["labels"], list):  # token labels: pad with -100
+            width = batch.ids.shape[1]
+            out["labels"] = torch.tensor([e["labels"] + [-100] * (width - len(e["labels"])) for e in encoded])
+        else:
+            out["labels"] = torch.tensor([e["labels"] for e in encoded])
+        for key in ("start_positions", "end_positions"):
+            if key in encoded[0]:
+                out[key] = torch.tensor([e[key] for e in encoded])
+        return out  # type: ignore[return-value]
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.splits()["train"], batch_size=self.batch_size, shuffle=True,
+                          num_workers=self.num_workers, collate_fn=self.collate)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.splits()["val"], batch_size=self.batch_size, num_workers=self.num_workers,
+                          collate_fn=self.collate)
+
+    def test_dataloader(self) -> DataLoader:
+        return self.val_dataloader()
+
+
+class DocstringDataModule(_LabelledTextModule):
+    """Docstrings of standard-library packages, labelled by their source.
+
+    Args:
+        task: "package" — which of ``packages`` a docstring comes from (one text, K classes);
+            "match" — ``[CLS] def-line [SEP] docstring [SEP]``: does the docstring document
+            that definition (1) or another one of the same package (0)?
+        packages: top-level standard-library packages used as classes / sources.
+        tokenizer: a saved BERT-family tokenizer (use the pretrained checkpoint's); None
+            trains a WordPiece vocabulary of ``vocab_size`` on the packages' source.
+        context_length: tokens per example, special tokens included (longer ones are cut).
+        train_per_class: labelled training examples per class (the label budget); None = all.
+        val_per_class: held-out examples per class.
+    """
+
+    def __init__(
+        self,
+        task: Literal["package", "match"] = "package",
+        packages: list[str] | tuple[str, ...] = DEFAULT_PACKAGES,
+        tokenizer: str | None = None,
+        vocab_size: int = 4096,
+        context_length: int = 128,
+        batch_size: int = 32,
+        num_workers: int = 0,
+        train_per_class: int | None = None,
+        val_per_class: int = 50,
+        seed: int = 0,
+        cache_dir: str = "runs/cache",
+    ) -> None:
+        super().__init__(tokenizer, vocab_size, context_length, batch_size, num_workers, train_per_class,
+                         val_per_class, seed, cache_dir)
+        if task not in ("package", "match"):
+            raise ValueError(f"task must be 'package' or 'match', got {task!r}")
+        if len(set(packages)) < (2 if task == "package" else 1):
+            raise ValueError(f"task='package' needs at least two distinct packages, got {list(packages)}")
+        self.task, self.packages = task, tuple(packages)
+        self.label_names = self.packages if task == "package" else ("other", "match")
+
+    def _source_files(self) -> list[Path]:
+        return stdlib_package_files(self.packages)
+
+    def docstrings(self) -> list[Docstring]:
+        files = self._source_files()
+        rows = _cached(self.cache_dir, "docstrings", _files_key(files),
+                       lambda: [asdict(d) for d in extract_docstrings(files)])
+        return [Docstring(**row) for row in rows]
+
+    def _examples(self) -> list[dict[str, Any]]:
+        docs = self.docstrings()
+        if self.task == "package":
+            return [{"text": d.text, "label": self.packages.index(d.package)} for d in docs]
+        rng = np.random.default_rng(self.seed + 7)
+        by_package: dict[str, list[Docstring]] = {}
+        for d in docs:
+            by_package.setdefault(d.package, []).append(d)
+        examples = []
+        for i, d in enumerate(docs):
+            if i % 2 == 0:
+                examples.append({"text": d.signature, "pair": d.text, "label": 1})
+            else:  # another definition's docstring from the same package
+                pool = by_package[d.package]
+                other = pool[int(rng.integers(len(pool)))]
+                if other.name != d.name:
+                    examples.append({"text": d.signature, "pair": other.text, "label": 0})
+        return examples
+
+    def _encode(self, example: dict[str, Any]) -> dict[str, Any]:
+        enc = self.tokenizer.encode(example["text"], example.get("pair"), max_length=self.context_length,
+                                    truncation="longest_first")
+        return {"input_ids": enc.ids.tolist(), "segment_ids": enc.segments.tolist(), "labels": example["label"]}
+
+
+def classify_token(tok: tokenize.TokenInfo) -> int | None:
+    """Python's lexical category of a token, as an index into `TOKEN_CLASSES` (None: skip)."""
+    if tok.type == tokenize.NAME:
+        if keyword.iskeyword(tok.string) or keyword.issoftkeyword(tok.string):
+            return TOKEN_CLASSES.index("keyword")
+        return TOKEN_CLASSES.index("builtin" if hasattr(builtins, tok.string) else "name")
+    table = {tokenize.OP: "operator", tokenize.NUMBER: "number", tokenize.STRING: "string",
+             tokenize.COMMENT: "comment"}
+    name = table.get(tok.type)
+    return TOKEN_CLASSES.index(name) if name else None
+
+
+def tagged_lines(files: Sequence[Path], min_tokens: int = 3, max_lines: int | None = None) -> list[dict[str, Any]]:
+    """Source lines as (words, word labels) from Python's tokenizer; multi-line tokens skipped."""
+    rows: list[dict[str, Any]] = []
+    for path in files:
+        source = path.read_text(encoding="utf-8", errors="replace")
+        per_line: dict[int, list[tuple[str, int]]] = {}
+        try:
+            for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+                label = classify_token(tok)
+                if label is not None and tok.start[0] == tok.end[0] and tok.string.strip():
+                    per_line.setdefault(tok.start[0], []).append((tok.string, label))
+        except (tokenize.TokenError, SyntaxError):
+            continue
+        for _, pairs in sorted(per_line.items()):
+            if len(pairs) >= min_tokens:
+                rows.append({"words": [w for w, _ in pairs], "word_labels": [y for _, y in pairs]})
+        if max_lines is not None and len(rows) >= max_lines:
+            return rows[:max_lines]
+    return rows
+
+
+class CodeTokensDataModule(_LabelledTextModule):
+    """Token classification: every token of a source line gets Python's lexical category
+    (keyword, builtin, name, operator, number, string, comment). Words are split into
+    WordPiece sub-tokens; each word's label sits on its first sub-token, the rest are -100.
+
+    ``train_per_class`` / ``val_per_class`` count lines here (one "class" holds them all);
+    ``packages`` choose the source files.
+    """
+
+    def __init__(
+        self,
+        packages: list[str] | tuple[str, ...] = DEFAULT_PACKAGES,
+        tokenizer: str | None = None,
+        vocab_size: int = 4096,
+        context_length: int = 64,
+        batch_size: int = 32,
+        num_workers: int = 0,
+        train_per_class: int | None = 2000,
+        val_per_class: int = 200,
+        max_lines: int = 20_000,
+        seed: int = 0,
+        cache_dir: str = "runs/cache",
+    ) -> None:
+        super().__init__(tokenizer, vocab_size, context_length, batch_size, num_workers, train_per_class,
+                         val_per_class, seed, cache_dir)
+        self.packages, self.max_lines = tuple(packages), max_lines
+        self.label_names = TOKEN_CLASSES
+
+    def _source_files(self) -> list[Path]:
+        return stdlib_package_files(self.packages)
+
+    def _examples(self) -> list[dict[str, Any]]:
+        files = self._source_files()
+        rows = _cached(self.cache_dir, "tagged-lines", _files_key(files) + f"|{self.max_lines}",
+                       lambda: tagged_lines(files, max_lines=self.max_lines))
+        return [{**row, "label": 0} for row in rows]  # one stratum: lines are split, not classes
+
+    @property
+    def num_labels(self) -> int:
+        return len(TOKEN_CLASSES)
+
+    def _encode(self, example: dict[str, Any]) -> dict[str, Any]:
+        enc = self.tokenizer.encode(example["words"], max_length=self.context_length, truncation=True)
+        return {"input_ids": enc.ids.tolist(), "segment_ids": enc.segments.tolist(),
+                "labels": align_word_labels(enc.word_ids, example["word_labels"])}
+
+
+class DocstringQADataModule(_LabelledTextModule):
+    """Extractive QA: ``[CLS] docstring [SEP] def a(...): def b(...): … [SEP]`` — the answer
+    is the span of the documented function's name among ``n_candidates`` definitions of the
+    same module. Labels are token positions (``start_positions``, ``end_positions``);
+    ``labels`` holds the index of the right candidate."""
+
+    def __init__(
+        self,
+        packages: list[str] | tuple[str, ...] = DEFAULT_PACKAGES,
+        tokenizer: str | None = None,
+        vocab_size: int = 4096,
+        context_length: int = 128,
+        n_candidates: int = 4,
+        batch_size: int = 32,
+        num_workers: int = 0,
+        train_per_class: int | None = None,
+        val_per_class: int = 200,
+        seed: int = 0,
+        cache_dir: str = "runs/cache",
+    ) -> None:
+        super().__init__(tokenizer, vocab_size, context_length, batch_size, num_workers, train_per_class,
+                         val_per_class, seed, cache_dir)
+        if n_candidates < 2:
+            raise ValueError(f"n_candidates must be ≥ 2, got {n_candidates}")
+        self.packages, self.n_candidates = tuple(packages), n_candidates
+        self.label_names = ("span",)
+
+    def _source_files(self) -> list[Path]:
+        return stdlib_package_files(self.packages)
+
+    def _examples(self) -> list[dict[str, Any]]:
+        files = self._source_files()
+        rows = _cached(self.cache_dir, "docstrings", _files_key(files),
+                       lambda: [asdict(d) for d in extract_docstrings(files)])
+        docs = [Docstring(**row) for row in rows if row["signature"].startswith(("def ", "async def ", "class "))]
+        by_module: dict[str, list[Docstring]] = {}
+        for d in docs:
+            by_module.setdefault(d.module, []).append(d)
+        rng = np.random.default_rng(self.seed + 11)
+        examples = []
+        for d in docs:
+            others = [o for o in by_module[d.module] if o.name != d.name]
+            if len(others) < self.n_candidates - 1:
+                continue
+            picks = [others[i] for i in rng.choice(len(others), self.n_candidates - 1, replace=False)]
+            candidates = [*picks, d]
+            order = rng.permutation(len(candidates))
+            signatures = [candidates[i].signature for i in order]
+            answer = int(np.where(order == len(candidates) - 1)[0][0])
+            examples.append({"question": d.text, "signatures": signatures, "answer": answer, "name": d.name,
+                             "label": 0})
+        return examples
+
+    def _encode(self, example: dict[str, Any]) -> dict[str, Any]:
+        # The context is given as words: each signature's, "(" split off so a name is a word.
+        context_words: list[str] = []
+        answer_word = -1
+        for i, signature in enumerate(example["signatures"]):
+            words = signature.replace("(", " ( ").replace(":", " : ").split()
+            if i == example["answer"] and example["name"] in words:
+                answer_word = len(context_words) + words.index(example["name"])
+            context_words += words
+        enc = self.tokenizer.encode(example["question"], context_words, max_length=self.context_length,
+                                    truncation="longest_first")
+        pieces = [j for j, (w, s) in enumerate(zip(enc.word_ids, enc.sequence_ids)) if s == 1 and w == answer_word]
+        start, end = (pieces[0], pieces[-1]) if pieces else (0, 0)  # answer cut off: point at [CLS]
+        return {"input_ids": enc.ids.tolist(), "segment_ids": enc.segments.tolist(), "labels": example["answer"],
+                "start_positions": start, "end_positions": end}

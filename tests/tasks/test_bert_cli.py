@@ -1,0 +1,73 @@
+"""The BERT recipes through the `unitok` command: each parses; MLM pretraining, ELECTRA and
+fine-tuning (from either checkpoint) run a couple of steps with tiny overrides, export
+their folders, and `predict` fills in [MASK]s; bad setups fail with clear errors."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from tasks.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+RECIPES = {name: ROOT / "configs" / "bert" / f"{name}.yaml" for name in ("mlm_tiny", "finetune_cls", "finetune_tokens",
+                                                                 "electra_tiny")}
+STEPS = ["--trainer.max_steps", "2", "--trainer.val_check_interval", "2", "--trainer.limit_val_batches", "1",
+         "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
+PRETRAIN = ["--data.builtin_max_bytes", "120000", "--data.vocab_size", "300", "--data.context_length", "24",
+            "--data.batch_size", "4", "--data.val_samples", "8", *STEPS]
+FINETUNE = ["--data.context_length", "24", "--data.batch_size", "4", "--data.val_per_class", "4",
+            "--data.train_per_class", "8", *STEPS]
+
+
+@pytest.mark.parametrize("name", list(RECIPES))
+def test_recipe_parses_and_says_what_it_shows(name, capsys):
+    text = RECIPES[name].read_text()
+    header = text.split("seed_everything")[0]
+    assert text.startswith("#") and re.search(r"\d+ (s|minutes?)\b", header)  # what it shows, how long
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", str(RECIPES[name]), "--print_config"])
+    assert exit_info.value.code in (0, None)
+    assert "class_path: tasks." in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_pretrain_predict_and_fine_tune_from_bert_and_electra(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    main(["fit", "--config", str(RECIPES["mlm_tiny"]), *PRETRAIN])
+    bert = tmp_path / "runs" / "bert_mlm_tiny" / "pretrained"
+    assert {"model.safetensors", "config.json", "tokenizer.json", "vocab.txt"} <= {p.name for p in bert.iterdir()}
+    assert list((tmp_path / "runs" / "bert_mlm_tiny").glob("version_*/metrics.csv"))
+
+    main(["predict", "--config", str(RECIPES["mlm_tiny"]), *PRETRAIN,
+          "--ckpt_path", str(tmp_path / "runs" / "bert_mlm_tiny" / "checkpoints" / "last.ckpt"),
+          "--data.predict_texts", "['import [MASK]']"])
+    assert "import [MASK]  ->  import" in capsys.readouterr().out
+
+    main(["fit", "--config", str(RECIPES["finetune_cls"]), *FINETUNE])
+    assert (tmp_path / "runs" / "bert_finetune_cls" / "pretrained" / "model.safetensors").is_file()
+    main(["fit", "--config", str(RECIPES["finetune_cls"]), *FINETUNE, "--model.mode", "features"])
+    main(["fit", "--config", str(RECIPES["finetune_tokens"]), *FINETUNE])
+    assert (tmp_path / "runs" / "bert_finetune_tokens" / "pretrained" / "model.safetensors").is_file()
+
+    main(["fit", "--config", str(RECIPES["electra_tiny"]), *PRETRAIN])
+    electra = tmp_path / "runs" / "electra_tiny" / "pretrained"
+    assert '"family": "ELECTRA"' in (electra / "config.json").read_text()
+    main(["fit", "--config", str(RECIPES["finetune_cls"]), *FINETUNE, "--model.pretrained", str(electra),
+          "--data.tokenizer", str(electra), "--model.mode", "frozen"])
+
+
+def test_fine_tuning_without_the_pretrained_folder_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError, match="bert_mlm_tiny/pretrained"):
+        main(["fit", "--config", str(RECIPES["finetune_cls"]), *FINETUNE])
+
+
+@pytest.mark.slow
+def test_label_count_mismatch_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    main(["fit", "--config", str(RECIPES["mlm_tiny"]), *PRETRAIN])
+    with pytest.raises(ValueError, match=r"label count mismatch: the data module has 4 labels"):
+        main(["fit", "--config", str(RECIPES["finetune_cls"]), *FINETUNE, "--model.num_labels", "3"])

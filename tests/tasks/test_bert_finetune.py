@@ -1,0 +1,123 @@
+"""Fine-tuning tasks on a tiny random BERT: every mode trains only what it should, sentence
+pairs go through segment ids, regression, token labels, QA spans, and bad setups (label count
+mismatch, wrong vocabulary, GPT checkpoints) are refused with clear errors."""
+
+from __future__ import annotations
+
+import lightning as L
+import pytest
+import torch
+
+from tasks import (
+    DocstringDataModule,
+    DocstringQADataModule,
+    QuestionAnsweringTask,
+    SequenceClassificationTask,
+    TokenClassificationTask,
+)
+from unitok.models import BERT, GPT, BERTConfig, GPTConfig
+
+V = 300
+
+
+@pytest.fixture(scope="module")
+def body_folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("body")
+    torch.manual_seed(0)
+    BERT(BERTConfig.from_name("bert-nano", vocab_size=V, context_length=64)).save_pretrained(folder)
+    return str(folder)
+
+
+def batch(B=4, N=12, labels=None):
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, V, (B, N), generator=g)
+    seg = torch.zeros_like(ids)
+    seg[:, N // 2:] = 1
+    out = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "segment_ids": seg}
+    if labels is not None:
+        out["labels"] = labels
+    return out
+
+
+@pytest.mark.parametrize("mode", ["full", "frozen", "features"])
+def test_each_mode_trains_what_it_should(body_folder, mode):
+    task = SequenceClassificationTask(num_labels=3, vocab_size=V, context_length=64, pretrained=body_folder,
+                                      mode=mode)
+    trainable = {n for n, p in task.named_parameters() if p.requires_grad}
+    if mode == "full":
+        assert any(n.startswith("model.backbone.") for n in trainable)
+    elif mode == "frozen":
+        assert trainable == {"model.classifier.out.weight", "model.classifier.out.bias"}
+    else:
+        assert trainable == {"feature_head.mix.weights", "feature_head.mix.gamma", "feature_head.head.out.weight",
+                             "feature_head.head.out.bias"}
+    metrics = task._metrics(batch(labels=torch.tensor([0, 1, 2, 1])))
+    metrics["loss"].backward()
+    assert 0.0 <= float(metrics["acc"]) <= 1.0
+    assert all(p.grad is not None for n, p in task.named_parameters() if p.requires_grad)
+
+
+def test_regression_with_one_label(body_folder):
+    task = SequenceClassificationTask(num_labels=1, vocab_size=V, context_length=64, pretrained=body_folder)
+    metrics = task._metrics(batch(labels=torch.tensor([0.5, -1.0, 2.0, 0.0])))
+    assert set(metrics) == {"loss", "mse"} and metrics["loss"] > 0
+
+
+def test_token_classification_ignores_unlabelled_pieces(body_folder):
+    task = TokenClassificationTask(num_labels=4, vocab_size=V, context_length=64, pretrained=body_folder)
+    labels = torch.full((4, 12), -100)
+    labels[:, 1:5] = torch.tensor([0, 1, 2, 3])
+    metrics = task._metrics(batch(labels=labels))
+    assert torch.isfinite(metrics["loss"])
+    assert task(batch()).shape == (4, 12, 4)
+
+
+def test_label_values_beyond_num_labels_are_refused(body_folder):
+    task = SequenceClassificationTask(num_labels=2, vocab_size=V, context_length=64, pretrained=body_folder)
+    with pytest.raises(ValueError, match=r"labels \[5\] are outside \[0, 2\).*num_labels=2"):
+        task._metrics(batch(labels=torch.tensor([0, 1, 5, 1])))
+
+
+def test_bad_setups_are_refused(body_folder, tmp_path):
+    with pytest.raises(ValueError, match="the data's tokenizer has 999 tokens but the pretrained model"):
+        SequenceClassificationTask(num_labels=2, vocab_size=999, context_length=64, pretrained=body_folder)
+    with pytest.raises(ValueError, match="context_length=100 exceeds the pretrained model's 64"):
+        SequenceClassificationTask(num_labels=2, vocab_size=V, context_length=100, pretrained=body_folder)
+    GPT(GPTConfig.from_name("gpt-nano", vocab_size=V, context_length=64)).save_pretrained(tmp_path / "gpt")
+    with pytest.raises(ValueError, match="holds a GPT checkpoint; fine-tuning needs a BERT or ELECTRA"):
+        SequenceClassificationTask(num_labels=2, vocab_size=V, pretrained=str(tmp_path / "gpt"))
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        SequenceClassificationTask(num_labels=2, vocab_size=V, pretrained=str(tmp_path / "nothing"))
+    with pytest.raises(ValueError, match="mode must be"):
+        SequenceClassificationTask(num_labels=2, vocab_size=V, mode="partial")  # type: ignore[arg-type]
+
+
+def trainer(steps: int) -> L.Trainer:
+    return L.Trainer(max_steps=steps, accelerator="cpu", logger=False, enable_checkpointing=False,
+                     enable_progress_bar=False, enable_model_summary=False, val_check_interval=steps,
+                     check_val_every_n_epoch=None, limit_val_batches=2, num_sanity_val_steps=0)
+
+
+def test_sentence_pair_classification_trains_through_the_cli_path(tmp_path):
+    dm = DocstringDataModule(task="match", packages=["json", "calendar"], vocab_size=400, context_length=48,
+                             batch_size=8, train_per_class=16, val_per_class=4, cache_dir=str(tmp_path))
+    L.seed_everything(0)
+    task = SequenceClassificationTask(num_labels=2, vocab_size=dm.vocab_size, context_length=48, preset="bert-nano")
+    trainer(10).fit(task, datamodule=dm)
+    with pytest.raises(ValueError, match="label count mismatch: the data module has 2 labels"):
+        trainer(1).fit(SequenceClassificationTask(num_labels=3, vocab_size=dm.vocab_size, context_length=48,
+                                                  preset="bert-nano"), datamodule=dm)
+
+
+def test_question_answering_learns_to_point_at_spans(tmp_path):
+    dm = DocstringQADataModule(packages=["calendar"], vocab_size=400, context_length=96, n_candidates=2,
+                               batch_size=8, val_per_class=8, cache_dir=str(tmp_path))
+    L.seed_everything(0)
+    task = QuestionAnsweringTask(vocab_size=dm.vocab_size, context_length=96, preset="bert-nano",
+                                 learning_rate=2e-3)
+    with torch.no_grad():
+        first = float(task._metrics(next(iter(dm.train_dataloader())))["loss"])
+    run = trainer(30)
+    run.fit(task, datamodule=dm)
+    assert float(run.callback_metrics["train_loss"]) < first
+    assert 0.0 <= float(run.callback_metrics["val_exact_match"]) <= 1.0

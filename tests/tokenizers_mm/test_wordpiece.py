@@ -1,0 +1,188 @@
+"""WordPieceTokenizer and sentence pairs: training, loading, [CLS] A [SEP] B [SEP] with segment
+ids, the pair truncation strategies (checked against the `tokenizers` library), first-sub-token
+labels, BPE pairs, save/load and bad input."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tokenizers import Tokenizer
+
+from tokenizers_mm import (
+    BPETokenizer,
+    Tokens,
+    WordPieceTokenizer,
+    align_word_labels,
+    encode_pair_ids,
+)
+from tokenizers_mm.pairs import pair_lengths
+
+CORPUS = [
+    "def tokenize(text): return text.split()",
+    "class Tokenizer: turns text into ids and back again.",
+    "import os, sys; print(os.getcwd(), sys.argv)",
+    "The tokenizer splits unbelievable words into pieces.",
+    "Tokenization of tokenizers tokenizes tokens.",
+] * 30
+
+
+@pytest.fixture(scope="module")
+def tok() -> WordPieceTokenizer:
+    return WordPieceTokenizer.train(iterator=CORPUS, vocab_size=200, min_frequency=1)
+
+
+def test_training_puts_special_tokens_first_and_learns_continuations(tok):
+    assert [tok.id_to_token(i) for i in range(5)] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    assert tok.vocab_size <= 200
+    assert tok.special_ids == [0, 1, 2, 3, 4]
+    pieces = tok.encode("tokenization").tokens
+    assert pieces[0] == "[CLS]" and pieces[-1] == "[SEP]" and any(p.startswith("##") for p in pieces)
+    cont = tok.continuation_mask()
+    assert cont.shape == (tok.vocab_size,) and bool(cont[tok.token_to_id(pieces[2])]) == pieces[2].startswith("##")
+
+
+def test_training_gives_the_same_ids_every_time():
+    """The trainer breaks frequency ties in hash order; ids are renumbered canonically, so a
+    real corpus (here 100 kB of the standard library) always gives the same vocabulary."""
+    import sysconfig
+    from pathlib import Path
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    texts = [(root / name).read_text(encoding="utf-8") for name in ("argparse.py", "ast.py")]
+    first, second = (WordPieceTokenizer.train(iterator=texts, vocab_size=400) for _ in range(2))
+    assert first._tok.get_vocab() == second._tok.get_vocab()
+
+
+def test_pair_encoding_has_segments_and_matches_the_rust_template(tok):
+    enc = tok.encode("class Tokenizer", "import os")
+    sep = enc.tokens.index("[SEP]")
+    assert enc.tokens[0] == "[CLS]" and enc.tokens[-1] == "[SEP]"
+    assert enc.segments.tolist() == [0] * (sep + 1) + [1] * (len(enc.tokens) - sep - 1)
+    assert enc.sequence_ids[0] is None and enc.sequence_ids[1] == 0 and enc.sequence_ids[-2] == 1
+    reference = tok._tok.encode("class Tokenizer", "import os")  # the saved BERT post-processor
+    assert enc.ids.tolist() == reference.ids and enc.segments.tolist() == reference.type_ids
+
+
+def test_decode_joins_word_pieces(tok):
+    text = "The tokenizer splits words."
+    assert tok.decode(tok.encode(text).ids) == "The tokenizer splits words."
+    batch = tok.batch_encode([text, "import os"])
+    assert tok.batch_decode(batch.ids) == [text, "import os"]
+
+
+@pytest.mark.parametrize("strategy", ["longest_first", "only_first", "only_second"])
+def test_truncation_strategies_match_the_tokenizers_library(tok, strategy):
+    a, b = CORPUS[0] + " " + CORPUS[3], CORPUS[1]
+    reference = Tokenizer.from_str(tok._tok.to_str())
+    checked = 0
+    for max_length in range(4, 45):
+        reference.enable_truncation(max_length, strategy=strategy)
+        try:
+            expected = reference.encode(a, b)
+        except Exception:
+            with pytest.raises(ValueError):
+                tok.encode(a, b, max_length=max_length, truncation=strategy)
+            continue
+        enc = tok.encode(a, b, max_length=max_length, truncation=strategy)
+        assert enc.ids.tolist() == expected.ids, max_length
+        assert enc.segments.tolist() == expected.type_ids
+        assert len(enc.ids) <= max_length
+        checked += 1
+    assert checked > 10
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 40), st.integers(0, 40), st.integers(0, 60))
+def test_longest_first_fits_the_budget_and_trims_the_longer_side(n_a, n_b, budget):
+    keep_a, keep_b = pair_lengths(n_a, n_b, budget, "longest_first")
+    assert keep_a <= n_a and keep_b <= n_b
+    assert keep_a + keep_b == min(n_a + n_b, budget)
+    if n_a + n_b > budget:  # the kept lengths differ by at most one unless a side was short already
+        assert abs(keep_a - keep_b) <= 1 or min(keep_a, keep_b) == min(n_a, n_b)
+
+
+def test_too_long_pair_with_truncation_off_is_a_clear_error(tok):
+    with pytest.raises(ValueError, match=r"does not fit max_length.*truncation is off"):
+        tok.encode(CORPUS[0], CORPUS[1], max_length=8)
+    with pytest.raises(ValueError, match="text 1"):
+        tok.batch_encode(["import os", CORPUS[3]], max_length=6)
+    with pytest.raises(ValueError, match="only_second.*single"):
+        tok.encode(CORPUS[0], max_length=4, truncation="only_second")
+    with pytest.raises(ValueError, match="truncation='sideways'"):
+        tok.encode("x", truncation="sideways")  # type: ignore[arg-type]
+
+
+def test_batch_encode_pairs_gives_tokens_with_segments_and_padding(tok):
+    batch = tok.batch_encode(["import os", CORPUS[3]], ["class Tokenizer", "def f"], max_length=12,
+                             truncation="longest_first")
+    assert isinstance(batch, Tokens) and batch.segments is not None
+    assert batch.ids.shape[1] <= 12
+    real = batch.attention_mask.bool()
+    assert bool((batch.ids[~real] == tok.pad_id).all()) and bool((batch.segments[~real] == 0).all())
+    for row in range(2):
+        n = int(real[row].sum())
+        assert batch.ids[row, 0] == tok.cls_id and batch.ids[row, n - 1] == tok.sep_id
+        assert batch.segments[row, n - 1] == 1
+    with pytest.raises(ValueError, match="2 texts but 1 text_pairs"):
+        tok.batch_encode(["a", "b"], ["c"])
+
+
+def test_first_sub_token_rule_for_word_labels(tok):
+    words = ["tokenization", "of", "tokens"]
+    enc = tok.encode(words)
+    labels = align_word_labels(enc.word_ids, [7, 8, 9])
+    firsts = [i for i, (w, prev) in enumerate(zip(enc.word_ids, [None, *enc.word_ids])) if w is not None and w != prev]
+    assert [labels[i] for i in firsts] == [7, 8, 9]
+    assert sum(label != -100 for label in labels) == 3  # special tokens and later pieces ignored
+    assert len(enc.ids) > len(words) + 2  # "tokenization" really was split
+    with pytest.raises(ValueError, match="word labels"):
+        align_word_labels(enc.word_ids, [1])
+
+
+def test_save_load_round_trip_and_vocab_txt(tok, tmp_path):
+    tok.save(tmp_path)
+    for source in (tmp_path, tmp_path / "tokenizer.json"):
+        again = WordPieceTokenizer.load(source)
+        assert again.encode(CORPUS[2], CORPUS[3]).ids.tolist() == tok.encode(CORPUS[2], CORPUS[3]).ids.tolist()
+    (tmp_path / "tokenizer.json").unlink()
+    from_vocab = WordPieceTokenizer.load(tmp_path)  # cased, as tokenizer_config.json says
+    assert from_vocab.encode(CORPUS[3]).ids.tolist() == tok.encode(CORPUS[3]).ids.tolist()
+    with pytest.raises(FileNotFoundError):
+        WordPieceTokenizer.load(tmp_path / "missing")
+
+
+def test_bad_input_is_refused(tok):
+    with pytest.raises(ValueError, match="empty"):
+        tok.encode("")
+    with pytest.raises(ValueError, match="WordPiece model"):
+        WordPieceTokenizer(BPETokenizer.train(iterator=CORPUS, vocab_size=300)._tok)
+    with pytest.raises(ValueError, match="lacks"):
+        WordPieceTokenizer.train(iterator=CORPUS, special_tokens=("[PAD]", "[UNK]"))
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        tok.decode([tok.vocab_size])
+
+
+def test_bpe_encodes_pairs_for_bert_too():
+    bpe = BPETokenizer.train(iterator=CORPUS, vocab_size=320,
+                             special_tokens=("<|endoftext|>", "[CLS]", "[SEP]", "[MASK]", "[PAD]"), pad_token="[PAD]")
+    ids, segments = bpe.encode_pair("class Tokenizer", "import os")
+    cls_id, sep_id = bpe.token_to_id("[CLS]"), bpe.token_to_id("[SEP]")
+    a, b = bpe.encode("class Tokenizer").ids.tolist(), bpe.encode("import os").ids.tolist()
+    assert ids.tolist() == [cls_id, *a, sep_id, *b, sep_id]
+    assert segments.tolist() == [0] * (len(a) + 2) + [1] * (len(b) + 1)
+    assert bpe.decode(ids[1:1 + len(a)]) == "class Tokenizer"
+    batch = bpe.batch_encode_pairs([CORPUS[0], "x"], [CORPUS[1], "y"], max_length=16, truncation=True)
+    assert batch.ids.shape == (2, 16) and batch.segments is not None
+    assert int(batch.attention_mask[1].sum()) == 5  # [CLS] x [SEP] y [SEP]
+    with pytest.raises(ValueError, match="truncation is off"):
+        bpe.encode_pair(CORPUS[0], CORPUS[1], max_length=10)
+    with pytest.raises(KeyError, match=r"\[CLS\]"):
+        BPETokenizer.train(iterator=CORPUS, vocab_size=300).encode_pair("a", "b")
+
+
+def test_encode_pair_ids_shared_function():
+    ids, seg = encode_pair_ids([5, 6, 7], [8, 9], cls_id=1, sep_id=2, max_length=7, truncation="longest_first")
+    assert ids == [1, 5, 6, 2, 8, 9, 2] and seg == [0, 0, 0, 0, 1, 1, 1]
+    ids, seg = encode_pair_ids([5, 6, 7], None, cls_id=1, sep_id=2, max_length=4, truncation=True)
+    assert ids == [1, 5, 6, 2] and seg == [0, 0, 0, 0]

@@ -1,0 +1,355 @@
+"""WordPiece for BERT-family models, wrapping the Hugging Face `tokenizers` library (Rust).
+
+Loads a checkpoint's ``tokenizer.json`` or ``vocab.txt``, or trains a new vocabulary; encodes
+single texts and sentence pairs (``[CLS] A [SEP] B [SEP]`` with segment ids), with the pair
+truncation strategies of `tokenizers_mm.pairs`; keeps the word index of every sub-token so
+word-level labels can go on each word's first sub-token.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+from tokenizers import (
+    Tokenizer,
+    decoders,
+    models,
+    normalizers,
+    pre_tokenizers,
+    processors,
+    trainers,
+)
+from torch import Tensor
+
+from tokenizers_mm.pairs import (
+    Truncation,
+    encode_pair_ids,
+    join_pair,
+    pad_pairs,
+    pair_lengths,
+    resolve_truncation,
+    special_count,
+)
+from tokenizers_mm.tokens import Tokens
+
+BERT_SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+TOKENIZER_FILE = "tokenizer.json"
+VOCAB_FILE = "vocab.txt"
+CONFIG_FILE = "tokenizer_config.json"
+
+
+class PairEncoding(NamedTuple):
+    """One encoded text or pair.
+
+    ``ids`` and ``segments`` (N,) long tensors; ``tokens`` the sub-word strings; ``word_ids``
+    the index of the word each token came from (None for [CLS]/[SEP]); ``sequence_ids`` 0 for
+    A, 1 for B, None for special tokens; ``offsets`` (start, end) characters in its own text.
+    """
+
+    ids: Tensor
+    segments: Tensor
+    tokens: list[str]
+    word_ids: list[int | None]
+    sequence_ids: list[int | None]
+    offsets: list[tuple[int, int]]
+
+
+def align_word_labels(word_ids: Sequence[int | None], word_labels: Sequence[int],
+                      ignore_index: int = -100) -> list[int]:
+    """Word-level labels -> one label per token by the first-sub-token rule: a word's label
+    goes on its first sub-token; later sub-tokens and special tokens get ``ignore_index``."""
+    labels, previous = [], None
+    for w in word_ids:
+        if w is None or w == previous:
+            labels.append(ignore_index)
+        else:
+            if not 0 <= w < len(word_labels):
+                raise ValueError(f"token of word {w}, but only {len(word_labels)} word labels were given")
+            labels.append(int(word_labels[w]))
+        previous = w
+    return labels
+
+
+class WordPieceTokenizer:
+    """BERT's WordPiece tokenizer (normaliser, punctuation splitting, ``##`` continuations).
+
+    Args:
+        tokenizer: a `tokenizers.Tokenizer` with a WordPiece model.
+        cls_token / sep_token / pad_token / mask_token / unk_token: the special tokens;
+            each must be in the vocabulary.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, cls_token: str = "[CLS]", sep_token: str = "[SEP]",
+                 pad_token: str = "[PAD]", mask_token: str = "[MASK]", unk_token: str = "[UNK]") -> None:
+        if type(tokenizer.model).__name__ != "WordPiece":
+            raise ValueError(f"WordPieceTokenizer needs a WordPiece model, got {type(tokenizer.model).__name__}")
+        # Padding and truncation are ours to do (a checkpoint's tokenizer.json may enable both).
+        tokenizer.no_padding()
+        tokenizer.no_truncation()
+        self._tok = tokenizer
+        self.cls_token, self.sep_token, self.pad_token = cls_token, sep_token, pad_token
+        self.mask_token, self.unk_token = mask_token, unk_token
+        for role in ("cls", "sep", "pad", "mask", "unk"):
+            token = getattr(self, f"{role}_token")
+            if tokenizer.token_to_id(token) is None:
+                raise ValueError(f"{role}_token {token!r} is not in the vocabulary")
+
+    # ----------------------------------------------------------------- building
+    @classmethod
+    def train(
+        cls,
+        files: Sequence[str | Path] | None = None,
+        iterator: Iterable[str] | None = None,
+        vocab_size: int = 8192,
+        min_frequency: int = 2,
+        lowercase: bool = False,
+        special_tokens: Sequence[str] = BERT_SPECIAL_TOKENS,
+        limit_alphabet: int = 1000,
+    ) -> WordPieceTokenizer:
+        """Train a WordPiece vocabulary on text files or an iterator of strings.
+
+        ``special_tokens`` must include [PAD] [UNK] [CLS] [SEP] [MASK]; they get the first ids.
+        """
+        if (files is None) == (iterator is None):
+            raise ValueError("WordPieceTokenizer.train needs exactly one of `files` or `iterator`")
+        missing = [t for t in BERT_SPECIAL_TOKENS if t not in special_tokens]
+        if missing:
+            raise ValueError(f"special_tokens={list(special_tokens)} lacks {missing}")
+        if vocab_size <= len(special_tokens):
+            raise ValueError(f"vocab_size={vocab_size} leaves no room beside {len(special_tokens)} special tokens")
+        tok = Tokenizer(models.WordPiece(unk_token="[UNK]", max_input_chars_per_word=100))
+        tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True,
+                                                    strip_accents=lowercase, lowercase=lowercase)
+        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        tok.decoder = decoders.WordPiece(prefix="##")
+        trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
+                                            special_tokens=list(special_tokens), limit_alphabet=limit_alphabet,
+                                            continuing_subword_prefix="##", show_progress=False)
+        if files is not None:
+            paths = [str(f) for f in files]
+            if not paths:
+                raise ValueError("WordPieceTokenizer.train got an empty list of files")
+            absent = [p for p in paths if not Path(p).is_file()]
+            if absent:
+                raise FileNotFoundError(f"training files not found: {absent[:5]}")
+            tok.train(paths, trainer)
+        else:
+            tok.train_from_iterator(iterator, trainer)  # type: ignore[arg-type]
+        # The trainer breaks ties between equally frequent pieces in hash order, so ids differ from
+        # run to run; WordPiece matching does not depend on ids, so renumber them canonically
+        # (special tokens first, then sorted) and the same corpus always gives the same ids.
+        learned = tok.get_vocab(with_added_tokens=False)
+        ordered = [t for t in special_tokens if t in learned] + sorted(t for t in learned if t not in special_tokens)
+        tok.model = models.WordPiece({t: i for i, t in enumerate(ordered)}, unk_token="[UNK]",
+                                     max_input_chars_per_word=100)
+        cls_id, sep_id = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+        # The standard BERT post-processor, so the saved tokenizer.json works in other libraries too.
+        tok.post_processor = processors.TemplateProcessing(
+            single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+            special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)])
+        return cls(tok)
+
+    @classmethod
+    def from_vocab(cls, vocab_file: str | Path, lowercase: bool = True, **special: str) -> WordPieceTokenizer:
+        """Build from a ``vocab.txt`` (one token per line, the line number is its id) with
+        BERT's normaliser (``lowercase`` for uncased checkpoints) and pre-tokenizer."""
+        lines = Path(vocab_file).read_text(encoding="utf-8").splitlines()
+        vocab = {}
+        for i, token in enumerate(lines):
+            vocab.setdefault(token, i)
+        unk = special.get("unk_token", "[UNK]")
+        tok = Tokenizer(models.WordPiece(vocab, unk_token=unk, max_input_chars_per_word=100))
+        tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True,
+                                                    strip_accents=None, lowercase=lowercase)
+        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        tok.decoder = decoders.WordPiece(prefix="##")
+        return cls(tok, **special)
+
+    @classmethod
+    def load(cls, path: str | Path, lowercase: bool | None = None) -> WordPieceTokenizer:
+        """Load a BERT-family tokenizer: a folder (``tokenizer.json`` preferred, else
+        ``vocab.txt``), or either file itself. Special tokens and ``do_lower_case`` are read
+        from ``tokenizer_config.json`` next to it when present; ``lowercase`` overrides the
+        latter for ``vocab.txt`` (default: lower-case, as uncased BERT)."""
+        path = Path(path)
+        if path.is_dir():
+            file = path / TOKENIZER_FILE if (path / TOKENIZER_FILE).is_file() else path / VOCAB_FILE
+        else:
+            file = path
+        if not file.is_file():
+            raise FileNotFoundError(f"no {TOKENIZER_FILE} or {VOCAB_FILE} at {path}")
+        config_file = file.parent / CONFIG_FILE
+        config = json.loads(config_file.read_text()) if config_file.is_file() else {}
+        special = {k: v for k, v in config.items()
+                   if k in ("cls_token", "sep_token", "pad_token", "mask_token", "unk_token") and isinstance(v, str)}
+        if file.suffix == ".json":
+            return cls(Tokenizer.from_file(str(file)), **special)
+        if lowercase is None:
+            lowercase = bool(config.get("do_lower_case", True))
+        return cls.from_vocab(file, lowercase=lowercase, **special)
+
+    def save(self, directory: str | Path) -> Path:
+        """Write ``tokenizer.json``, ``vocab.txt`` and ``tokenizer_config.json`` into ``directory``."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        self._tok.save(str(directory / TOKENIZER_FILE))
+        vocab = sorted(self._tok.get_vocab(with_added_tokens=True).items(), key=lambda kv: kv[1])
+        (directory / VOCAB_FILE).write_text("".join(f"{token}\n" for token, _ in vocab), encoding="utf-8")
+        normalizer = json.loads(self._tok.to_str()).get("normalizer") or {}
+        config = {"type": "wordpiece", "cls_token": self.cls_token, "sep_token": self.sep_token,
+                  "pad_token": self.pad_token, "mask_token": self.mask_token, "unk_token": self.unk_token,
+                  "do_lower_case": bool(normalizer.get("lowercase", False))}
+        (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2))
+        return directory
+
+    # ----------------------------------------------------------------- vocabulary
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def __len__(self) -> int:
+        return self.vocab_size
+
+    def token_to_id(self, token: str) -> int:
+        index = self._tok.token_to_id(token)
+        if index is None:
+            raise KeyError(f"token {token!r} is not in the vocabulary")
+        return index
+
+    def id_to_token(self, index: int) -> str:
+        token = self._tok.id_to_token(index)
+        if token is None:
+            raise KeyError(f"id {index} is outside the vocabulary of size {self.vocab_size}")
+        return token
+
+    @property
+    def cls_id(self) -> int:
+        return self.token_to_id(self.cls_token)
+
+    @property
+    def sep_id(self) -> int:
+        return self.token_to_id(self.sep_token)
+
+    @property
+    def pad_id(self) -> int:
+        return self.token_to_id(self.pad_token)
+
+    @property
+    def mask_id(self) -> int:
+        return self.token_to_id(self.mask_token)
+
+    @property
+    def unk_id(self) -> int:
+        return self.token_to_id(self.unk_token)
+
+    @property
+    def special_ids(self) -> list[int]:
+        """Ids that masking and random replacement must never touch or produce."""
+        return sorted({self.cls_id, self.sep_id, self.pad_id, self.mask_id, self.unk_id})
+
+    def continuation_mask(self) -> Tensor:
+        """(V,) bool: True for ``##`` pieces that continue a word (for whole-word masking)."""
+        mask = torch.zeros(self.vocab_size, dtype=torch.bool)
+        for token, index in self._tok.get_vocab(with_added_tokens=True).items():
+            mask[index] = token.startswith("##")
+        return mask
+
+    # ----------------------------------------------------------------- encode / decode
+    def _pieces(self, text: str | Sequence[str], role: str):
+        if isinstance(text, str):
+            if text == "":
+                raise ValueError(f"cannot encode empty {role}: give at least one character")
+            return self._tok.encode(text, add_special_tokens=False)
+        words = list(text)
+        if not words or not all(isinstance(w, str) for w in words):
+            raise TypeError(f"{role} must be a str or a non-empty list of words (str)")
+        return self._tok.encode(words, is_pretokenized=True, add_special_tokens=False)
+
+    def encode_ids(self, text: str) -> list[int]:
+        """Sub-word ids of one text, no special tokens (for building training data)."""
+        return list(self._pieces(text, "text").ids)
+
+    def encode_batch_ids(self, texts: Sequence[str]) -> list[list[int]]:
+        """Sub-word ids of many texts in parallel, no special tokens; empty texts give []."""
+        return [list(e.ids) for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+
+    def encode(
+        self,
+        text: str | Sequence[str],
+        text_pair: str | Sequence[str] | None = None,
+        max_length: int | None = None,
+        truncation: Truncation | bool = "off",
+    ) -> PairEncoding:
+        """``[CLS] A [SEP]`` or ``[CLS] A [SEP] B [SEP]`` with segment ids.
+
+        A list of strings is taken as pre-split words (``word_ids`` index that list).
+        ``max_length`` counts the special tokens; a longer input is an error unless
+        ``truncation`` is "longest_first", "only_first" or "only_second" (or True).
+        """
+        truncation = resolve_truncation(truncation)
+        a = self._pieces(text, "text")
+        b = self._pieces(text_pair, "text_pair") if text_pair is not None else None
+        n_a, n_b = len(a.ids), (len(b.ids) if b is not None else None)
+        if max_length is not None:
+            n_a, kept_b = pair_lengths(n_a, n_b, max_length - special_count(b is not None), truncation)
+            n_b = kept_b if b is not None else None
+
+        def part(enc, n, field):
+            return list(getattr(enc, field))[:n] if enc is not None else None
+
+        ids, segments = join_pair(part(a, n_a, "ids"), part(b, n_b, "ids"), self.cls_id, self.sep_id)
+        tokens, _ = join_pair(part(a, n_a, "tokens"), part(b, n_b, "tokens"), self.cls_token, self.sep_token)
+        word_ids, _ = join_pair(part(a, n_a, "word_ids"), part(b, n_b, "word_ids"), None, None)
+        offsets, _ = join_pair(part(a, n_a, "offsets"), part(b, n_b, "offsets"), (0, 0), (0, 0))
+        sequence_ids, _ = join_pair([0] * n_a, [1] * n_b if b is not None else None, None, None)  # type: ignore[operator]
+        return PairEncoding(torch.tensor(ids, dtype=torch.long), torch.tensor(segments, dtype=torch.long),
+                            tokens, word_ids, sequence_ids, [tuple(o) for o in offsets])
+
+    def batch_encode(
+        self,
+        texts: Sequence[str],
+        text_pairs: Sequence[str] | None = None,
+        max_length: int | None = None,
+        truncation: Truncation | bool = "off",
+        padding_side: str = "right",
+        pad_to: int | None = None,
+    ) -> Tokens:
+        """Encode (pairs of) texts and pad them into `Tokens` with ``segments``."""
+        if isinstance(texts, str):
+            raise TypeError("batch_encode takes a list of strings; use encode for one string")
+        if text_pairs is not None and len(text_pairs) != len(texts):
+            raise ValueError(f"{len(texts)} texts but {len(text_pairs)} text_pairs; give one pair per text")
+        encoded_a = self._tok.encode_batch(list(texts), add_special_tokens=False)
+        encoded_b = self._tok.encode_batch(list(text_pairs), add_special_tokens=False) if text_pairs else None
+        rows = []
+        for i, a in enumerate(encoded_a):
+            b = encoded_b[i] if encoded_b is not None else None
+            if not a.ids:
+                raise ValueError(f"text {i} encodes to no tokens: give at least one character")
+            try:
+                rows.append(encode_pair_ids(a.ids, b.ids if b is not None else None, self.cls_id, self.sep_id,
+                                            max_length, truncation))
+            except ValueError as err:
+                raise ValueError(f"text {i}: {err}") from None
+        return pad_pairs(rows, self.pad_id, padding_side, pad_to)
+
+    def decode(self, ids: Tensor | Sequence[int], skip_special_tokens: bool = True) -> str:
+        """Ids back to text (``##`` pieces joined; lower-cased if the normaliser lower-cases)."""
+        if isinstance(ids, Tensor):
+            if ids.dim() != 1:
+                raise ValueError(f"decode takes one sequence (N,), got shape {tuple(ids.shape)}; use batch_decode")
+            ids = ids.tolist()
+        ids = list(ids)
+        bad = [i for i in ids if not 0 <= i < self.vocab_size]
+        if bad:
+            raise ValueError(f"ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
+        return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def batch_decode(self, ids: Tensor | Sequence[Sequence[int]], skip_special_tokens: bool = True) -> list[str]:
+        """Decode each row; with a `Tokens`-style padded tensor, padding is dropped as a special token."""
+        rows = ids.tolist() if isinstance(ids, Tensor) else ids
+        return [self.decode(row, skip_special_tokens=skip_special_tokens) for row in rows]
