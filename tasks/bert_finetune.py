@@ -143,7 +143,36 @@ class _FeatureHead(nn.Module):
         return self.head(mean_pool(mixed, batch.get("attention_mask")))
 
 
-class SequenceClassificationTask(_FineTuneTask):
+class _LabelTask(_FineTuneTask):
+    """What sequence and token classification share: the body, the head for the mode, forward."""
+
+    per_token = False
+
+    def _build(self, num_labels: int, vocab_size: int | None, context_length: int, pretrained: str | None,
+               preset: str, mode: Mode, feature_layers: str | list[int], dropout: float | None,
+               classifier_dropout: float | None) -> None:
+        self.num_labels = num_labels
+        body = build_body(vocab_size, context_length, pretrained, preset)
+        if mode == "features":
+            self.model = body.with_heads((), freeze_backbone=True)
+            head_dropout = classifier_dropout if classifier_dropout is not None else \
+                (dropout if dropout is not None else body.config.dropout)
+            self.feature_head = _FeatureHead(self.model, feature_layers, num_labels, per_token=self.per_token,
+                                             dropout=head_dropout)
+        else:
+            make = BERT.for_token_classification if self.per_token else BERT.for_sequence_classification
+            self.model = make(body, num_labels, freeze_backbone=mode == "frozen",
+                              classifier_dropout=classifier_dropout, dropout=dropout)
+            self.feature_head = None
+
+    def forward(self, batch: dict[str, Tensor]) -> Tensor:
+        """(B, K) scores per text, or (B, N, K) per token."""
+        if self.feature_head is not None:
+            return self.feature_head(self.model, batch)
+        return self.model(batch["input_ids"], batch.get("attention_mask"), batch.get("segment_ids")).logits
+
+
+class SequenceClassificationTask(_LabelTask):
     """Fine-tunes a BERT body to classify (K ≥ 2) or regress (K = 1) whole texts or sentence
     pairs from the [CLS] state. Logs ``loss`` and ``acc`` (classification) or ``mse``.
 
@@ -181,24 +210,8 @@ class SequenceClassificationTask(_FineTuneTask):
         self.save_hyperparameters()
         if not isinstance(num_labels, int) or num_labels < 1:
             raise ValueError(f"num_labels must be an int ≥ 1 (1 = regression), got {num_labels!r}")
-        self.num_labels = num_labels
-        body = build_body(vocab_size, context_length, pretrained, preset)
-        if mode == "features":
-            self.model = body.with_heads((), freeze_backbone=True)
-            head_dropout = classifier_dropout if classifier_dropout is not None else \
-                (dropout if dropout is not None else body.config.dropout)
-            self.feature_head = _FeatureHead(self.model, feature_layers, num_labels, per_token=False,
-                                             dropout=head_dropout)
-        else:
-            self.model = BERT.for_sequence_classification(body, num_labels, freeze_backbone=mode == "frozen",
-                                                          classifier_dropout=classifier_dropout, dropout=dropout)
-            self.feature_head = None
-
-    def forward(self, batch: dict[str, Tensor]) -> Tensor:
-        """(B, K) scores for a batch of ``input_ids`` / ``attention_mask`` / ``segment_ids``."""
-        if self.feature_head is not None:
-            return self.feature_head(self.model, batch)
-        return self.model(batch["input_ids"], batch.get("attention_mask"), batch.get("segment_ids")).logits
+        self._build(num_labels, vocab_size, context_length, pretrained, preset, mode, feature_layers, dropout,
+                    classifier_dropout)
 
     def _metrics(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
         logits, labels = self(batch), batch["labels"]
@@ -210,9 +223,11 @@ class SequenceClassificationTask(_FineTuneTask):
                 "acc": (logits.argmax(-1) == labels).float().mean()}
 
 
-class TokenClassificationTask(_FineTuneTask):
+class TokenClassificationTask(_LabelTask):
     """Fine-tunes a BERT body to label every (first sub-)token; -100 labels are ignored.
     Logs ``loss`` and ``acc`` over labelled tokens. Arguments as `SequenceClassificationTask`."""
+
+    per_token = True
 
     def __init__(
         self,
@@ -235,24 +250,8 @@ class TokenClassificationTask(_FineTuneTask):
         self.save_hyperparameters()
         if not isinstance(num_labels, int) or num_labels < 2:
             raise ValueError(f"token classification needs num_labels ≥ 2, got {num_labels!r}")
-        self.num_labels = num_labels
-        body = build_body(vocab_size, context_length, pretrained, preset)
-        if mode == "features":
-            self.model = body.with_heads((), freeze_backbone=True)
-            head_dropout = classifier_dropout if classifier_dropout is not None else \
-                (dropout if dropout is not None else body.config.dropout)
-            self.feature_head = _FeatureHead(self.model, feature_layers, num_labels, per_token=True,
-                                             dropout=head_dropout)
-        else:
-            self.model = BERT.for_token_classification(body, num_labels, freeze_backbone=mode == "frozen",
-                                                       classifier_dropout=classifier_dropout, dropout=dropout)
-            self.feature_head = None
-
-    def forward(self, batch: dict[str, Tensor]) -> Tensor:
-        """(B, N, K) scores per token."""
-        if self.feature_head is not None:
-            return self.feature_head(self.model, batch)
-        return self.model(batch["input_ids"], batch.get("attention_mask"), batch.get("segment_ids")).logits
+        self._build(num_labels, vocab_size, context_length, pretrained, preset, mode, feature_layers, dropout,
+                    classifier_dropout)
 
     def _metrics(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
         logits, labels = self(batch), batch["labels"]
