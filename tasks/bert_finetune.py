@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tasks.optim import warmup_cosine, weight_decay_groups
+from tasks.optim import adamw_warmup_cosine
 from unitok.heads import ClassificationHead, ScalarMix
 from unitok.models import BERT, ELECTRA, BERTConfig
 from unitok.models.bert import mean_pool, span_from_logits
@@ -93,15 +93,7 @@ class _FineTuneTask(L.LightningModule):
                              f"num_labels={self.num_labels}")
 
     def configure_optimizers(self):
-        trainable = [p for p in self.parameters() if p.requires_grad]
-        if not trainable:
-            raise ValueError("nothing to train: every parameter is frozen")
-        groups = weight_decay_groups(self, self.hparams.weight_decay)
-        optimizer = torch.optim.AdamW(groups, lr=self.hparams.learning_rate, betas=tuple(self.hparams.betas))
-        total = max(1, int(self.trainer.estimated_stepping_batches))
-        schedule = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, warmup_cosine(self.hparams.warmup_steps, total, self.hparams.min_lr_ratio))
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+        return adamw_warmup_cosine(self, self.trainer, self.hparams)
 
     def _log_all(self, stage: str, metrics: dict[str, Tensor], batch_size: int) -> None:
         for name, value in metrics.items():

@@ -6,11 +6,10 @@ import math
 from typing import Any
 
 import lightning as L
-import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from tasks.optim import warmup_cosine, weight_decay_groups
+from tasks.optim import adamw_warmup_cosine
 from unitok.models import GPT, GPTConfig
 
 
@@ -98,10 +97,4 @@ class CausalLMTask(L.LightningModule):
         return tok.batch_decode(out)
 
     def configure_optimizers(self):
-        groups = weight_decay_groups(self.model, self.hparams.weight_decay)
-        optimizer = torch.optim.AdamW(groups, lr=self.hparams.learning_rate, betas=tuple(self.hparams.betas))
-        total = max(1, int(self.trainer.estimated_stepping_batches))
-        schedule = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, warmup_cosine(self.hparams.warmup_steps, total, self.hparams.min_lr_ratio)
-        )
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+        return adamw_warmup_cosine(self.model, self.trainer, self.hparams)

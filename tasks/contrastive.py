@@ -18,7 +18,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torchmetrics.classification import MulticlassAccuracy
 
-from tasks.optim import warmup_cosine, weight_decay_groups
+from tasks.optim import adamw_warmup_cosine
 from unitok.models import CLIP, CLIPConfig, ViT
 from unitok.zero_shot import ZeroShotClassifier
 
@@ -197,12 +197,7 @@ class ContrastiveTask(L.LightningModule):
             rank_zero_info(f"zero-shot accuracy on held-out images: {float(self.test_acc.compute()):.1%}")
 
     def configure_optimizers(self):
-        h = self.hparams
-        groups = weight_decay_groups(self.model, h.weight_decay)
-        optimizer = torch.optim.AdamW(groups, lr=h.learning_rate, betas=tuple(h.betas))
-        total = max(1, int(self.trainer.estimated_stepping_batches))
-        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(h.warmup_steps, total, h.min_lr_ratio))
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+        return adamw_warmup_cosine(self.model, self.trainer, self.hparams)
 
 
 def _pair(value: Any) -> tuple[int, ...]:

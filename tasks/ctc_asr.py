@@ -8,12 +8,11 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import lightning as L
-import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torchmetrics.text import CharErrorRate, WordErrorRate
 
-from tasks.optim import warmup_cosine, weight_decay_groups
+from tasks.optim import adamw_warmup_cosine
 from tokenizers_mm import CharacterVocabulary, SpectrogramConfig
 from unitok.ctc import ctc_greedy_decode, ctc_prefix_beam_search
 from unitok.models import ConformerConfig, ConformerCTC
@@ -190,9 +189,4 @@ class CTCSpeechTask(L.LightningModule):
         return self.decode(out, self.decoder, self.beam_size)
 
     def configure_optimizers(self):
-        h = self.hparams
-        groups = weight_decay_groups(self._model, h.weight_decay)
-        optimizer = torch.optim.AdamW(groups, lr=h.learning_rate, betas=tuple(h.betas))
-        total = max(1, int(self.trainer.estimated_stepping_batches))
-        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(h.warmup_steps, total, h.min_lr_ratio))
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+        return adamw_warmup_cosine(self._model, self.trainer, self.hparams)

@@ -18,12 +18,11 @@ from typing import Any
 
 import lightning as L
 import numpy as np
-import torch
 import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
-from tasks.optim import warmup_cosine, weight_decay_groups
+from tasks.optim import adamw_warmup_cosine
 from unitok.models import DecisionTransformer, DecisionTransformerConfig, DecisionTransformerOutput
 from unitok.rollouts import EvaluationResult, check_target_returns
 
@@ -242,12 +241,7 @@ class DecisionTransformerTask(L.LightningModule):
         return result
 
     def configure_optimizers(self):
-        h = self.hparams
-        groups = weight_decay_groups(self._require_model(), h.weight_decay)
-        optimizer = torch.optim.AdamW(groups, lr=h.learning_rate, betas=tuple(h.betas))
-        total = max(1, int(self.trainer.estimated_stepping_batches))
-        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(h.warmup_steps, total, h.min_lr_ratio))
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+        return adamw_warmup_cosine(self._require_model(), self.trainer, self.hparams)
 
 
 def save_return_plot(

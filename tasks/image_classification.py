@@ -15,7 +15,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
-from tasks.optim import warmup_cosine, weight_decay_groups
+from tasks.optim import adamw_warmup_cosine
 from tasks.teachers import TRAIN_CNN, freeze, load_teacher, train_cnn_teacher
 from unitok.models import DeiT, MixerConfig, MLPMixer, ViT, ViTConfig
 from unitok.models.vision import ImageModel
@@ -270,12 +270,7 @@ class ImageClassificationTask(L.LightningModule):
         return self.model(pixels).logits.argmax(dim=-1)
 
     def configure_optimizers(self):
-        h = self.hparams
-        groups = weight_decay_groups(self.model, h.weight_decay)
-        optimizer = torch.optim.AdamW(groups, lr=h.learning_rate, betas=tuple(h.betas))
-        total = max(1, int(self.trainer.estimated_stepping_batches))
-        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(h.warmup_steps, total, h.min_lr_ratio))
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+        return adamw_warmup_cosine(self.model, self.trainer, self.hparams)
 
 
 def save_confusion_matrix(matrix: Tensor, path: Path, class_names: list[str] | None = None) -> Path:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
+import torch
 from torch import nn
 
 
@@ -41,3 +43,18 @@ def warmup_cosine(warmup_steps: int, total_steps: int, min_ratio: float = 0.1) -
         return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
     return factor
+
+
+def adamw_warmup_cosine(module: nn.Module, trainer: Any, hparams: Any) -> dict[str, Any]:
+    """The optimiser every task uses, as Lightning's ``configure_optimizers`` returns it: AdamW
+    over `weight_decay_groups` of ``module`` with a per-step `warmup_cosine` schedule to the
+    trainer's total steps. ``hparams`` supplies learning_rate, weight_decay, betas,
+    warmup_steps and min_lr_ratio."""
+    groups = weight_decay_groups(module, hparams.weight_decay)
+    if not any(group["params"] for group in groups):
+        raise ValueError("nothing to train: every parameter is frozen")
+    optimizer = torch.optim.AdamW(groups, lr=hparams.learning_rate, betas=tuple(hparams.betas))
+    total = max(1, int(trainer.estimated_stepping_batches))
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(hparams.warmup_steps, total,
+                                                                          hparams.min_lr_ratio))
+    return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}

@@ -32,3 +32,28 @@ def test_warmup_then_cosine_to_the_floor():
 def test_bad_schedule_arguments():
     with pytest.raises(ValueError, match="min_ratio"):
         warmup_cosine(1, 10, min_ratio=2.0)
+
+
+def test_adamw_warmup_cosine_builds_lightnings_optimizer_dict_and_refuses_a_frozen_model():
+    from types import SimpleNamespace
+
+    from torch import nn
+
+    from tasks.optim import adamw_warmup_cosine
+
+    model = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4))
+    hparams = SimpleNamespace(learning_rate=1e-3, weight_decay=0.1, betas=(0.9, 0.95), warmup_steps=10,
+                              min_lr_ratio=0.1)
+    trainer = SimpleNamespace(estimated_stepping_batches=100)
+    config = adamw_warmup_cosine(model, trainer, hparams)
+    optimizer, schedule = config["optimizer"], config["lr_scheduler"]["scheduler"]
+    assert [g["weight_decay"] for g in optimizer.param_groups] == [0.1, 0.0]
+    assert optimizer.defaults["betas"] == (0.9, 0.95) and config["lr_scheduler"]["interval"] == "step"
+    assert optimizer.param_groups[0]["lr"] == 1e-3 / 10  # first warm-up step
+    for _ in range(100):
+        optimizer.step()
+        schedule.step()
+    assert abs(optimizer.param_groups[0]["lr"] - 1e-4) < 1e-9  # cosine down to min_lr_ratio at the end
+    model.requires_grad_(False)
+    with __import__("pytest").raises(ValueError, match="every parameter is frozen"):
+        adamw_warmup_cosine(model, trainer, hparams)
