@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run run-gpt test bench lint clean
+.PHONY: install run run-gpt test bench lint notebooks lab clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -28,9 +28,22 @@ run-gpt: $(STAMP)
 	$(BIN)/unitok sample --model runs/gpt_tiny/pretrained --max_new_tokens 48 \
 		--prompt "import os" --strategy sample --top_k 40 --top_p 0.95 --temperature 0.8
 
-# The whole test suite (slow tests included), CPU only.
+# The whole test suite (slow tests included), CPU only. -rs lists any skipped test with its
+# reason; under CI=true a skipped test fails the run (tests/conftest.py).
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python -m pytest -q -rs -p no:cacheprovider
+
+# Jupyter in .venv for the notebooks: `make notebooks` installs it, `make lab` opens them.
+NB_STAMP := $(VENV)/.notebooks
+$(NB_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[dev,notebooks]' -c constraints.txt
+	touch $(NB_STAMP)
+
+notebooks: $(NB_STAMP)
+	@echo "Jupyter is installed in $(VENV): run 'make lab' or '$(BIN)/jupyter lab notebooks/'"
+
+lab: $(NB_STAMP)
+	$(BIN)/jupyter lab notebooks/
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/gpt_vs_hf.py --threads 1

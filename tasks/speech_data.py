@@ -1,5 +1,5 @@
 """Speech recognition data: users' JSONL manifests, or the built-in spoken digits synthesised
-with espeak-ng.
+with espeak-ng's library (bundled by a PyPI wheel, see `tasks.espeak`).
 
 Both modules yield ``{"features": (B, N, F) normalised log-mel frames padded with 0,
 "feature_lengths": (B,), "targets": (B, L) character ids padded with 0, "target_lengths": (B,),
@@ -17,9 +17,7 @@ import math
 import os
 import random
 import shutil
-import subprocess
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,16 +38,17 @@ from torch.utils.data import (
 from tokenizers_mm import CharacterVocabulary, SpecAugment, SpectrogramConfig, SpectrogramTokenizer
 
 DIGIT_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
-# espeak-ng voices are "<accent>+<variant>". Training uses five accents with seven variants;
-# the held-out voices use variants (timbres) that never occur in training.
-ACCENTS = ("en-us", "en-gb", "en-gb-scotland", "en-029", "en-gb-x-rp")
+# espeak-ng voices are "<accent>+<variant>" ("en" is British English). Training uses five accents
+# with seven variants; the held-out voices use variants (timbres) that never occur in training.
+ACCENTS = ("en-us", "en", "en-gb-scotland", "en-029", "en-gb-x-rp")
 TRAIN_VARIANTS = ("m1", "m2", "m3", "m6", "f1", "f2", "f4")
 TRAIN_VOICES = tuple(f"{accent}+{variant}" for accent in ACCENTS for variant in TRAIN_VARIANTS)
-HELD_OUT_VOICES = ("en-us+m4", "en-gb+f3", "en-gb-scotland+m7", "en-029+f5", "en-gb-x-rp+m5")
+HELD_OUT_VOICES = ("en-us+m4", "en+f3", "en-gb-scotland+m7", "en-029+f5", "en-gb-x-rp+m5")
 CACHE_ENV = "UNITOK_SPOKEN_DIGITS_DIR"
-CORPUS_VERSION = 2  # part of the cache key: bump when synthesis changes what the same spec produces
+# Part of the cache key: bump when synthesis changes what the same spec produces.
+# 3: espeak-ng 1.52 from the espeakng-loader wheel, a fresh engine per utterance (was: the Debian binary).
+CORPUS_VERSION = 3
 SILENCE = 1e-4  # |sample| below this is espeak-ng's silence
-INSTALL_HINT = "install it with `apt-get install espeak-ng` (Debian/Ubuntu) or `brew install espeak-ng` (macOS)"
 
 
 # ---------------------------------------------------------------------------- manifests
@@ -377,15 +376,6 @@ def default_cache_dir() -> Path:
     return base / "unitok" / "spoken_digits"
 
 
-def espeak_ng() -> str:
-    """The espeak-ng executable, or a clear error saying how to install it."""
-    found = shutil.which("espeak-ng")
-    if found is None:
-        raise RuntimeError(f"the built-in spoken digits are synthesised with espeak-ng, which is not installed: "
-                           f"{INSTALL_HINT}. Or train on your own recordings with ManifestDataModule.")
-    return found
-
-
 def synthesize(text: str, voice: str, speed: int, pitch: int, sample_rate: int = 16000,
                word_gap: int = 0, margin: float | None = 0.1) -> np.ndarray:
     """Speak ``text`` with espeak-ng -> a float32 mono waveform at ``sample_rate``.
@@ -394,16 +384,11 @@ def synthesize(text: str, voice: str, speed: int, pitch: int, sample_rate: int =
     ``margin``: keep this many seconds of silence before and after the speech (espeak-ng ends
     every utterance with ~0.4 s of it, a fifth of the frames); None keeps all.
     """
-    import io
-
-    import soundfile
     import torchaudio
 
-    command = [espeak_ng(), "-v", voice, "-s", str(speed), "-p", str(pitch), "-g", str(word_gap), "--stdout", text]
-    result = subprocess.run(command, capture_output=True, check=False)
-    if result.returncode != 0 or not result.stdout:
-        raise RuntimeError(f"espeak-ng failed for voice {voice!r}: {result.stderr.decode(errors='replace').strip()}")
-    wave, rate = soundfile.read(io.BytesIO(result.stdout), dtype="float32")
+    from tasks import espeak
+
+    wave, rate = espeak.speak(text, voice, rate=speed, pitch=pitch, word_gap=word_gap)
     wave = torch.from_numpy(wave)
     if rate != sample_rate:
         wave = torchaudio.functional.resample(wave, rate, sample_rate)
@@ -467,11 +452,10 @@ class DigitsCorpusSpec:
         return rows
 
 
-def spoken_digits_corpus(spec: DigitsCorpusSpec | None = None, cache_dir: str | Path | None = None,
-                         jobs: int = 2) -> Path:
+def spoken_digits_corpus(spec: DigitsCorpusSpec | None = None, cache_dir: str | Path | None = None) -> Path:
     """The corpus folder (``train.jsonl``, ``held_out.jsonl`` and 16-bit wavs), synthesised on
-    first use with ``jobs`` espeak-ng processes at a time and cached under ``cache_dir``
-    (default `default_cache_dir`) in a folder named by the spec's hash."""
+    first use (about 8 ms an utterance) and cached under ``cache_dir`` (default
+    `default_cache_dir`) in a folder named by the spec's hash."""
     import soundfile
 
     spec = spec or DigitsCorpusSpec()
@@ -479,7 +463,9 @@ def spoken_digits_corpus(spec: DigitsCorpusSpec | None = None, cache_dir: str | 
     final = folder / f"digits-{spec.key()}"
     if (final / "held_out.jsonl").is_file():
         return final
-    espeak_ng()
+    from tasks import espeak
+
+    espeak.check_voices(spec.train_voices + spec.held_out_voices)
     rows = spec.rows()
     rank_zero_info(f"synthesising {len(rows)} spoken-digit utterances with espeak-ng into {final} (once)")
     staging = folder / f".{final.name}.{os.getpid()}"
@@ -494,11 +480,15 @@ def spoken_digits_corpus(spec: DigitsCorpusSpec | None = None, cache_dir: str | 
         return {"audio_filepath": relative, "text": row["text"], "duration": round(len(wave) / spec.sample_rate, 4),
                 "voice": row["voice"], "speed": row["speed"], "pitch": row["pitch"]}
 
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        written = list(pool.map(make, rows))
-    for split in ("train", "held_out"):
-        write_manifest(staging / f"{split}.jsonl", [r for r in written if r["audio_filepath"].startswith(split + "/")])
-    (staging / "spec.json").write_text(json.dumps(spec.__dict__, indent=2) + "\n")
+    try:
+        written = [make(row) for row in rows]
+        for split in ("train", "held_out"):
+            write_manifest(staging / f"{split}.jsonl",
+                           [r for r in written if r["audio_filepath"].startswith(split + "/")])
+        (staging / "spec.json").write_text(json.dumps(spec.__dict__, indent=2) + "\n")
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     try:
         staging.rename(final)  # atomic: readers see a whole corpus or none
     except OSError:
@@ -509,8 +499,8 @@ def spoken_digits_corpus(spec: DigitsCorpusSpec | None = None, cache_dir: str | 
 
 
 class SpokenDigitsDataModule(SpeechDataModule):
-    """The built-in speech data: digit strings ("three one four") spoken by espeak-ng (Debian
-    package ``espeak-ng``) over many voices, speeds (words per minute), pitches and pauses,
+    """The built-in speech data: digit strings ("three one four") spoken by espeak-ng (the
+    library that the ``espeakng-loader`` wheel bundles) over many voices, speeds (words per minute), pitches and pauses,
     16 kHz, synthesised once and cached on disk.
 
     Training voices are five English accents × seven voice variants; the held-out utterances
@@ -524,7 +514,6 @@ class SpokenDigitsDataModule(SpeechDataModule):
         train_utterances / held_out_utterances: corpus size. min_digits / max_digits: digits per
             utterance. speeds / pitches: espeak-ng ranges. max_word_gap: pauses (10 ms units).
         train_voices / held_out_voices: espeak-ng voices ("en-us+m3"). seed: the corpus draw.
-        jobs: espeak-ng processes at a time when synthesising.
         spectrogram / batch_size / num_workers / bucketing / pool_batches / augment / freq_masks /
             freq_width / time_masks / time_width: as in `ManifestDataModule`.
     """
@@ -542,7 +531,6 @@ class SpokenDigitsDataModule(SpeechDataModule):
         train_voices: Sequence[str] = TRAIN_VOICES,
         held_out_voices: Sequence[str] = HELD_OUT_VOICES,
         seed: int = 0,
-        jobs: int = 2,
         spectrogram: dict[str, Any] | None = None,
         batch_size: int = 16,
         num_workers: int = 0,
@@ -562,18 +550,18 @@ class SpokenDigitsDataModule(SpeechDataModule):
             max_digits=max_digits, speeds=(int(speeds[0]), int(speeds[1])),
             pitches=(int(pitches[0]), int(pitches[1])), max_word_gap=max_word_gap,
             sample_rate=self.spectrogram_config.sample_rate, seed=seed)
-        self.cache_dir, self.jobs = cache_dir, jobs
+        self.cache_dir = cache_dir
         self.vocabulary = CharacterVocabulary.build(DIGIT_WORDS + (" ",))
         self.corpus: Path | None = None
 
     def prepare_data(self) -> None:
         """Synthesise the corpus once (Lightning calls this on one process per node)."""
-        spoken_digits_corpus(self.spec, self.cache_dir, self.jobs)
+        spoken_digits_corpus(self.spec, self.cache_dir)
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_utterances:
             return
-        self.corpus = spoken_digits_corpus(self.spec, self.cache_dir, self.jobs)
+        self.corpus = spoken_digits_corpus(self.spec, self.cache_dir)
         self.train_utterances = read_manifest(self.corpus / "train.jsonl")
         self.val_utterances = read_manifest(self.corpus / "held_out.jsonl")
         self._finish_setup()

@@ -5,7 +5,6 @@ manifest recipe reads a user's JSONL manifest."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -24,7 +23,6 @@ QUICK = ["--trainer.max_steps", "3", "--trainer.val_check_interval", "3", "--tra
          "--trainer.enable_model_summary", "false", "--trainer.log_every_n_steps", "1"]
 SMALL_CORPUS = ["--data.train_utterances", "12", "--data.held_out_utterances", "6", "--data.batch_size", "4"]
 
-needs_espeak = pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="espeak-ng is not installed")
 
 
 @pytest.mark.parametrize("path", [DIGITS, MANIFEST], ids=lambda p: p.name)
@@ -35,7 +33,6 @@ def test_recipes_say_what_they_show_and_how_long_they_take(path):
     assert config["model"]["class_path"] == "tasks.CTCSpeechTask"
 
 
-@needs_espeak
 def test_spoken_digits_recipe_fits_exports_and_tests_with_beam_search(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     cache = ["--data.cache_dir", str(tmp_path / "cache")]

@@ -1,0 +1,35 @@
+"""CI fails on a skipped test (CI=true), and says why; outside CI a skip is reported, not fatal."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+CONFTEST = Path(__file__).with_name("conftest.py")
+
+
+def run_pytest(folder: Path, ci: str | None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "CI"}
+    if ci is not None:
+        env["CI"] = ci
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", str(folder)],
+                          capture_output=True, text=True, env=env, cwd=folder, timeout=120)
+
+
+def test_a_skipped_test_fails_the_run_under_ci_only(tmp_path):
+    shutil.copy(CONFTEST, tmp_path / "conftest.py")
+    (tmp_path / "test_some.py").write_text(
+        "import pytest\n\n"
+        "def test_runs():\n    assert 1 + 1 == 2\n\n"
+        "@pytest.mark.skip(reason='optional thing missing')\n"
+        "def test_skipped():\n    pass\n")
+    under_ci = run_pytest(tmp_path, "true")
+    assert under_ci.returncode == 1, under_ci.stdout
+    assert "1 test(s) skipped" in under_ci.stdout and "optional thing missing" in under_ci.stdout
+    locally = run_pytest(tmp_path, None)
+    assert locally.returncode == 0 and "optional thing missing" in locally.stdout
+    (tmp_path / "test_some.py").write_text("def test_runs():\n    assert True\n")
+    assert run_pytest(tmp_path, "true").returncode == 0  # nothing skipped: green
