@@ -79,7 +79,7 @@ def build_models(args: argparse.Namespace) -> tuple[nn.Module, nn.Module]:
 
 def masked_batch(args: argparse.Namespace) -> tuple[Tensor, Tensor]:
     """Random ids masked the BERT way: (masked ids, labels with -100 where not masked)."""
-    from tasks.bert_data import mask_tokens
+    from tasks.data.bert import mask_tokens
 
     g = torch.Generator().manual_seed(args.seed + 1)
     ids = torch.randint(5, args.vocab_size, (args.batch_size, args.seq_len), generator=g)

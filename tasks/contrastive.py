@@ -116,14 +116,19 @@ class ContrastiveTask(L.LightningModule):
         if h.image_tower is None:
             return CLIP(config)
         vit = ViT.from_pretrained(h.image_tower)
-        return CLIP.from_vit(vit, text=config.text, embed_dim=config.embed_dim, shared_backbone=config.shared_backbone)
+        return CLIP.from_vit(vit, text=config.text, embed_dim=config.embed_dim, shared_backbone=config.shared_backbone,
+                             audio=config.audio)
 
     def forward(self, pixel_values: Tensor, input_ids: Tensor) -> Any:
         return self.model(pixel_values, input_ids)
 
     # ------------------------------------------------------------------ setup
+    def caption_data(self) -> Any:
+        """The data module of (image, caption) pairs (None outside a trainer)."""
+        return getattr(self.trainer, "datamodule", None)
+
     def setup(self, stage: str) -> None:
-        datamodule = getattr(self.trainer, "datamodule", None)
+        datamodule = self.caption_data()
         if datamodule is None:
             return
         c = self.model.config

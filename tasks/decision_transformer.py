@@ -30,13 +30,16 @@ PLOT_FILE = "returns_vs_target.png"
 RESULTS_FILE = "eval_returns.json"
 
 
-def action_loss(out: DecisionTransformerOutput, actions: Tensor, attention_mask: Tensor, discrete: bool) -> Tensor:
+def action_loss(out: DecisionTransformerOutput | Tensor, actions: Tensor, attention_mask: Tensor,
+                discrete: bool) -> Tensor:
     """MSE (continuous) or cross-entropy (discrete) of the predicted actions at real steps.
 
-    (B, K, A) predictions; (B, K, A) target actions or (B, K) ids; (B, K) mask -> scalar.
+    (B, K, A) predictions (or a model output holding them as ``action_preds``); (B, K, A)
+    target actions or (B, K) ids; (B, K) mask -> scalar.
     """
+    preds = out if isinstance(out, Tensor) else out.action_preds
     real = attention_mask.bool()
-    preds = out.action_preds[real].float()  # (M, A) over the M real steps
+    preds = preds[real].float()  # (M, A) over the M real steps
     if discrete:
         return F.cross_entropy(preds, actions[real].long())
     return F.mse_loss(preds, actions[real].float())

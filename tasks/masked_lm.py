@@ -1,7 +1,7 @@
 """Masked-language-model pretraining: BERT (MLM + next-sentence prediction) and ELECTRA
 (generator MLM + discriminator replaced-token detection), trained with AdamW.
 
-Batches come from `tasks.bert_data.BERTDataModule`: ``input_ids`` (masked), ``attention_mask``,
+Batches come from `tasks.data.bert.BERTDataModule`: ``input_ids`` (masked), ``attention_mask``,
 ``segment_ids``, ``labels`` (-100 where not masked) and, with NSP, ``nsp_labels``.
 
 Axis legend: B batch, N tokens, M masked positions in the batch, V vocabulary.

@@ -166,7 +166,7 @@ class Seq2SeqTask(L.LightningModule):
     def predict_step(self, batch: list[str], batch_idx: int) -> list[str]:
         """Answer each input string greedily; needs the data module's tokenizer. Sentinels stay
         visible (a span-corruption model's answers are sentinel-marked spans)."""
-        from tasks.t5_data import encode_inputs
+        from tasks.data.t5 import encode_inputs
 
         datamodule = self.trainer.datamodule  # type: ignore[union-attr]
         tok = datamodule.tokenizer

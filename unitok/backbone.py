@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+import torch
 from torch import Tensor, nn
 
 from unitok.config import Config
@@ -253,6 +254,7 @@ class Backbone(nn.Module):
         causal: bool | None = None,
         encoder_hidden_states: Tensor | None = None,
         encoder_attention_mask: Tensor | None = None,
+        mask: Tensor | None = None,
     ) -> BackboneOutput:
         """Run the stack.
 
@@ -268,15 +270,25 @@ class Backbone(nn.Module):
                 causal text tower and a bidirectional image tower, as in CLIP's shared option).
             encoder_hidden_states / encoder_attention_mask: (B, S, D) states and (B, S) 1/0 mask
                 that "cross_attn" sublayers attend to (encoder–decoder models).
+            mask: a ready (B|1, 1, N, T) boolean mask of which keys each query may see (True:
+                may attend), replacing the one built from ``attention_mask`` and ``causal``
+                (packed multimodal sequences, `unitok.packing`); ``attention_mask`` then only
+                tells sublayers that mix along N which tokens are padding.
         """
         if x.dim() != 3 or x.shape[-1] != self.config.d_model:
             raise ValueError(f"backbone expects (batch, tokens, {self.config.d_model}), got {tuple(x.shape)}")
         n_new = x.shape[1]
         n_keys = n_new + (cache.seq_len if cache is not None else 0)
+        if mask is not None:
+            if mask.dtype != torch.bool or mask.dim() != 4 or tuple(mask.shape[-2:]) != (n_new, n_keys):
+                raise ValueError(f"mask must be a boolean (batch|1, 1, {n_new}, {n_keys}) tensor, got "
+                                 f"{mask.dtype} {tuple(mask.shape)}")
         if attention_mask is not None and bool(attention_mask.all()):
             attention_mask = None  # nothing padded: let the fused kernel take its fast path
         causal = self.config.causal if causal is None else causal
-        if attention_mask is None and causal and n_new == n_keys:
+        if mask is not None:
+            is_causal = False
+        elif attention_mask is None and causal and n_new == n_keys:
             mask, is_causal = None, True
         elif attention_mask is None and causal and n_new == 1:
             mask, is_causal = None, False  # one new query may see every cached key

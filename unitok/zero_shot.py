@@ -1,10 +1,12 @@
-"""Zero-shot image classification with a CLIP model: class names + prompt templates -> a
-linear classifier of text embeddings (Radford et al., 2021, §3.1.4).
+"""Zero-shot classification with a CLIP model: class names + prompt templates -> a linear
+classifier of text embeddings (Radford et al., 2021, §3.1.4), for images — and for audio with
+a CLIP that has an audio tower (ImageBind's emergent zero-shot: speech classified by text
+prompts it was never paired with).
 
-Works with unitok `CLIP` models and with open_clip models (anything with ``encode_image``,
-``encode_text`` and a tokenizer that maps a list of strings to (B, N) ids).
+Works with unitok `CLIP` models and, for images, with open_clip models (anything with
+``encode_image``, ``encode_text`` and a tokenizer that maps a list of strings to (B, N) ids).
 
-Axis legend: B images, K classes, P prompts, E embedding width.
+Axis legend: B images or utterances, K classes, P prompts, E embedding width.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import warnings
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -66,7 +68,7 @@ def class_prompts(
 
 
 class ZeroShotClassifier:
-    """A CLIP model turned into a K-way classifier by text prompts.
+    """A CLIP model turned into a K-way classifier of images (or audio) by text prompts.
 
     Each class's embedding is the mean of its prompts' normalised text embeddings, normalised
     again (the template ensemble of the CLIP paper). The (K, E) class embeddings are built once,
@@ -84,6 +86,9 @@ class ZeroShotClassifier:
         logit_scale: multiplies the cosine similarities; default the model's learned exp(scale).
         batch_size: prompts (and images) per forward pass. progress: a tqdm bar while building.
         class_embeddings: (K, E) cached embeddings from an earlier build.
+        modality: what is classified: "image", or "audio" (a unitok CLIP with an audio tower;
+            raw audio is file paths, or waveforms with ``sample_rate=``, read with the model's
+            stored spectrogram settings).
     """
 
     def __init__(
@@ -99,10 +104,17 @@ class ZeroShotClassifier:
         batch_size: int = 256,
         progress: bool = False,
         class_embeddings: Tensor | None = None,
+        modality: Literal["image", "audio"] = "image",
     ) -> None:
-        for name in ("encode_image", "encode_text"):
+        if modality not in ("image", "audio"):
+            raise ValueError(f"modality must be 'image' or 'audio', got {modality!r}")
+        for name in (f"encode_{modality}", "encode_text"):
             if not callable(getattr(model, name, None)):
-                raise TypeError(f"{type(model).__name__} has no {name}(); expected a CLIP model")
+                raise TypeError(f"{type(model).__name__} has no {name}(); expected a CLIP model"
+                                + (" with an audio tower" if modality == "audio" else ""))
+        if modality == "audio" and getattr(getattr(model, "config", None), "audio", None) is None:
+            raise ValueError("modality='audio' needs a CLIP with an audio tower; this one is an image–text model")
+        self.modality = modality
         if batch_size < 1:
             raise ValueError(f"batch_size must be ≥ 1, got {batch_size}")
         self.model, self.classnames = model, list(classnames)
@@ -164,12 +176,24 @@ class ZeroShotClassifier:
         return F.normalize(sums / counts[:, None], dim=-1)
 
     # ------------------------------------------------------------------ classifying
-    def logits_from_features(self, image_features: Tensor) -> Tensor:
-        """(B, E) image embeddings (normalised or not) -> (B, K) scaled cosine similarities."""
-        weights = self.class_embeddings.to(image_features.device)
-        if image_features.dim() != 2 or image_features.shape[1] != weights.shape[1]:
-            raise ValueError(f"image features must be (batch, {weights.shape[1]}), got {tuple(image_features.shape)}")
-        return self.logit_scale * F.normalize(image_features.float(), dim=-1) @ weights.T
+    def logits_from_features(self, features: Tensor) -> Tensor:
+        """(B, E) image (or audio) embeddings, normalised or not -> (B, K) scaled cosine similarities."""
+        weights = self.class_embeddings.to(features.device)
+        if features.dim() != 2 or features.shape[1] != weights.shape[1]:
+            raise ValueError(f"{self.modality} features must be (batch, {weights.shape[1]}), got {tuple(features.shape)}")
+        return self.logit_scale * F.normalize(features.float(), dim=-1) @ weights.T
+
+    def _inputs(self, items: Any, normalized: bool, sample_rate: int | None) -> Any:
+        if self.modality == "image":
+            if sample_rate is not None:
+                raise ValueError("sample_rate is for audio; this classifier reads images")
+            return self._pixels(items, normalized)
+        from tokenizers_mm import Tokens
+        from unitok.models.clip import encode_raw_audio
+
+        if isinstance(items, Tokens):
+            return items
+        return encode_raw_audio(self.model.audio_tokenizer(), items, sample_rate)
 
     def _pixels(self, images: Any, normalized: bool) -> Any:
         if normalized:
@@ -186,11 +210,13 @@ class ZeroShotClassifier:
                          "or normalised (B, C, H, W) tensors with normalized=True")
 
     @torch.no_grad()
-    def logits(self, images: Any, normalized: bool = False) -> Tensor:
-        """Images -> (B, K) logits. Raw images (PIL, uint8, [0, 1] floats) are prepared by the
-        unitok model's stored preprocessing or by ``preprocess``; ``normalized=True`` takes
-        (B, C, H, W) tensors that are already normalised."""
-        inputs = self._pixels(images, normalized)
+    def logits(self, inputs: Any, normalized: bool = False, sample_rate: int | None = None) -> Tensor:
+        """Images (or audio) -> (B, K) logits. Raw images (PIL, uint8, [0, 1] floats) are prepared
+        by the unitok model's stored preprocessing or by ``preprocess``; ``normalized=True``
+        takes (B, C, H, W) tensors that are already normalised. Raw audio: file paths, or
+        waveforms with their ``sample_rate``; or audio `Tokens`."""
+        inputs = self._inputs(inputs, normalized, sample_rate)
+        encode = self.model.encode_image if self.modality == "image" else self.model.encode_audio
         was_training = self.model.training
         self.model.eval()
         try:
@@ -199,28 +225,29 @@ class ZeroShotClassifier:
             for s in range(0, n, self.batch_size):
                 batch = _slice(inputs, s, s + self.batch_size)
                 batch = batch.to(self.device)
-                out.append(self.logits_from_features(self.model.encode_image(batch)))
+                out.append(self.logits_from_features(encode(batch)))
         finally:
             self.model.train(was_training)
         return torch.cat(out)
 
-    def predict_proba(self, images: Any, normalized: bool = False) -> Tensor:
-        """Images -> (B, K) class probabilities (softmax of the logits)."""
-        return self.logits(images, normalized).softmax(dim=-1)
+    def predict_proba(self, inputs: Any, normalized: bool = False, sample_rate: int | None = None) -> Tensor:
+        """Images (or audio) -> (B, K) class probabilities (softmax of the logits)."""
+        return self.logits(inputs, normalized, sample_rate).softmax(dim=-1)
 
-    def predict(self, images: Any, normalized: bool = False) -> Tensor:
-        """Images -> (B,) class indices."""
-        return self.logits(images, normalized).argmax(dim=-1)
+    def predict(self, inputs: Any, normalized: bool = False, sample_rate: int | None = None) -> Tensor:
+        """Images (or audio) -> (B,) class indices."""
+        return self.logits(inputs, normalized, sample_rate).argmax(dim=-1)
 
-    def predict_names(self, images: Any, normalized: bool = False) -> list[str]:
-        """Images -> the predicted class names."""
-        return [self.classnames[i] for i in self.predict(images, normalized).tolist()]
+    def predict_names(self, inputs: Any, normalized: bool = False, sample_rate: int | None = None) -> list[str]:
+        """Images (or audio) -> the predicted class names."""
+        return [self.classnames[i] for i in self.predict(inputs, normalized, sample_rate).tolist()]
 
-    def topk(self, images: Any, k: int = 5, normalized: bool = False) -> tuple[Tensor, Tensor]:
-        """Images -> ((B, k) probabilities, (B, k) class indices), most likely first."""
+    def topk(self, inputs: Any, k: int = 5, normalized: bool = False,
+             sample_rate: int | None = None) -> tuple[Tensor, Tensor]:
+        """Images (or audio) -> ((B, k) probabilities, (B, k) class indices), most likely first."""
         if not 1 <= k <= len(self.classnames):
             raise ValueError(f"k must be in [1, {len(self.classnames)}], got {k}")
-        return self.predict_proba(images, normalized).topk(k, dim=-1)
+        return self.predict_proba(inputs, normalized, sample_rate).topk(k, dim=-1)
 
 
 def _slice(inputs: Any, start: int, stop: int) -> Any:

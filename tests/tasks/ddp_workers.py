@@ -46,3 +46,18 @@ class RecordFirstStep(L.Callback):
             record = {"batch": {k: v.cpu() for k, v in batch.items()}, "loss": outputs["loss"].detach().cpu(),
                       "grads": {k: v.cpu() for k, v in self.grads.items()}}
             torch.save(record, Path(self.out) / f"rank{trainer.global_rank}.pt")
+
+
+class RecordDrawnTasks(L.Callback):
+    """Saves the tasks each training step trained on this rank to ``out/tasks{r}.pt``."""
+
+    def __init__(self, out: str) -> None:
+        self.out = out
+        self.drawn: list[list[str]] = []
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx) -> None:
+        self.drawn.append(pl_module.step_tasks())
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        torch.save({"drawn": self.drawn, "weights": {n: p.detach().clone() for n, p in pl_module.named_parameters()}},
+                   Path(self.out) / f"tasks{trainer.global_rank}.pt")

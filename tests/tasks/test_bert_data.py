@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tasks.bert_data import BERTDataModule, MaskingCollator, mask_tokens
-from tasks.labelled_text import (
+from tasks.data.bert import BERTDataModule, MaskingCollator, mask_tokens
+from tasks.data.labelled_text import (
     TOKEN_CLASSES,
     CodeTokensDataModule,
     DocstringDataModule,

@@ -22,7 +22,7 @@ from tasks import (
     MaskedLMTask,
     TokenClassificationTask,
 )
-from tasks.labelled_text import DEFAULT_PACKAGES, stdlib_package_files
+from tasks.data.labelled_text import DEFAULT_PACKAGES, stdlib_package_files
 from unitok.models import BERT
 
 CONTEXT = 64

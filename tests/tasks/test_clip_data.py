@@ -10,7 +10,7 @@ import pytest
 import torch
 from PIL import Image
 
-from tasks.clip_data import (
+from tasks.data.captions import (
     HELD_OUT_TEMPLATES,
     TRAIN_TEMPLATES,
     CaptionedDigitsDataModule,
@@ -19,20 +19,32 @@ from tasks.clip_data import (
 from tokenizers_mm import CLIPTokenizer
 
 
-def test_digits_are_captioned_with_their_class_from_the_right_templates():
+def test_digits_are_captioned_with_their_class_as_word_or_numeral_from_the_right_templates():
     data = CaptionedDigitsDataModule(batch_size=8)
     data.setup("fit")
     train, held = data.train_set, data.val_set
     assert (len(train), len(held)) == (1437, 360)
     assert set(data.digits.train_indices).isdisjoint(data.digits.held_out_indices)
-    for i in range(40):
+
+    def written(templates, label):
+        return {t.format(name) for t in templates for name in (data.class_names[label], data.class_numerals[label])}
+
+    forms = []
+    for i in range(200):
         caption, label = train.caption(i), int(train.labels[i])
-        assert caption in {t.format(data.class_names[label]) for t in TRAIN_TEMPLATES}
+        assert caption in written(TRAIN_TEMPLATES, label)
+        forms.append(any(ch.isdigit() for ch in caption))
         caption, label = held.caption(i), int(held.labels[i])
-        assert caption in {t.format(data.class_names[label]) for t in HELD_OUT_TEMPLATES}
+        assert caption in written(HELD_OUT_TEMPLATES, label)
+    assert 0.35 < sum(forms) / len(forms) < 0.65  # numerals half of the time
+    assert any(ch.isdigit() for i in range(len(held)) for ch in held.caption(i))  # held out: both forms too
     assert set(TRAIN_TEMPLATES).isdisjoint(HELD_OUT_TEMPLATES) and data.zero_shot_templates == HELD_OUT_TEMPLATES
+    assert not any(ch.isdigit() for t in TRAIN_TEMPLATES + HELD_OUT_TEMPLATES for ch in t)  # the class is the only number
     drawn = {train.caption(0) for _ in range(50)}
-    assert len(drawn) > 3  # a new template each time the image is read
+    assert len(drawn) > 10  # a new wording each time the image is read
+    words_only = CaptionedDigitsDataModule(batch_size=8, numerals=0.0)
+    words_only.setup("fit")
+    assert not any(ch.isdigit() for i in range(100) for ch in words_only.train_set.caption(i))
 
 
 def test_batches_hold_normalised_pixels_tokenized_captions_and_labels():

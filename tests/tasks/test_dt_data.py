@@ -13,10 +13,10 @@ from tasks import (
     builtin_trajectories,
     load_trajectories,
     record_episodes,
-    rl_data,
     save_trajectories,
 )
-from tasks.rl_data import TrajectoryWindowDataset, collate_windows
+from tasks.data import trajectories as rl_data
+from tasks.data.trajectories import TrajectoryWindowDataset, collate_windows
 from tokenizers_mm import Episode, episodes_to_arrays
 
 SMALL = dict(expert_episodes=2, noisy_episodes=3, random_episodes=2)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from tasks.span_corruption import (
+from tasks.data.span_corruption import (
     SpanCorruptionCollator,
     noise_span_counts,
     random_spans_noise_mask,
@@ -18,7 +18,7 @@ from tasks.span_corruption import (
     sentinel_tokens,
     span_corrupt,
 )
-from tasks.t5_data import train_t5_tokenizer
+from tasks.data.t5 import train_t5_tokenizer
 from tokenizers_mm import BPETokenizer
 
 SENTENCE = "Thank you for inviting me to your party last week."

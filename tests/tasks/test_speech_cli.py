@@ -12,7 +12,7 @@ import soundfile
 import yaml
 
 from tasks.cli import main
-from tasks.speech_data import read_manifest
+from tasks.data.speech import read_manifest
 from unitok.models import ConformerCTC
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,8 +14,10 @@ import soundfile
 import torch
 from torch.utils.data import DistributedSampler, SequentialSampler
 
-from tasks import ManifestDataModule, SpokenDigitsDataModule, espeak, speech_data
-from tasks.speech_data import (
+from tasks import ManifestDataModule, SpokenDigitsDataModule
+from tasks.data import espeak
+from tasks.data import speech as speech_data
+from tasks.data.speech import (
     CACHE_ENV,
     DIGIT_WORDS,
     HELD_OUT_VOICES,

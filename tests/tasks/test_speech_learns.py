@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from tasks import CTCSpeechTask, SpokenDigitsDataModule, ctc_loss
-from tasks.speech_data import DigitsCorpusSpec, spoken_digits_corpus
+from tasks.data.speech import DigitsCorpusSpec, spoken_digits_corpus
 from tokenizers_mm import CharacterVocabulary, SpectrogramConfig
 from unitok.models import ConformerCTC
 

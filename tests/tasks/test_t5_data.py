@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tasks.span_corruption import restore_spans, sentinel_ids
-from tasks.t5_data import (
+from tasks.data.span_corruption import restore_spans, sentinel_ids
+from tasks.data.t5 import (
     SpanCorruptionDataModule,
     TextToTextCollator,
     TextToTextDataModule,

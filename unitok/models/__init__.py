@@ -12,6 +12,20 @@ from unitok.models.decision_transformer import (
 from unitok.models.electra import ELECTRA, ELECTRAConfig, ELECTRAOutput
 from unitok.models.gpt import GPT, GPTConfig
 from unitok.models.mixer import MixerConfig, MLPMixer
+from unitok.models.multimodal import (
+    ActionHeadConfig,
+    AudioModality,
+    ClassifierHeadConfig,
+    CTCHeadConfig,
+    ImageModality,
+    LMHeadConfig,
+    MultimodalConfig,
+    MultimodalOutput,
+    MultimodalTransformer,
+    ProjectionHeadConfig,
+    TextModality,
+    TrajectoryModality,
+)
 from unitok.models.t5 import T5, T5Config, T5Encoder
 from unitok.models.vit import DeiT, ViT, ViTConfig
 
@@ -19,5 +33,7 @@ __all__ = [
     "BERT", "BERTConfig", "BERTOutput", "CheckpointMismatchError", "CLIP", "CLIPConfig", "CLIPTextConfig",
     "ConformerConfig", "ConformerCTC", "DecisionTransformer", "DecisionTransformerConfig",
     "DecisionTransformerOutput", "DeiT", "ELECTRA", "ELECTRAConfig", "ELECTRAOutput", "GPT", "GPTConfig",
-    "MixerConfig", "MLPMixer", "PretrainedModel", "T5", "T5Config", "T5Encoder", "ViT", "ViTConfig"
+    "MixerConfig", "MLPMixer", "PretrainedModel", "ActionHeadConfig", "AudioModality", "ClassifierHeadConfig",
+    "CTCHeadConfig", "ImageModality", "LMHeadConfig", "MultimodalConfig", "MultimodalOutput",
+    "MultimodalTransformer", "ProjectionHeadConfig", "TextModality", "TrajectoryModality", "T5", "T5Config", "T5Encoder", "ViT", "ViTConfig"
 ]

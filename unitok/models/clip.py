@@ -3,8 +3,12 @@ followed by a linear projection into a shared embedding space, plus a learnable 
 
 The image tower is unitok's `ViT` (class-token pooling, CLIP's ``ln_pre``, no patch bias);
 the text tower is token + learned positions -> causal backbone -> the features at the
-end-of-text token. With ``shared_backbone=True`` both towers run the same Backbone (causal
-for text, bidirectional for images). Losses live in ``tasks/contrastive.py``.
+end-of-text token. An optional audio tower (log-mel frames -> ×4 convolutional front end +
+time positions -> bidirectional backbone -> mean of the frames) binds speech into the same
+space, ImageBind-style: trained on (audio, image) pairs only, it becomes classifiable by
+text prompts it never met. With ``shared_backbone=True`` every tower runs the same Backbone
+(causal for text, bidirectional for images and audio: VATT's modality-agnostic encoder).
+Losses live in ``tasks/contrastive.py`` and ``tasks/binding.py``.
 
 Axis legend: B batch, N tokens, D tower width, E joint embedding width.
 """
@@ -14,7 +18,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -22,8 +27,11 @@ from torch import Tensor, nn
 
 from tokenizers_mm import CLIPTokenizer, PatchTokenizer, Tokens
 from unitok.backbone import Backbone, BackboneConfig, init_weights
+from unitok.checks import check_finite
 from unitok.config import Config
 from unitok.embed import TokenEmbedding
+from unitok.embed.modalities import AudioEmbedder
+from unitok.heads.pooling import pool_tokens
 from unitok.layers.activations import Activation
 from unitok.models.base import PretrainedModel, load_state_dict_strict
 from unitok.models.vit import ViT, ViTConfig
@@ -71,10 +79,50 @@ class CLIPTextConfig(Config):
     def backbone_config(self) -> BackboneConfig:
         return BackboneConfig(
             d_model=self.d_model, n_layers=self.n_layers, n_heads=self.n_heads, d_ff=self.d_ff,
-            block=("attn", "mlp"), norm="layernorm", norm_position="pre", norm_eps=self.norm_eps, bias=True,
-            activation=self.activation, causal=True, dropout=self.dropout, attn_dropout=self.dropout,
-            final_norm=True,
-        )
+            norm_eps=self.norm_eps, activation=self.activation, causal=True, dropout=self.dropout,
+            attn_dropout=self.dropout,
+        )  # otherwise the defaults: pre-LN blocks of attention + MLP, biases, a final LayerNorm
+
+
+@dataclass(frozen=True)
+class CLIPAudioConfig(Config):
+    """CLIP's optional audio tower.
+
+    Args:
+        n_mels: mel bins per input frame. max_frames: positions after the ×4 subsampling
+            (512 ≈ 20 s at a 10 ms hop). subsampling_channels: the front end's width (default D).
+        d_model / n_layers / n_heads / d_ff / activation / norm_eps / dropout: the bidirectional backbone.
+        pool: the utterance's features: the mean of its frames, or a class token's.
+        spectrogram: `tokenizers_mm.SpectrogramConfig` fields that turn raw audio into frames.
+    """
+
+    n_mels: int = 80
+    max_frames: int = 512
+    subsampling_channels: int | None = None
+    d_model: int = 512
+    n_layers: int = 12
+    n_heads: int = 8
+    d_ff: int | None = None
+    activation: Activation = "gelu"
+    norm_eps: float = 1e-5
+    dropout: float = 0.0
+    pool: Literal["mean", "cls"] = "mean"
+    spectrogram: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "spectrogram", dict(self.spectrogram))
+        if self.pool not in ("mean", "cls"):
+            raise ValueError(f"audio pool must be 'mean' or 'cls', got {self.pool!r}")
+        if self.spectrogram.get("n_mels", self.n_mels) != self.n_mels:
+            raise ValueError(f"spectrogram n_mels={self.spectrogram['n_mels']} differs from n_mels={self.n_mels}")
+        self.backbone_config()
+
+    def backbone_config(self) -> BackboneConfig:
+        return BackboneConfig(
+            d_model=self.d_model, n_layers=self.n_layers, n_heads=self.n_heads, d_ff=self.d_ff,
+            norm_eps=self.norm_eps, activation=self.activation, causal=False, dropout=self.dropout,
+            attn_dropout=self.dropout,
+        )  # otherwise the defaults: pre-LN blocks of attention + MLP, biases, a final LayerNorm
 
 
 def _vision(**fields: Any) -> ViTConfig:
@@ -90,7 +138,9 @@ class CLIPConfig(Config):
         vision: the image tower, a `ViTConfig` (or a dict of its fields over CLIP's defaults:
             no classifier, ln_pre, no patch bias, eps 1e-5, OpenAI mean/std).
         text: the text tower, a `CLIPTextConfig` (or a dict of its fields).
-        shared_backbone: both towers run one Backbone (one set of transformer weights); the
+        audio: an optional audio tower, a `CLIPAudioConfig` (or a dict of its fields); it has
+            its own projection and temperature (``logit_scale_audio``, for audio–image pairs).
+        shared_backbone: every tower runs one Backbone (one set of transformer weights); the
             towers' widths, depths, heads and activations must then agree.
         projection_bias: biases in the two projections (open_clip's ``proj_bias``).
         init_logit_scale: the temperature's log-inverse at init, log(1/0.07).
@@ -99,6 +149,7 @@ class CLIPConfig(Config):
     embed_dim: int = 512
     vision: ViTConfig = field(default_factory=_vision)
     text: CLIPTextConfig = field(default_factory=CLIPTextConfig)
+    audio: CLIPAudioConfig | None = None
     shared_backbone: bool = False
     projection_bias: bool = False
     init_logit_scale: float = math.log(1 / 0.07)
@@ -122,6 +173,21 @@ class CLIPConfig(Config):
                         mean=(0.5,), std=(0.5,), crop_pct=None),
             text=dict(d_model=64, n_layers=4, n_heads=4),
         ),
+        # Image, text and speech in one space: clip-digits plus an audio tower (spoken digits).
+        "clip-digits-audio": dict(
+            embed_dim=64,
+            vision=dict(image_size=(32, 32), patch_size=8, channels=1, d_model=64, n_layers=4, n_heads=4,
+                        mean=(0.5,), std=(0.5,), crop_pct=None),
+            text=dict(d_model=64, n_layers=2, n_heads=4),
+            audio=dict(n_mels=80, subsampling_channels=32, d_model=64, n_layers=4, n_heads=4),
+        ),
+        "clip-digits-audio-shared": dict(
+            embed_dim=64, shared_backbone=True,
+            vision=dict(image_size=(32, 32), patch_size=8, channels=1, d_model=64, n_layers=4, n_heads=4,
+                        mean=(0.5,), std=(0.5,), crop_pct=None),
+            text=dict(d_model=64, n_layers=4, n_heads=4),
+            audio=dict(n_mels=80, subsampling_channels=32, d_model=64, n_layers=4, n_heads=4),
+        ),
     }
 
     def __post_init__(self) -> None:
@@ -129,8 +195,12 @@ class CLIPConfig(Config):
             object.__setattr__(self, "vision", _vision(**self.vision))
         if isinstance(self.text, dict):
             object.__setattr__(self, "text", CLIPTextConfig.from_dict(self.text))
+        if isinstance(self.audio, dict):
+            object.__setattr__(self, "audio", CLIPAudioConfig.from_dict(self.audio))
         if not isinstance(self.vision, ViTConfig) or not isinstance(self.text, CLIPTextConfig):
             raise TypeError("vision must be a ViTConfig (or dict) and text a CLIPTextConfig (or dict)")
+        if self.audio is not None and not isinstance(self.audio, CLIPAudioConfig):
+            raise TypeError("audio must be a CLIPAudioConfig (or dict), or None")
         if self.embed_dim <= 0:
             raise ValueError(f"embed_dim must be positive, got {self.embed_dim}")
         v, t = self.vision, self.text
@@ -139,12 +209,15 @@ class CLIPConfig(Config):
         if v.pool != "cls" or v.distill_token:
             raise ValueError("CLIP's image tower reads its class token: vision needs pool='cls' and no distill_token")
         if self.shared_backbone:
-            for name in ("d_model", "n_layers", "n_heads", "activation", "norm_eps", "dropout"):
-                if getattr(v, name) != getattr(t, name):
-                    raise ValueError(f"shared_backbone needs equal towers: vision.{name}={getattr(v, name)!r} "
-                                     f"but text.{name}={getattr(t, name)!r}")
-            if v.backbone_config().hidden_dim != t.backbone_config().hidden_dim:
-                raise ValueError("shared_backbone needs equal MLP widths (d_ff) in both towers")
+            towers = {"text": t, **({"audio": self.audio} if self.audio is not None else {})}
+            for tower_name, tower in towers.items():
+                for name in ("d_model", "n_layers", "n_heads", "activation", "norm_eps", "dropout"):
+                    if getattr(v, name) != getattr(tower, name):
+                        raise ValueError(f"shared_backbone needs equal towers: vision.{name}={getattr(v, name)!r} "
+                                         f"but {tower_name}.{name}={getattr(tower, name)!r}")
+                if v.backbone_config().hidden_dim != tower.backbone_config().hidden_dim:
+                    raise ValueError(f"shared_backbone needs equal MLP widths (d_ff) in the vision and {tower_name} "
+                                     "towers")
 
 
 class TextTower(nn.Module):
@@ -186,6 +259,30 @@ class TextTower(nn.Module):
         return h[torch.arange(h.shape[0], device=h.device), end]
 
 
+class AudioTower(nn.Module):
+    """(B, N, F) log-mel frames and (B,) lengths -> (B, D) utterance features: the ×4 front end
+    with time positions, a bidirectional backbone, then the mean of the real frames (or a
+    class token's state)."""
+
+    def __init__(self, config: CLIPAudioConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed = AudioEmbedder(config.n_mels, config.d_model, config.max_frames, config.subsampling_channels,
+                                   positions="sinusoidal")
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, config.d_model)) if config.pool == "cls" else None
+        self.backbone = Backbone(config.backbone_config())
+        init_weights(self.backbone, std=0.02)
+
+    def forward(self, frames: Tensor, lengths: Tensor, backbone: Backbone | None = None) -> Tensor:
+        x, lengths = self.embed(frames, lengths)  # (B, n, D), (B,)
+        mask = torch.arange(x.shape[1], device=x.device)[None, :] < lengths[:, None]
+        if self.cls_token is not None:
+            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
+            mask = torch.cat([torch.ones_like(mask[:, :1]), mask], dim=1)
+        h = (backbone or self.backbone)(x, mask.long(), causal=False).last_hidden_state
+        return h[:, 0] if self.cls_token is not None else pool_tokens(h, mask, "mean")
+
+
 class CLIP(PretrainedModel):
     """Contrastive image–text model: ``encode_image`` and ``encode_text`` into one space.
 
@@ -206,7 +303,16 @@ class CLIP(PretrainedModel):
             self.text.backbone = self.visual.backbone  # one set of weights, registered under both names
         self.text_proj = nn.Linear(config.text.d_model, config.embed_dim, bias=config.projection_bias)
         self.logit_scale = nn.Parameter(torch.tensor(float(config.init_logit_scale)))
-        for proj, width in ((self.visual_proj, config.vision.d_model), (self.text_proj, config.text.d_model)):
+        projections = [(self.visual_proj, config.vision.d_model), (self.text_proj, config.text.d_model)]
+        if config.audio is not None:
+            self.audio = AudioTower(config.audio)
+            if config.shared_backbone:
+                self.audio.backbone = self.visual.backbone
+            self.audio_proj = nn.Linear(config.audio.d_model, config.embed_dim, bias=config.projection_bias)
+            # audio–image pairs get a temperature of their own
+            self.logit_scale_audio = nn.Parameter(torch.tensor(float(config.init_logit_scale)))
+            projections.append((self.audio_proj, config.audio.d_model))
+        for proj, width in projections:
             nn.init.normal_(proj.weight, std=width**-0.5)
             if proj.bias is not None:
                 nn.init.zeros_(proj.bias)
@@ -215,7 +321,8 @@ class CLIP(PretrainedModel):
     def tied_keys(self) -> tuple[str, ...]:
         if not self.config.shared_backbone:
             return ()
-        return tuple(f"text.backbone.{k}" for k in self.visual.backbone.state_dict())
+        towers = ("text", "audio") if self.config.audio is not None else ("text",)
+        return tuple(f"{tower}.backbone.{k}" for tower in towers for k in self.visual.backbone.state_dict())
 
     @classmethod
     def from_vit(cls, vit: ViT, text: CLIPTextConfig | None = None, embed_dim: int = 512,
@@ -255,14 +362,70 @@ class CLIP(PretrainedModel):
         x = self.visual_proj(features)
         return F.normalize(x, dim=-1) if normalize else x
 
-    def encode_text(self, text: Tensor | Tokens, normalize: bool = False) -> Tensor:
-        """(B, N) caption ids from `CLIPTokenizer` (or its `Tokens`) -> (B, E)."""
+    def encode_text(self, text: Tensor | Tokens | str | Sequence[str], normalize: bool = False) -> Tensor:
+        """(B, N) caption ids from `CLIPTokenizer` (or its `Tokens`), or strings -> (B, E)."""
+        if isinstance(text, str) or (isinstance(text, Sequence) and text and isinstance(text[0], str)):
+            text = self.text_tokenizer().batch_encode([text] if isinstance(text, str) else list(text))
+            text = text.to(self.logit_scale.device)
         ids = text.ids if isinstance(text, Tokens) else text
-        if ids is None:
-            raise ValueError("encode_text reads token ids, got feature Tokens")
+        if ids is None or not isinstance(ids, Tensor):
+            raise ValueError(f"encode_text reads token ids or strings, got {type(text).__name__}")
         backbone = self.visual.backbone if self.config.shared_backbone else None
         x = self.text_proj(self.text(ids, backbone))
         return F.normalize(x, dim=-1) if normalize else x
+
+    def audio_tokenizer(self) -> Any:
+        """The `SpectrogramTokenizer` with this model's stored settings (raw audio -> frames)."""
+        from tokenizers_mm import SpectrogramConfig, SpectrogramTokenizer
+
+        audio = self._audio_config()
+        return SpectrogramTokenizer(SpectrogramConfig.from_dict(audio.spectrogram or {"n_mels": audio.n_mels}))
+
+    def _audio_config(self) -> CLIPAudioConfig:
+        if self.config.audio is None:
+            raise ValueError("this CLIP has no audio tower (an image–text model); build one with audio=... "
+                             "(e.g. the clip-digits-audio preset)")
+        return self.config.audio
+
+    def encode_audio(self, audio: Tensor | Tokens, lengths: Tensor | None = None, normalize: bool = False) -> Tensor:
+        """(B, N, F) log-mel frames with (B,) lengths, or audio `Tokens` from `audio_tokenizer`, -> (B, E)."""
+        config = self._audio_config()
+        if isinstance(audio, Tokens):
+            if audio.features is None or audio.grid is not None:
+                raise ValueError("encode_audio reads audio Tokens of log-mel frames, got ids or image patches")
+            if lengths is None and audio.attention_mask is not None:
+                lengths = audio.attention_mask.long().sum(dim=1)
+            audio = audio.features
+        if not isinstance(audio, Tensor) or audio.dim() != 3 or audio.shape[-1] != config.n_mels:
+            shape = tuple(audio.shape) if isinstance(audio, Tensor) else type(audio).__name__
+            raise ValueError(f"audio frames must be (batch, frames, {config.n_mels}), got {shape}; raw audio goes "
+                             "through model.encode(..., modality='audio') or model.audio_tokenizer()")
+        check_finite(audio, "audio frames")
+        if lengths is None:
+            lengths = torch.full((audio.shape[0],), audio.shape[1], dtype=torch.long, device=audio.device)
+        backbone = self.visual.backbone if self.config.shared_backbone else None
+        x = self.audio_proj(self.audio(audio, lengths.to(audio.device), backbone))
+        return F.normalize(x, dim=-1) if normalize else x
+
+    def encode(self, inputs: Any, modality: Literal["image", "text", "audio"] = "image", normalize: bool = True,
+               sample_rate: int | None = None, resize: bool = False) -> Tensor:
+        """Embed any modality into the joint space, raw or tokenized -> (B, E).
+
+        image: PIL images, uint8 or [0, 1] float tensors (``resize`` to the configured size), or
+        patch Tokens (already normalised pixels go to ``encode_image``). text: strings, or ids.
+        audio: file paths, or waveforms with their ``sample_rate`` (required: nothing is
+        assumed), or audio Tokens.
+        """
+        if modality == "text":
+            return self.encode_text(inputs, normalize=normalize)
+        if modality == "image":
+            tokens = inputs if isinstance(inputs, Tokens) else self.image_tokenizer(resize).encode(inputs)
+            return self.encode_image(tokens.to(self.visual_proj.weight.device), normalize=normalize)
+        if modality == "audio":
+            tokens = inputs if isinstance(inputs, Tokens) else encode_raw_audio(self.audio_tokenizer(), inputs,
+                                                                               sample_rate)
+            return self.encode_audio(tokens.to(self.audio_proj.weight.device), normalize=normalize)
+        raise ValueError(f"modality must be 'image', 'text' or 'audio', got {modality!r}")
 
     def forward(self, pixel_values: Tensor | Tokens, text: Tensor | Tokens) -> CLIPOutput:
         """Images and captions -> normalised embeddings and their scaled similarities."""
@@ -283,6 +446,15 @@ class CLIP(PretrainedModel):
             module.requires_grad_(False)
             module.eval()
 
+    def lock_audio_tower(self) -> None:
+        """Freeze the audio tower and its projection."""
+        if self.config.shared_backbone:
+            raise ValueError("the backbone is shared with the other towers; lock_audio_tower needs separate towers")
+        self._audio_config()
+        for module in (self.audio, self.audio_proj):
+            module.requires_grad_(False)
+            module.eval()
+
     def lock_text_tower(self) -> None:
         """Freeze the text tower and its projection."""
         if self.config.shared_backbone:
@@ -293,11 +465,46 @@ class CLIP(PretrainedModel):
 
     def locked_towers(self) -> Sequence[nn.Module]:
         """Modules frozen by ``lock_*_tower`` (kept in eval mode when the model trains)."""
-        return [m for m in (self.visual, self.visual_proj, self.text, self.text_proj)
-                if not any(p.requires_grad for p in m.parameters())]
+        towers = [self.visual, self.visual_proj, self.text, self.text_proj]
+        if self.config.audio is not None:
+            towers += [self.audio, self.audio_proj]
+        return [m for m in towers if not any(p.requires_grad for p in m.parameters())]
 
     def train(self, mode: bool = True) -> CLIP:
         super().train(mode)
         for module in self.locked_towers():
             module.eval()  # a locked tower stays deterministic (no dropout) while the rest trains
         return self
+
+
+def encode_raw_audio(tokenizer: Any, audio: Any, sample_rate: int | None) -> Tokens:
+    """Files or waveforms -> audio `Tokens`. A bare waveform (tensor or array) must come with its
+    ``sample_rate``: a wrong rate would silently change pitch and speed. Empty or all-silent
+    audio is refused (nothing to embed)."""
+    import numpy as np
+
+    items = list(audio) if isinstance(audio, (list, tuple)) else [audio]
+    if not items:
+        raise ValueError("got an empty list of audio")
+    if sample_rate is not None and (isinstance(sample_rate, bool) or not isinstance(sample_rate, (int, np.integer))
+                                    or not 1000 <= sample_rate <= 384_000):
+        raise ValueError(f"sample_rate must be a whole number of Hz between 1000 and 384000, got {sample_rate!r}")
+    for i, item in enumerate(items):
+        if isinstance(item, (Tensor, np.ndarray)):
+            if sample_rate is None:
+                raise ValueError(f"audio item {i} is a bare waveform: give its sample_rate= (Hz); the model's "
+                                 f"frames are computed at {tokenizer.config.sample_rate} Hz and other rates are "
+                                 "resampled, never assumed")
+            wave = torch.as_tensor(item)
+            if wave.numel() == 0:
+                raise ValueError(f"audio item {i} is empty (0 samples)")
+            if wave.is_floating_point() and bool(torch.isfinite(wave).all()) and float(wave.abs().max()) == 0.0:
+                raise ValueError(f"audio item {i} is all silence (every sample is 0): nothing to embed")
+        elif not isinstance(item, (str, Path)):
+            raise TypeError(f"audio item {i} is a {type(item).__name__}; give file paths or waveforms with "
+                            "sample_rate=")
+    tokens = tokenizer.encode(items, sample_rate=sample_rate)
+    silent = [i for i, row in enumerate(tokens.features) if float(row.abs().max()) == 0.0]
+    if silent:
+        raise ValueError(f"audio items {silent} are all silence: nothing to embed")
+    return tokens

@@ -17,6 +17,7 @@ from tokenizers_mm import (
     Tokens,
     patchify,
 )
+from unitok.checks import check_finite
 from unitok.config import Config
 from unitok.models.base import PretrainedModel
 
@@ -85,7 +86,7 @@ class ImageModel(PretrainedModel):
         if isinstance(pixel_values, Tokens):
             if pixel_values.features is None or pixel_values.grid is None:
                 raise ValueError("image models read image Tokens (patch features with a grid)")
-            _check_finite(pixel_values.features, "patch features")
+            check_finite(pixel_values.features, "patch features")
             return pixel_values.features, pixel_values.grid
         x = pixel_values
         if not isinstance(x, Tensor) or x.dim() != 4:
@@ -101,7 +102,7 @@ class ImageModel(PretrainedModel):
         H, W = x.shape[-2:]
         if H % c.patch_size or W % c.patch_size:
             raise ValueError(f"image size {H}×{W} is not divisible by the patch size {c.patch_size}")
-        _check_finite(x, "pixel_values")
+        check_finite(x, "pixel_values")
         return patchify(x, c.patch_size), (H // c.patch_size, W // c.patch_size)
 
     @torch.no_grad()
@@ -125,8 +126,3 @@ class ImageModel(PretrainedModel):
         return self.predict_proba(images, resize).argmax(dim=-1)
 
 
-def _check_finite(values: Tensor, name: str) -> None:
-    """NaN or inf input would silently turn every logit into NaN: refuse it up front."""
-    if not bool(torch.isfinite(values).all()):
-        bad = int((~torch.isfinite(values)).sum())
-        raise ValueError(f"{name} contain {bad} NaN/inf values")

@@ -17,13 +17,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 import numpy as np
 import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
-from tasks.text_data import read_texts, stdlib_source_files
+from tasks.data.base import Split, SplitDataModule
+from tasks.data.text import read_texts, stdlib_source_files
 from tokenizers_mm import WordPieceTokenizer, encode_pair_ids, pad_pairs
 from tokenizers_mm.pairs import pair_lengths
 
@@ -296,7 +296,7 @@ class SentencePairs(Dataset):
 
 
 # --------------------------------------------------------------------------- data module
-class BERTDataModule(L.LightningDataModule):
+class BERTDataModule(SplitDataModule):
     """Masked-LM (+ NSP) batches from text files, or the built-in corpus when none are given.
 
     Args:
@@ -337,13 +337,12 @@ class BERTDataModule(L.LightningDataModule):
         seed: int = 0,
         predict_texts: list[str] | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(batch_size, num_workers)
         check_masking_rates(mlm_probability, mask_ratio, random_ratio)
         if not 0.0 < val_fraction < 1.0:
             raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
-        if batch_size < 1 or train_samples < 1 or val_samples < 1:
-            raise ValueError(f"batch_size, train_samples and val_samples must be ≥ 1, got "
-                             f"{batch_size}, {train_samples}, {val_samples}")
+        if train_samples < 1 or val_samples < 1:
+            raise ValueError(f"train_samples and val_samples must be ≥ 1, got {train_samples}, {val_samples}")
         if files is not None and len(files) == 0:
             raise ValueError("files is an empty list; leave it unset to use the built-in corpus")
         self.files = [Path(f) for f in files] if files is not None else None
@@ -356,7 +355,6 @@ class BERTDataModule(L.LightningDataModule):
         self.context_length, self.nsp, self.random_next = context_length, nsp, random_next
         self.mlm_probability, self.mask_ratio, self.random_ratio = mlm_probability, mask_ratio, random_ratio
         self.whole_word_masking = whole_word_masking
-        self.batch_size, self.num_workers = batch_size, num_workers
         self.train_samples, self.val_samples, self.val_fraction = train_samples, val_samples, val_fraction
         self.cache_dir, self.seed = Path(cache_dir), seed
         self.predict_texts = predict_texts or ["def [MASK](self, other):", "import [MASK]",
@@ -421,18 +419,12 @@ class BERTDataModule(L.LightningDataModule):
     def val_dataset(self) -> SentencePairs:
         return self._dataset(train=False)
 
-    def train_dataloader(self) -> DataLoader:
-        return DataLoader(self.train_dataset(), batch_size=self.batch_size, shuffle=True, drop_last=True,
-                          num_workers=self.num_workers, collate_fn=self.collator(),
-                          persistent_workers=self.num_workers > 0)
+    def dataset(self, split: Split) -> SentencePairs | None:
+        return {"train": self.train_dataset, "val": self.val_dataset}.get(split, lambda: None)()
 
-    def val_dataloader(self) -> DataLoader:
+    def collate_fn(self, split: Split) -> MaskingCollator:
         # Validation masks the same positions every time: scores are comparable across epochs.
-        return DataLoader(self.val_dataset(), batch_size=self.batch_size, num_workers=self.num_workers,
-                          collate_fn=self.collator(seed=self.seed + 2))
-
-    def test_dataloader(self) -> DataLoader:
-        return self.val_dataloader()
+        return self.collator() if split == "train" else self.collator(seed=self.seed + 2)
 
     def predict_dataloader(self) -> DataLoader:
         return DataLoader(self.predict_texts, batch_size=len(self.predict_texts), collate_fn=list)

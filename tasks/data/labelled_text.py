@@ -30,14 +30,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import lightning as L
 import numpy as np
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader
 
-from tasks.bert_data import prepare_wordpiece_corpus
-from tasks.text_data import stdlib_source_files
+from tasks.data.base import Split, SplitDataModule
+from tasks.data.bert import prepare_wordpiece_corpus
+from tasks.data.text import stdlib_source_files
 from tokenizers_mm import WordPieceTokenizer, align_word_labels, pad_pairs
 
 DEFAULT_PACKAGES = ("asyncio", "email", "logging", "tkinter")
@@ -114,20 +113,21 @@ def _files_key(files: Sequence[Path]) -> str:
     return "|".join(f"{f}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files)
 
 
-class _LabelledTextModule(L.LightningDataModule):
+class _LabelledTextModule(SplitDataModule):
     """Tokenizer handling, splits and loaders shared by the built-in labelled data modules."""
+
+    drop_last_train = False  # a label budget of a few examples per class: every one trains
 
     def __init__(self, tokenizer: str | None, vocab_size: int, context_length: int, batch_size: int,
                  num_workers: int, train_per_class: int | None, val_per_class: int, seed: int,
                  cache_dir: str) -> None:
-        super().__init__()
-        if context_length < 8 or batch_size < 1 or val_per_class < 1:
-            raise ValueError(f"need context_length ≥ 8, batch_size ≥ 1, val_per_class ≥ 1; got "
-                             f"{context_length}, {batch_size}, {val_per_class}")
+        super().__init__(batch_size, num_workers)
+        if context_length < 8 or val_per_class < 1:
+            raise ValueError(f"need context_length ≥ 8 and val_per_class ≥ 1; got {context_length}, {val_per_class}")
         if train_per_class is not None and train_per_class < 1:
             raise ValueError(f"train_per_class must be ≥ 1 or None (all), got {train_per_class}")
         self.tokenizer_path, self.requested_vocab_size = tokenizer, vocab_size
-        self.context_length, self.batch_size, self.num_workers = context_length, batch_size, num_workers
+        self.context_length = context_length
         self.train_per_class, self.val_per_class, self.seed = train_per_class, val_per_class, seed
         self.cache_dir = Path(cache_dir)
         self._tokenizer: WordPieceTokenizer | None = None
@@ -208,16 +208,11 @@ class _LabelledTextModule(L.LightningDataModule):
                 out[key] = torch.tensor([e[key] for e in encoded])
         return out  # type: ignore[return-value]
 
-    def train_dataloader(self) -> DataLoader:
-        return DataLoader(self.splits()["train"], batch_size=self.batch_size, shuffle=True,
-                          num_workers=self.num_workers, collate_fn=self.collate)
+    def dataset(self, split: Split) -> list[dict[str, Any]] | None:
+        return self.splits().get(split)
 
-    def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.splits()["val"], batch_size=self.batch_size, num_workers=self.num_workers,
-                          collate_fn=self.collate)
-
-    def test_dataloader(self) -> DataLoader:
-        return self.val_dataloader()
+    def collate_fn(self, split: Split) -> Any:
+        return self.collate
 
 
 class DocstringDataModule(_LabelledTextModule):

@@ -9,11 +9,11 @@ import sysconfig
 from collections.abc import Sequence
 from pathlib import Path
 
-import lightning as L
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from tasks.data.base import Split, SplitDataModule
 from tokenizers_mm import BPETokenizer
 
 # Parts of the standard library that are tests, vendored code or generated tables, not prose-like code.
@@ -84,7 +84,7 @@ class TokenWindows(Dataset):
         return {**self.__dict__, "_tokens": None}
 
 
-class TextDataModule(L.LightningDataModule):
+class TextDataModule(SplitDataModule):
     """Language-modelling windows from text files, or from the built-in corpus when none are given.
 
     The tokenizer (trained here, or loaded from ``tokenizer``) and the token file are cached
@@ -117,11 +117,11 @@ class TextDataModule(L.LightningDataModule):
         seed: int = 0,
         predict_prompts: list[str] | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(batch_size, num_workers)
         if not 0.0 < val_fraction < 1.0:
             raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
-        if context_length < 1 or batch_size < 1:
-            raise ValueError(f"context_length and batch_size must be ≥ 1, got {context_length}, {batch_size}")
+        if context_length < 1:
+            raise ValueError(f"context_length must be ≥ 1, got {context_length}")
         if files is not None and len(files) == 0:
             raise ValueError("files is an empty list; leave it unset to use the built-in corpus")
         self.files = [Path(f) for f in files] if files is not None else None
@@ -133,8 +133,6 @@ class TextDataModule(L.LightningDataModule):
         self.tokenizer_path = tokenizer
         self.requested_vocab_size = vocab_size
         self.context_length = context_length
-        self.batch_size = batch_size
-        self.num_workers = num_workers
         self.val_fraction = val_fraction
         self.train_samples = train_samples
         self.cache_dir = Path(cache_dir)
@@ -220,16 +218,9 @@ class TextDataModule(L.LightningDataModule):
         cut, end = self._split()
         return TokenWindows(self._token_file, self._dtype, cut, end, self.context_length)  # type: ignore[arg-type]
 
-    def train_dataloader(self) -> DataLoader:
-        return DataLoader(self.train_dataset(), batch_size=self.batch_size, shuffle=True,
-                          num_workers=self.num_workers, drop_last=True,
-                          persistent_workers=self.num_workers > 0)
-
-    def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.val_dataset(), batch_size=self.batch_size, num_workers=self.num_workers)
-
-    def test_dataloader(self) -> DataLoader:
-        return self.val_dataloader()
+    def dataset(self, split: Split) -> TokenWindows | None:
+        """Random training windows, consecutive held-out windows (the tail; test: the same)."""
+        return {"train": self.train_dataset, "val": self.val_dataset}.get(split, lambda: None)()
 
     def predict_dataloader(self) -> DataLoader:
         return DataLoader(self.predict_prompts, batch_size=len(self.predict_prompts), collate_fn=list)

@@ -12,7 +12,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Literal
 
-import lightning as L
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -22,6 +21,8 @@ from sklearn.model_selection import train_test_split
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 from torchvision.transforms import InterpolationMode, v2
+
+from tasks.data.base import SplitDataModule
 
 Interpolation = Literal["bilinear", "bicubic", "nearest"]
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
@@ -95,8 +96,9 @@ class ImageFiles(Dataset):
         return {"pixel_values": self.transform(pixels), "labels": self.labels[index]}
 
 
-class ImageDataModule(L.LightningDataModule):
-    """Shared loaders for the image data modules (subclasses build the datasets in ``setup``)."""
+class ImageDataModule(SplitDataModule):
+    """What the image data modules share (subclasses build ``train_set`` / ``val_set`` in ``setup``)
+    and tell the task: classes, channels, size and normalisation."""
 
     num_classes: int
     class_names: list[str]
@@ -105,33 +107,8 @@ class ImageDataModule(L.LightningDataModule):
     mean: tuple[float, ...]
     std: tuple[float, ...]
 
-    def __init__(self, batch_size: int, num_workers: int) -> None:
-        super().__init__()
-        if batch_size < 1 or num_workers < 0:
-            raise ValueError(f"need batch_size ≥ 1 and num_workers ≥ 0, got {batch_size}, {num_workers}")
-        self.batch_size, self.num_workers = batch_size, num_workers
-        self.train_set: Dataset | None = None
-        self.val_set: Dataset | None = None
-
-    def _loader(self, dataset: Dataset | None, train: bool) -> DataLoader:
-        if dataset is None:
-            self.setup("fit")
-            dataset = self.train_set if train else self.val_set
-        return DataLoader(dataset, batch_size=self.batch_size, shuffle=train, drop_last=train,  # type: ignore[arg-type]
-                          num_workers=self.num_workers, persistent_workers=self.num_workers > 0)
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader(self.train_set, train=True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader(self.val_set, train=False)
-
-    def test_dataloader(self) -> DataLoader:
-        """The held-out split again (there is no third split; see the class docstring)."""
-        return self._loader(self.val_set, train=False)
-
     def predict_dataloader(self) -> DataLoader:
-        return self._loader(self.val_set, train=False)
+        return self.loader("val")
 
 
 class DigitsDataModule(ImageDataModule):

@@ -15,15 +15,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 from torchvision.transforms import InterpolationMode, v2
 
-from tasks.image_data import (
+from tasks.data.base import SplitDataModule
+from tasks.data.image import (
     IMAGE_SUFFIXES,
     DigitsDataModule,
     Interpolation,
@@ -35,15 +35,25 @@ from tokenizers_mm import CLIPTokenizer
 from unitok.models.clip import OPENAI_MEAN, OPENAI_STD
 
 DIGIT_NAMES = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
-# Captions seen in training, and templates kept back for zero-shot evaluation: the held-out
-# images are classified with prompts the text tower never read as captions.
+DIGIT_NUMERALS = tuple(str(d) for d in range(10))
+# Captions seen in training: many wordings, the class written as a word ("seven") or as a
+# numeral ("7"). Templates kept back for zero-shot evaluation are never captions, and no
+# held-out template is a training template with a word changed: the held-out images are
+# classified with prompts the text tower never read.
 TRAIN_TEMPLATES = (
-    "a photo of the number {}.", "a handwritten {}.", "a scan of the digit {}.", "the number {}.",
-    "a small picture of a {}.", "an image of the digit {}.", "a blurry handwritten {}.", "{}.",
+    "a handwritten {}.", "the digit {}.", "a scan of the number {}.", "{}.", "a photo of a {}.",
+    "an image showing {}.", "a {} in ink.", "someone wrote a {}.", "a small grey {}.", "digit: {}",
+    "label: {}", "this is a {}.", "a blurry scan of a {}.", "a pixelated {}.", "here is a {}.",
+    "the numeral {}.", "a drawing of a {}.", "a {} written with a pen.", "a low resolution {}.",
+    "one character: {}.", "a picture of the digit {}.", "a {} drawn by a child.", "the symbol {}.",
+    "a tiny image of a {}.", "a scanned {}.", "a neat {}.", "a messy {}.", "class {}.",
+    "an example of a {}.", "a sample of the digit {}.", "a centred {}.", "{}, handwritten.",
+    "a crooked {}.", "a bold {}.", "a thin {}.", "it is a {}.", "the figure {}.", "a {} from a form.",
 )
 HELD_OUT_TEMPLATES = (
-    "a picture of a handwritten {}.", "a photo of the digit {}.", "an image of the number {}.",
-    "a scan of a {}.",
+    "a {} on a white background.", "number {} written by hand.", "there is a {} in this picture.",
+    "a close-up photograph of the number {}.", "an old {} on paper.", "my favourite digit is {}.",
+    "what a lovely {}!", "the answer is {}.",
 )
 
 
@@ -51,16 +61,20 @@ class Captioned(Dataset):
     """Images (a tensor of [0, 1] images, or files read on access) with captions.
 
     ``captions[i]`` is a fixed caption, or ``(label, templates)`` to draw a template at random
-    each time the image is read (so every epoch pairs the image with new wording).
+    each time the image is read (so every epoch pairs the image with new wording); the class is
+    then written as ``class_numerals[label]`` with probability ``numerals``, else as its name.
     """
 
     def __init__(self, images: Tensor | Sequence[Path], captions: Sequence[Any], labels: Sequence[int],
                  transform: Callable[[Tensor], Tensor], class_names: Sequence[str] = (), mode: str = "RGB",
-                 seed: int = 0) -> None:
+                 seed: int = 0, class_numerals: Sequence[str] = (), numerals: float = 0.0) -> None:
         if len(images) != len(captions) or len(captions) != len(labels):
             raise ValueError(f"got {len(images)} images, {len(captions)} captions, {len(labels)} labels")
+        if numerals and len(class_numerals) != len(class_names):
+            raise ValueError(f"numerals need one numeral per class: {len(class_numerals)} for {len(class_names)}")
         self.images, self.captions, self.labels = images, list(captions), torch.as_tensor(list(labels))
         self.transform, self.class_names, self.mode = transform, list(class_names), mode
+        self.class_numerals, self.numerals = list(class_numerals), numerals
         self.rng = random.Random(seed)
 
     def __len__(self) -> int:
@@ -71,7 +85,9 @@ class Captioned(Dataset):
         if isinstance(caption, str):
             return caption
         label, templates = caption
-        return self.rng.choice(templates).format(self.class_names[label])
+        template = self.rng.choice(templates)
+        numeral = self.numerals > 0 and self.rng.random() < self.numerals
+        return template.format(self.class_numerals[label] if numeral else self.class_names[label])
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         image = self.images[index]
@@ -98,10 +114,11 @@ class CaptionCollator:
         }
 
 
-class CaptionDataModule(L.LightningDataModule):
-    """Shared loaders. Subclasses set ``train_set`` / ``val_set`` in ``setup`` and the image fields
-    (``channels``, ``image_size``, ``mean``, ``std``); ``class_names`` + ``zero_shot_templates``
-    (when the data has classes) let the task score zero-shot accuracy."""
+class CaptionDataModule(SplitDataModule):
+    """What the caption data modules share: CLIP's tokenizer in the loader. Subclasses set
+    ``train_set`` / ``val_set`` in ``setup`` and the image fields (``channels``, ``image_size``,
+    ``mean``, ``std``); ``class_names`` + ``zero_shot_templates`` (when the data has classes)
+    let the task score zero-shot accuracy."""
 
     class_names: list[str] | None = None
     zero_shot_templates: tuple[str, ...] | None = None
@@ -111,38 +128,20 @@ class CaptionDataModule(L.LightningDataModule):
     std: tuple[float, ...]
 
     def __init__(self, batch_size: int, num_workers: int, context_length: int, truncation: str) -> None:
-        super().__init__()
         if batch_size < 2:
             raise ValueError(f"contrastive training needs batch_size ≥ 2 (negatives), got {batch_size}")
-        if num_workers < 0:
-            raise ValueError(f"num_workers must be ≥ 0, got {num_workers}")
-        self.batch_size, self.num_workers = batch_size, num_workers
+        super().__init__(batch_size, num_workers)
         self.context_length = context_length
         self.tokenizer = CLIPTokenizer(context_length, truncation=truncation)  # type: ignore[arg-type]
-        self.train_set: Dataset | None = None
-        self.val_set: Dataset | None = None
 
-    def _loader(self, train: bool) -> DataLoader:
-        if self.train_set is None:
-            self.setup("fit")
-        dataset = self.train_set if train else self.val_set
-        return DataLoader(dataset, batch_size=self.batch_size, shuffle=train, drop_last=train,  # type: ignore[arg-type]
-                          num_workers=self.num_workers, persistent_workers=self.num_workers > 0,
-                          collate_fn=CaptionCollator(self.tokenizer))
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader(train=True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader(train=False)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader(train=False)
+    def collate_fn(self, split: str) -> CaptionCollator:
+        return CaptionCollator(self.tokenizer)
 
 
 class CaptionedDigitsDataModule(CaptionDataModule):
     """The built-in digits (`DigitsDataModule`'s 1,797 real scans and its stratified split), each
-    captioned from a template with its class name ("a handwritten seven.").
+    captioned from a template with its class, written as a word or a numeral ("a handwritten
+    seven.", "a 7 in ink.").
 
     Training images get a random training template each time they are read; the held-out
     images (never trained on) are captioned with ``held_out_templates``, which are also the
@@ -151,8 +150,10 @@ class CaptionedDigitsDataModule(CaptionDataModule):
     Args:
         image_size / interpolation / mean / std / test_fraction / split_seed / augment /
             degrees / translate: as in `DigitsDataModule`.
-        templates / held_out_templates: caption templates with ``{}`` for the class name.
-        class_names: the words for 0–9 put into the templates.
+        templates / held_out_templates: caption templates with ``{}`` for the class.
+        class_names / class_numerals: the words and the numerals for 0–9.
+        numerals: the probability that a training caption writes its class as a numeral
+            (held-out captions alternate when it is above 0).
         batch_size / num_workers: data loading. context_length / truncation: the tokenizer.
     """
 
@@ -167,6 +168,8 @@ class CaptionedDigitsDataModule(CaptionDataModule):
         templates: Sequence[str] = TRAIN_TEMPLATES,
         held_out_templates: Sequence[str] = HELD_OUT_TEMPLATES,
         class_names: Sequence[str] = DIGIT_NAMES,
+        class_numerals: Sequence[str] = DIGIT_NUMERALS,
+        numerals: float = 0.5,
         batch_size: int = 64,
         num_workers: int = 0,
         augment: bool = False,
@@ -181,13 +184,16 @@ class CaptionedDigitsDataModule(CaptionDataModule):
                 raise ValueError(f"template {t!r} has no '{{}}' for the class name")
         if not templates or not held_out_templates:
             raise ValueError("need at least one training and one held-out template")
-        if len(class_names) != 10:
-            raise ValueError(f"class_names needs 10 names (digits 0–9), got {len(class_names)}")
+        if len(class_names) != 10 or len(class_numerals) != 10:
+            raise ValueError(f"class_names and class_numerals need 10 entries (digits 0–9), got "
+                             f"{len(class_names)}, {len(class_numerals)}")
+        if not 0.0 <= numerals <= 1.0:
+            raise ValueError(f"numerals is a probability, got {numerals}")
         self.digits = DigitsDataModule(image_size=image_size, interpolation=interpolation, mean=mean, std=std,
                                        test_fraction=test_fraction, split_seed=split_seed, augment=augment,
                                        degrees=degrees, translate=translate)
         self.templates, self.held_out_templates = tuple(templates), tuple(held_out_templates)
-        self.class_names = list(class_names)
+        self.class_names, self.class_numerals, self.numerals = list(class_names), list(class_numerals), numerals
         self.zero_shot_templates = self.held_out_templates
         self.channels, self.image_size = 1, self.digits.image_size
         self.mean, self.std = self.digits.mean, self.digits.std
@@ -204,19 +210,22 @@ class CaptionedDigitsDataModule(CaptionDataModule):
                            if self.digits.augment else normalize)
         train_labels = labels[torch.from_numpy(train)].tolist()
         self.train_set = Captioned(images[torch.from_numpy(train)], [(y, self.templates) for y in train_labels],
-                                   train_labels, train_transform, self.class_names, seed=self.split_seed)
-        # Held-out captions are fixed (template i mod T), so validation loss is deterministic.
+                                   train_labels, train_transform, self.class_names, seed=self.split_seed,
+                                   class_numerals=self.class_numerals, numerals=self.numerals)
+        # Held-out captions are fixed (template i mod T; numeral every other one when numerals are
+        # used), so validation loss is deterministic.
         held_labels = labels[torch.from_numpy(held)].tolist()
-        captions = [self.held_out_templates[i % len(self.held_out_templates)].format(self.class_names[y])
+        T = len(self.held_out_templates)
+        captions = [self.held_out_templates[i % T].format(
+                        self.class_numerals[y] if self.numerals > 0 and (i // T) % 2 else self.class_names[y])
                     for i, y in enumerate(held_labels)]
         self.val_set = Captioned(images[torch.from_numpy(held)], captions, held_labels, normalize, self.class_names)
 
 
-def read_pairs(path: Path, image_key: str = "image", caption_key: str = "caption") -> list[tuple[Path, str]]:
-    """(image path, caption) rows from a JSONL or CSV file; relative paths are taken from the
-    file's folder. Missing keys, empty captions and missing images are errors naming the row."""
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    """The rows of a JSONL or CSV / TSV file as dicts; a line that is not JSON is an error naming it."""
     if not path.is_file():
-        raise FileNotFoundError(f"caption file {path} does not exist")
+        raise FileNotFoundError(f"pair file {path} does not exist")
     if path.suffix == ".jsonl":
         rows = []
         for n, line in enumerate(path.read_text().splitlines(), 1):
@@ -225,13 +234,27 @@ def read_pairs(path: Path, image_key: str = "image", caption_key: str = "caption
                     rows.append(json.loads(line))
                 except json.JSONDecodeError as error:
                     raise ValueError(f"{path}:{n} is not JSON: {error}") from error
-    elif path.suffix in (".csv", ".tsv"):
+        return rows
+    if path.suffix in (".csv", ".tsv"):
         with path.open(newline="") as f:
-            rows = list(csv.DictReader(f, delimiter="\t" if path.suffix == ".tsv" else ","))
-    else:
-        raise ValueError(f"caption file {path} must be .jsonl, .csv or .tsv")
+            return list(csv.DictReader(f, delimiter="\t" if path.suffix == ".tsv" else ","))
+    raise ValueError(f"pair file {path} must be .jsonl, .csv or .tsv")
+
+
+def row_file(path: Path, row: dict[str, Any], n: int, key: str) -> Path:
+    """The file a row names under ``key`` (relative paths from the pair file's folder); it must exist."""
+    file = Path(row[key])
+    file = file if file.is_absolute() else path.parent / file
+    if not file.is_file():
+        raise FileNotFoundError(f"{path} row {n}: {key} file {file} does not exist")
+    return file
+
+
+def read_pairs(path: Path, image_key: str = "image", caption_key: str = "caption") -> list[tuple[Path, str]]:
+    """(image path, caption) rows from a JSONL or CSV file; relative paths are taken from the
+    file's folder. Missing keys, empty captions and missing images are errors naming the row."""
     pairs = []
-    for n, row in enumerate(rows, 1):
+    for n, row in enumerate(read_rows(path), 1):
         missing = [k for k in (image_key, caption_key) if k not in row]
         if missing:
             raise ValueError(f"{path} row {n} lacks {missing}; it has {sorted(row)} "
@@ -239,11 +262,7 @@ def read_pairs(path: Path, image_key: str = "image", caption_key: str = "caption
         caption = str(row[caption_key]).strip()
         if not caption:
             raise ValueError(f"{path} row {n} has an empty caption")
-        image = Path(row[image_key])
-        image = image if image.is_absolute() else path.parent / image
-        if not image.is_file():
-            raise FileNotFoundError(f"{path} row {n}: image {image} does not exist")
-        pairs.append((image, caption))
+        pairs.append((row_file(path, row, n, image_key), caption))
     if not pairs:
         raise ValueError(f"{path} has no image–caption rows")
     return pairs

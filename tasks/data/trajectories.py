@@ -21,11 +21,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from tasks.data.base import Split, SplitDataModule
 from tokenizers_mm.trajectory import (
     EncodedEpisodes,
     Episode,
@@ -245,7 +245,7 @@ def collate_windows(batch: dict[str, torch.Tensor] | list[dict[str, torch.Tensor
     return {k: torch.stack([item[k] for item in batch]) for k in batch[0]}
 
 
-class TrajectoryDataModule(L.LightningDataModule):
+class TrajectoryDataModule(SplitDataModule):
     """Decision Transformer windows from a trajectory file (``path``) or built-in episodes.
 
     After ``setup`` (or on first use) it exposes ``tokenizer`` (statistics fitted on the
@@ -283,7 +283,7 @@ class TrajectoryDataModule(L.LightningDataModule):
         seed: int = 0,
         cache_dir: str | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(batch_size, num_workers)
         if path is None and env_id is None:
             raise ValueError("give a trajectory file (path: my_data.npz) or a built-in env_id "
                              f"({', '.join(EXPERTS)})")
@@ -292,14 +292,13 @@ class TrajectoryDataModule(L.LightningDataModule):
                              "give your own trajectories with path: my_data.npz")
         if not 0.0 <= val_fraction < 1.0:
             raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
-        if batch_size < 1 or num_workers < 0 or context_length < 1:
-            raise ValueError(f"need batch_size ≥ 1, num_workers ≥ 0, context_length ≥ 1, got "
-                             f"{batch_size}, {num_workers}, {context_length}")
+        if context_length < 1:
+            raise ValueError(f"need context_length ≥ 1, got {context_length}")
         self.path, self.env_id, self.context_length = path, env_id, context_length
         self.mix = dict(expert_episodes=expert_episodes, noisy_episodes=noisy_episodes,
                         random_episodes=random_episodes, noise_range=tuple(noise_range))
         self.return_scale, self.val_fraction = return_scale, val_fraction
-        self.batch_size, self.num_workers, self.seed, self.cache_dir = batch_size, num_workers, seed, cache_dir
+        self.seed, self.cache_dir = seed, cache_dir
         self._tokenizer: TrajectoryTokenizer | None = None
         self._train: list[Episode] = []
         self._val: list[Episode] = []
@@ -370,23 +369,21 @@ class TrajectoryDataModule(L.LightningDataModule):
         return np.array([ep.total_return for ep in self.train_episodes + self.val_episodes])
 
     # ------------------------------------------------------------------ loaders
-    def _loader(self, episodes: list[Episode], train: bool) -> DataLoader:
-        dataset = TrajectoryWindowDataset(episodes, self.tokenizer)
+    def dataset(self, split: Split) -> TrajectoryWindowDataset | None:
+        """One window per step of the split's episodes (test: the held-out episodes again)."""
+        episodes = self.train_episodes if split == "train" else self.val_episodes
+        return TrajectoryWindowDataset(episodes, self.tokenizer) if episodes else None
+
+    def collate_fn(self, split: Split) -> Any:
+        return collate_windows
+
+    def loader(self, split: Split) -> DataLoader:
+        """Training windows in a seeded order; no held-out episodes: an empty validation."""
+        dataset = self.dataset("train" if split == "train" else "val")
+        if dataset is None:
+            return []  # type: ignore[return-value]
+        train = split == "train"
         generator = torch.Generator().manual_seed(self.seed) if train else None
         return DataLoader(dataset, batch_size=self.batch_size, shuffle=train,
                           drop_last=train and len(dataset) >= self.batch_size, collate_fn=collate_windows,
                           num_workers=self.num_workers, persistent_workers=self.num_workers > 0, generator=generator)
-
-    def train_dataloader(self) -> DataLoader:
-        self.setup()
-        return self._loader(self.train_episodes, train=True)
-
-    def val_dataloader(self) -> DataLoader:
-        self.setup()
-        if not self.val_episodes:
-            return []  # type: ignore[return-value]
-        return self._loader(self.val_episodes, train=False)
-
-    def test_dataloader(self) -> DataLoader:
-        """The held-out episodes again (offline data has no third split)."""
-        return self.val_dataloader()

@@ -31,12 +31,12 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 import numpy as np
 from torch import Tensor
 from torch.utils.data import DataLoader
 
-from tasks.span_corruption import (
+from tasks.data.base import Split, SplitDataModule
+from tasks.data.span_corruption import (
     IGNORE,
     SpanCorruptionCollator,
     check_noise_rates,
@@ -44,7 +44,7 @@ from tasks.span_corruption import (
     sentinel_ids,
     sentinel_tokens,
 )
-from tasks.text_data import TextDataModule, read_texts, stdlib_source_files
+from tasks.data.text import TextDataModule, read_texts, stdlib_source_files
 from tokenizers_mm import BPETokenizer, collate
 
 PAD_TOKEN = "<pad>"
@@ -158,17 +158,9 @@ class SpanCorruptionDataModule(TextDataModule):
         return SpanCorruptionCollator.from_tokenizer(self.tokenizer, noise_density=self.noise_density,
                                                      mean_noise_span_length=self.mean_noise_span_length, seed=seed)
 
-    def train_dataloader(self) -> DataLoader:
-        return DataLoader(self.train_dataset(), batch_size=self.batch_size, shuffle=True, drop_last=True,
-                          num_workers=self.num_workers, persistent_workers=self.num_workers > 0,
-                          collate_fn=self.collator())
-
-    def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.val_dataset(), batch_size=self.batch_size, num_workers=self.num_workers,
-                          collate_fn=self.collator(seed=self.seed))
-
-    def test_dataloader(self) -> DataLoader:
-        return self.val_dataloader()
+    def collate_fn(self, split: Split) -> SpanCorruptionCollator:
+        """Fresh noise every training batch; the same spans in every validation pass."""
+        return self.collator() if split == "train" else self.collator(seed=self.seed)
 
 
 # --------------------------------------------------------------------------- built-in text-to-text tasks
@@ -357,7 +349,7 @@ class TextToTextCollator:
                 "prefix": [item["prefix"] or "" for item in items]}
 
 
-class TextToTextDataModule(L.LightningDataModule):
+class TextToTextDataModule(SplitDataModule):
     """Text-to-text fine-tuning: ``"<task>: input"`` → ``"target"`` pairs, several tasks mixed
     in one run and told apart by their prefix (see the module docstring for the built-in ones).
 
@@ -377,6 +369,8 @@ class TextToTextDataModule(L.LightningDataModule):
         train_per_task / val_per_task: examples per task after a seeded shuffle (None = all).
         predict_inputs: inputs answered by ``unitok predict``.
     """
+
+    drop_last_train = False  # every example trains, the last batch too
 
     def __init__(
         self,
@@ -401,7 +395,7 @@ class TextToTextDataModule(L.LightningDataModule):
         cache_dir: str = "runs/cache",
         predict_inputs: list[str] | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(batch_size, num_workers)
         if tasks is None:
             tasks = [] if jsonl else list(BUILTIN_TASKS)
         unknown = [t for t in tasks if t not in BUILTIN_TASKS]
@@ -424,15 +418,13 @@ class TextToTextDataModule(L.LightningDataModule):
         for name, value in (("train_per_task", train_per_task), ("val_per_task", val_per_task)):
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be ≥ 1 or None (all), got {value}")
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be ≥ 1, got {batch_size}")
         self.tasks, self.jsonl, self.val_jsonl = list(tasks), list(jsonl or []), list(val_jsonl or [])
         self.allowed_prefixes = list(allowed_prefixes) if allowed_prefixes is not None else None
         self.builtin_max_bytes, self.tokenizer_path = builtin_max_bytes, tokenizer
         self.requested_vocab_size, self.num_sentinels = vocab_size, num_sentinels
         self.max_input_length, self.max_target_length, self.truncation = max_input_length, max_target_length, truncation
         self.max_chars, self.train_per_task, self.val_per_task = max_chars, train_per_task, val_per_task
-        self.val_fraction, self.batch_size, self.num_workers, self.seed = val_fraction, batch_size, num_workers, seed
+        self.val_fraction, self.seed = val_fraction, seed
         self.cache_dir = Path(cache_dir)
         self.predict_inputs = predict_inputs or [
             "name: Return the number of items in the queue.",
@@ -563,19 +555,11 @@ class TextToTextDataModule(L.LightningDataModule):
         self.encoded("train")
         self.encoded("val")
 
-    def _loader(self, split: str, shuffle: bool) -> DataLoader:
-        return DataLoader(self.encoded(split), batch_size=self.batch_size, shuffle=shuffle,
-                          num_workers=self.num_workers, collate_fn=TextToTextCollator(self.pad_token_id),
-                          persistent_workers=shuffle and self.num_workers > 0)
+    def dataset(self, split: Split) -> list[dict[str, Any]] | None:
+        return self.encoded(split) if split != "test" else None
 
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train", shuffle=True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader("val", shuffle=False)
-
-    def test_dataloader(self) -> DataLoader:
-        return self.val_dataloader()
+    def collate_fn(self, split: Split) -> TextToTextCollator:
+        return TextToTextCollator(self.pad_token_id)
 
     def predict_dataloader(self) -> DataLoader:
         for text in self.predict_inputs:

@@ -1,5 +1,5 @@
 """Speech recognition data: users' JSONL manifests, or the built-in spoken digits synthesised
-with espeak-ng's library (bundled by a PyPI wheel, see `tasks.espeak`).
+with espeak-ng's library (bundled by a PyPI wheel, see `tasks.data.espeak`).
 
 Both modules yield ``{"features": (B, N, F) normalised log-mel frames padded with 0,
 "feature_lengths": (B,), "targets": (B, L) character ids padded with 0, "target_lengths": (B,),
@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 import numpy as np
 import torch
 from lightning.pytorch.utilities import rank_zero_info
+from torch import Tensor
 from torch.utils.data import (
     BatchSampler,
     DataLoader,
@@ -35,6 +35,7 @@ from torch.utils.data import (
     SequentialSampler,
 )
 
+from tasks.data.base import Split, SplitDataModule
 from tokenizers_mm import CharacterVocabulary, SpecAugment, SpectrogramConfig, SpectrogramTokenizer
 
 DIGIT_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
@@ -115,11 +116,14 @@ def write_manifest(path: str | Path, rows: Sequence[dict[str, Any]]) -> Path:
 
 class SpeechDataset(Dataset):
     """Utterances read from disk and turned into (N, F) frames on access; ``augment`` (SpecAugment)
-    for training. Each item: ``{"features", "targets", "text"}``."""
+    for training. Each item: ``{"features", "targets", "text"}``. With a ``cache`` dict, each
+    file's frames are computed once and kept there (SpecAugment still masks a fresh copy)."""
 
     def __init__(self, utterances: Sequence[Utterance], tokenizer: SpectrogramTokenizer,
-                 vocabulary: CharacterVocabulary, augment: SpecAugment | None = None) -> None:
+                 vocabulary: CharacterVocabulary, augment: SpecAugment | None = None,
+                 cache: dict[str, Tensor] | None = None) -> None:
         self.utterances, self.tokenizer, self.vocabulary, self.augment = list(utterances), tokenizer, vocabulary, augment
+        self.cache = cache
 
     def __len__(self) -> int:
         return len(self.utterances)
@@ -130,7 +134,13 @@ class SpeechDataset(Dataset):
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         utterance = self.utterances[index]
-        frames = self.tokenizer.features(utterance.audio_filepath)
+        key = str(utterance.audio_filepath)
+        if self.cache is not None and key in self.cache:
+            frames = self.cache[key]
+        else:
+            frames = self.tokenizer.features(utterance.audio_filepath)
+            if self.cache is not None:
+                self.cache[key] = frames
         if self.augment is not None:
             frames = self.augment(frames)
         return {"features": frames, "targets": self.vocabulary.encode(utterance.text), "text": utterance.text}
@@ -187,8 +197,9 @@ class BucketBatchSampler(BatchSampler):
 # ---------------------------------------------------------------------------- data modules
 
 
-class SpeechDataModule(L.LightningDataModule):
-    """Shared pieces: the spectrogram tokenizer, SpecAugment, the vocabulary and the loaders.
+class SpeechDataModule(SplitDataModule):
+    """Shared pieces: the spectrogram tokenizer, SpecAugment, the vocabulary and length-bucketed
+    loaders.
 
     Subclasses fill ``train_utterances`` / ``val_utterances`` (and ``test_utterances``) and
     ``vocabulary`` in ``setup``.
@@ -198,15 +209,14 @@ class SpeechDataModule(L.LightningDataModule):
 
     def __init__(self, spectrogram: dict[str, Any] | None, batch_size: int, num_workers: int, augment: bool,
                  freq_masks: int, freq_width: int, time_masks: int, time_width: int, bucketing: bool,
-                 pool_batches: int) -> None:
-        super().__init__()
-        if batch_size < 1 or num_workers < 0:
-            raise ValueError(f"need batch_size ≥ 1 and num_workers ≥ 0, got {batch_size}, {num_workers}")
+                 pool_batches: int, cache_features: bool = False) -> None:
+        super().__init__(batch_size, num_workers)
         self.spectrogram = dict(spectrogram or {})
         self.spectrogram_config = _global_pending(self.spectrogram) or SpectrogramConfig.from_dict(self.spectrogram)
-        self.batch_size, self.num_workers = batch_size, num_workers
         self.spec_augment = SpecAugment(freq_masks, freq_width, time_masks, time_width) if augment else None
         self.bucketing, self.pool_batches = bucketing, pool_batches
+        # Frames by file, computed once (built-in data: ~100 MB for 2,300 utterances).
+        self.frames_cache: dict[str, Tensor] | None = {} if cache_features else None
         self.train_utterances: list[Utterance] = []
         self.val_utterances: list[Utterance] = []
         self.test_utterances: list[Utterance] | None = None
@@ -232,38 +242,33 @@ class SpeechDataModule(L.LightningDataModule):
                                  f"{''.join(self.vocabulary.chars)!r} lacks (it was built from the training "
                                  "transcripts); pass vocabulary=[...] listing every character")
 
-    def _dataset(self, rows: Sequence[Utterance], train: bool) -> SpeechDataset:
-        return SpeechDataset(rows, self.tokenizer, self.vocabulary,  # type: ignore[arg-type]
-                             self.spec_augment if train else None)
-
-    def _loader(self, split: str) -> DataLoader:
+    def dataset(self, split: Split) -> SpeechDataset | None:
+        """The split's utterances, read into frames on access (SpecAugment on training only)."""
         if not self.train_utterances:
             self.setup("fit")
-        rows = {"train": self.train_utterances, "val": self.val_utterances,
-                "test": self.test_utterances if self.test_utterances is not None else self.val_utterances}[split]
-        train = split == "train"
-        dataset = self._dataset(rows, train)
-        options: dict[str, Any] = dict(num_workers=self.num_workers, persistent_workers=self.num_workers > 0,
-                                       collate_fn=collate_speech)
+        rows = {"train": self.train_utterances, "val": self.val_utterances, "test": self.test_utterances}[split]
+        if rows is None:
+            return None
+        return SpeechDataset(rows, self.tokenizer, self.vocabulary,  # type: ignore[arg-type]
+                             self.spec_augment if split == "train" else None, self.frames_cache)
+
+    def collate_fn(self, split: Split) -> Any:
+        return collate_speech
+
+    def loader(self, split: Split) -> DataLoader:
+        """Batches of utterances of similar duration (`BucketBatchSampler`) unless ``bucketing`` is off."""
         if not self.bucketing:
-            return DataLoader(dataset, batch_size=self.batch_size, shuffle=train, drop_last=train, **options)
-        sampler = RandomSampler(dataset) if train else SequentialSampler(dataset)
-        batches = BucketBatchSampler(sampler, self.batch_size, drop_last=train, lengths=dataset.durations,
+            return super().loader(split)
+        dataset = self.dataset(split) or self.dataset("val")
+        train = split == "train"
+        sampler = RandomSampler(dataset) if train else SequentialSampler(dataset)  # type: ignore[arg-type]
+        batches = BucketBatchSampler(sampler, self.batch_size, drop_last=train, lengths=dataset.durations,  # type: ignore[union-attr]
                                      pool_batches=self.pool_batches, shuffle=train)
-        return DataLoader(dataset, batch_sampler=batches, **options)
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train")
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader("val")
-
-    def test_dataloader(self) -> DataLoader:
-        """The test manifest's utterances, else the validation set again."""
-        return self._loader("test")
+        return DataLoader(dataset, batch_sampler=batches, num_workers=self.num_workers,  # type: ignore[arg-type]
+                          persistent_workers=self.num_workers > 0, collate_fn=collate_speech)
 
     def predict_dataloader(self) -> DataLoader:
-        return self._loader("test")
+        return self.loader("test")
 
 
 def _global_pending(spectrogram: dict[str, Any]) -> SpectrogramConfig | None:
@@ -386,7 +391,7 @@ def synthesize(text: str, voice: str, speed: int, pitch: int, sample_rate: int =
     """
     import torchaudio
 
-    from tasks import espeak
+    from tasks.data import espeak
 
     wave, rate = espeak.speak(text, voice, rate=speed, pitch=pitch, word_gap=word_gap)
     wave = torch.from_numpy(wave)
@@ -463,7 +468,7 @@ def spoken_digits_corpus(spec: DigitsCorpusSpec | None = None, cache_dir: str | 
     final = folder / f"digits-{spec.key()}"
     if (final / "held_out.jsonl").is_file():
         return final
-    from tasks import espeak
+    from tasks.data import espeak
 
     espeak.check_voices(spec.train_voices + spec.held_out_voices)
     rows = spec.rows()
@@ -516,6 +521,7 @@ class SpokenDigitsDataModule(SpeechDataModule):
         train_voices / held_out_voices: espeak-ng voices ("en-us+m3"). seed: the corpus draw.
         spectrogram / batch_size / num_workers / bucketing / pool_batches / augment / freq_masks /
             freq_width / time_masks / time_width: as in `ManifestDataModule`.
+        cache_features: keep each utterance's frames in memory once computed (about 100 MB).
     """
 
     def __init__(
@@ -541,9 +547,10 @@ class SpokenDigitsDataModule(SpeechDataModule):
         freq_width: int = 15,
         time_masks: int = 2,
         time_width: int = 25,
+        cache_features: bool = True,
     ) -> None:
         super().__init__(spectrogram, batch_size, num_workers, augment, freq_masks, freq_width, time_masks,
-                         time_width, bucketing, pool_batches)
+                         time_width, bucketing, pool_batches, cache_features)
         self.spec = DigitsCorpusSpec(
             train_voices=tuple(train_voices), held_out_voices=tuple(held_out_voices),
             train_utterances=train_utterances, held_out_utterances=held_out_utterances, min_digits=min_digits,

@@ -1,0 +1,203 @@
+"""Multi-task training of one MultimodalTransformer: the tasks' own data modules combine through
+Lightning's CombinedLoader; one model is built from every objective (shared segments share one
+embedder); every step trains every task, or one drawn by its sampling weight; every task is
+logged and validated under its own name; one checkpoint rebuilds the model; a digit scan and a
+spoken digit in one sequence learn "same digit?" on held-out voices."""
+
+from __future__ import annotations
+
+import lightning as L
+import pytest
+import torch
+
+from tasks import (
+    DigitsDataModule,
+    ImageAudioMatch,
+    ImageAudioPairsDataModule,
+    ImageClassification,
+    LanguageModelling,
+    MultiTaskDataModule,
+    MultiTaskTask,
+    ReturnConditionedControl,
+    SpeechRecognition,
+    SpokenDigitsDataModule,
+    TextDataModule,
+    TrajectoryDataModule,
+)
+from tasks.data.speech import HELD_OUT_VOICES, TRAIN_VOICES
+from unitok.models import MultimodalTransformer
+
+SPEECH = dict(train_voices=("en-us+m1", "en+f2"), held_out_voices=("en-us+m4",), train_utterances=12,
+              held_out_utterances=4, max_digits=2, batch_size=4)
+PAIRS = dict(train_utterances=80, held_out_utterances=60, held_out_pairs=16, batch_size=8)
+
+
+def trainer(max_steps: int = 2, **options) -> L.Trainer:
+    defaults = dict(max_steps=max_steps, accelerator="cpu", logger=False, enable_checkpointing=False,
+                    enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                    val_check_interval=None, check_val_every_n_epoch=None, limit_val_batches=2, limit_test_batches=2)
+    return L.Trainer(**{**defaults, **options})
+
+
+@pytest.fixture(scope="module")
+def caches(tmp_path_factory):
+    return {"speech": str(tmp_path_factory.mktemp("speech")), "text": str(tmp_path_factory.mktemp("text")),
+            "rl": str(tmp_path_factory.mktemp("rl"))}
+
+
+def four_tasks(caches) -> tuple[MultiTaskDataModule, dict]:
+    data = MultiTaskDataModule({
+        "digits": DigitsDataModule(batch_size=16),
+        "speech": SpokenDigitsDataModule(cache_dir=caches["speech"], **SPEECH),
+        "text": TextDataModule(builtin_max_bytes=60_000, vocab_size=300, context_length=16, batch_size=4,
+                               cache_dir=caches["text"]),
+        "cartpole": TrajectoryDataModule(context_length=4, batch_size=8, expert_episodes=2, noisy_episodes=2,
+                                         random_episodes=2, cache_dir=caches["rl"]),
+    })
+    objectives = {"digits": ImageClassification(), "speech": SpeechRecognition(max_frames=128),
+                  "text": LanguageModelling(),
+                  "cartpole": ReturnConditionedControl(eval_targets=[500], eval_episodes=1)}
+    return data, objectives
+
+
+def test_one_model_trains_and_validates_four_tasks_of_four_modalities(caches, tmp_path):
+    data, objectives = four_tasks(caches)
+    task = MultiTaskTask(objectives, preset="mm-tiny")
+    t = trainer(2, val_check_interval=2, default_root_dir=str(tmp_path))
+    t.fit(task, datamodule=data)
+    model = task.model
+    assert isinstance(model, MultimodalTransformer)
+    assert set(model.config.modalities) == {"image", "audio", "text", "trajectory"}
+    assert set(model.config.heads) == {"digits", "speech", "text", "cartpole"}
+    assert model.config.modalities["text"].vocab_size == data.tasks["text"].vocab_size  # from the data
+    assert model.config.heads["speech"].vocabulary == data.tasks["speech"].vocabulary.chars
+    logged = set(t.callback_metrics)
+    for name, metric in (("digits", "acc"), ("speech", "cer"), ("text", "ppl"), ("cartpole", "return")):
+        assert {f"{name}/train_loss", f"{name}/val_loss", f"{name}/val_{metric}"} <= logged, (name, sorted(logged))
+    # One backbone: every task's loss reaches the same weights.
+    for name, objective in objectives.items():
+        model.zero_grad()
+        batch = next(iter(data.tasks[name].train_dataloader()))
+        objective.loss(model(objective.inputs(batch), heads=[name]), batch).backward()
+        assert model.backbone.blocks[0].sublayers["attn"].qkv.weight.grad.abs().sum() > 0, name
+
+
+def test_one_task_per_step_follows_the_sampling_weights_the_same_on_every_run():
+    objectives = {"a": ImageClassification(sampling_weight=3.0), "b": ImageClassification(sampling_weight=1.0),
+                  "c": ImageClassification(sampling_weight=0.0)}
+    task = MultiTaskTask(objectives, preset="mm-tiny", tasks_per_step="one")
+
+    def draws() -> list[str]:
+        return [name for step in range(400) for name in task.step_tasks(step)]
+
+    first = draws()
+    assert first == draws()  # seeded by the step: every device draws the same task
+    assert "c" not in first and 0.68 < first.count("a") / len(first) < 0.82
+    with pytest.raises(ValueError, match="every sampling_weight is 0"):
+        MultiTaskTask({"a": ImageClassification(sampling_weight=0.0)}, tasks_per_step="one")
+
+
+def test_tasks_that_share_a_segment_share_its_embedder_and_must_agree_on_it(caches):
+    data = MultiTaskDataModule({"digits": DigitsDataModule(batch_size=8),
+                                "match": ImageAudioPairsDataModule(cache_dir=caches["speech"], **PAIRS)})
+    task = MultiTaskTask({"digits": ImageClassification(), "match": ImageAudioMatch()}, preset="mm-tiny")
+    trainer(1).fit(task, datamodule=data)
+    assert set(task.model.embedders) == {"image", "audio"} and set(task.model.heads) == {"digits", "match"}
+
+    other = MultiTaskDataModule({"digits": DigitsDataModule(image_size=16, batch_size=8),
+                                 "match": ImageAudioPairsDataModule(cache_dir=caches["speech"], **PAIRS)})
+    with pytest.raises(ValueError, match="shapes segment 'image' differently.*image_size"):
+        trainer(1).fit(MultiTaskTask({"digits": ImageClassification(), "match": ImageAudioMatch()},
+                                     preset="mm-tiny"), datamodule=other)
+
+
+def test_names_must_match_and_the_data_must_be_combined():
+    data = MultiTaskDataModule({"digits": DigitsDataModule(batch_size=8)})
+    with pytest.raises(ValueError, match=r"objectives \['image'\] and the data's tasks \['digits'\]"):
+        trainer(1).fit(MultiTaskTask({"image": ImageClassification()}, preset="mm-tiny"), datamodule=data)
+    with pytest.raises(ValueError, match="trains with a MultiTaskDataModule"):
+        trainer(1).fit(MultiTaskTask({"digits": ImageClassification()}, preset="mm-tiny"),
+                       datamodule=DigitsDataModule(batch_size=8))
+    with pytest.raises(ValueError, match="at least one task"):
+        MultiTaskDataModule({})
+    with pytest.raises(ValueError, match="unknown MultimodalConfig preset 'mm-huge'"):
+        MultiTaskTask({"digits": ImageClassification()}, preset="mm-huge")
+    with pytest.raises(ValueError, match="tasks_per_step must be"):
+        MultiTaskTask({"digits": ImageClassification()}, tasks_per_step="some")
+
+
+def test_the_checkpoint_rebuilds_the_model_without_the_data(caches, tmp_path):
+    data = MultiTaskDataModule({"digits": DigitsDataModule(batch_size=8),
+                                "cartpole": TrajectoryDataModule(context_length=4, batch_size=8, expert_episodes=2,
+                                                                 noisy_episodes=2, random_episodes=2,
+                                                                 cache_dir=caches["rl"])})
+    task = MultiTaskTask({"digits": ImageClassification(), "cartpole": ReturnConditionedControl(eval_episodes=0)},
+                         preset="mm-tiny")
+    t = trainer(2, enable_checkpointing=True, default_root_dir=str(tmp_path))
+    t.fit(task, datamodule=data)
+    path = tmp_path / "step2.ckpt"
+    t.save_checkpoint(path)
+    loaded = MultiTaskTask.load_from_checkpoint(path, weights_only=False)
+    assert loaded.model is not None and loaded.model.config == task.model.config
+    for key, value in task.model.state_dict().items():
+        torch.testing.assert_close(loaded.model.state_dict()[key], value, msg=key)
+
+
+def test_the_pairs_are_balanced_and_hold_out_voices_and_scans(caches):
+    data = ImageAudioPairsDataModule(cache_dir=caches["speech"], **PAIRS)
+    data.setup()
+    train, held = data.train_set, data.val_set
+    labels = [train[i]["labels"] for i in range(200)]
+    assert sum(labels) == 100  # alternating: exactly balanced
+    for i in range(50):
+        item, again = train[i], train[i]
+        assert (item["image_digits"] == item["audio_digits"]) == bool(item["labels"])
+        assert train.pair(i) == train.pair(i) and torch.equal(item["features"], again["features"])  # fixed by (seed, i)
+    assert set(data.spec.train_voices) == set(TRAIN_VOICES) and set(data.spec.held_out_voices) == set(HELD_OUT_VOICES)
+    assert data.spec.min_digits == data.spec.max_digits == 1
+    _, _, train_paths = data.spoken("train")
+    _, digits, held_paths = data.spoken("held_out")
+    assert not set(train_paths) & set(held_paths) and sorted(set(digits)) == list(range(10))
+    assert len(held) == 16 and held.images.shape[0] == len(data.digits.held_out_indices)
+    batch = next(iter(data.val_dataloader()))
+    assert batch["features"].shape[-1] == 80 and batch["feature_lengths"].max() == batch["features"].shape[1]
+    assert batch["labels"].tolist() == (batch["image_digits"] == batch["audio_digits"]).long().tolist()
+
+
+@pytest.mark.slow
+def test_a_scan_and_a_spoken_digit_in_one_sequence_learn_same_digit_on_held_out_voices():
+    # mm-tiny (2 layers of width 64) on 1,400 single-digit utterances of the 35 training voices,
+    # with the recipe's helpers: digit scans on the image segment, spoken digit strings (CTC) on
+    # the audio segment — without the speech helper the pairs alone stay at chance this early.
+    # Held out: unseen scans, spoken by the 5 held-out voices. Seed 0: see the assertion message.
+    L.seed_everything(0)
+    data = MultiTaskDataModule({"match": ImageAudioPairsDataModule(batch_size=32),
+                                "digits": DigitsDataModule(batch_size=32),
+                                "speech": SpokenDigitsDataModule(batch_size=8)})
+    task = MultiTaskTask({"match": ImageAudioMatch(), "digits": ImageClassification(),
+                          "speech": SpeechRecognition()}, preset="mm-tiny", learning_rate=2e-3, warmup_steps=30)
+    trainer(450, gradient_clip_val=1.0, limit_val_batches=0).fit(task, datamodule=data)
+    result = trainer(limit_val_batches=None).validate(task, datamodule=data, verbose=False)[0]
+    assert result["match/val_acc"] >= 0.8, f"held-out match accuracy {result['match/val_acc']:.3f}"
+
+
+@pytest.mark.slow
+def test_two_cpu_processes_draw_the_same_task_every_step_and_stay_in_sync(tmp_path, caches):
+    from tests.tasks.ddp_workers import RecordDrawnTasks
+
+    data = MultiTaskDataModule({"digits": DigitsDataModule(batch_size=8),
+                                "cartpole": TrajectoryDataModule(context_length=4, batch_size=8, expert_episodes=2,
+                                                                 noisy_episodes=2, random_episodes=2,
+                                                                 cache_dir=caches["rl"])})
+    task = MultiTaskTask({"digits": ImageClassification(sampling_weight=1.0),
+                          "cartpole": ReturnConditionedControl(eval_episodes=0, sampling_weight=1.0)},
+                         preset="mm-tiny", tasks_per_step="one")
+    t = L.Trainer(accelerator="cpu", devices=2, strategy="ddp_spawn_find_unused_parameters_true", max_steps=6,
+                  logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                  limit_val_batches=0, num_sanity_val_steps=0, callbacks=[RecordDrawnTasks(str(tmp_path))])
+    t.fit(task, datamodule=data)
+    ranks = [torch.load(tmp_path / f"tasks{r}.pt", weights_only=True) for r in range(2)]
+    assert ranks[0]["drawn"] == ranks[1]["drawn"] and len(ranks[0]["drawn"]) == 6
+    assert {name for step in ranks[0]["drawn"] for name in step} == {"digits", "cartpole"}
+    for name, weight in ranks[0]["weights"].items():  # every rank ends with the same weights
+        torch.testing.assert_close(ranks[1]["weights"][name], weight, msg=name)

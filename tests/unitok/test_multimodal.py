@@ -1,0 +1,302 @@
+"""MultimodalTransformer: any tokens through one backbone. One segment equals the single-modality
+family with copied weights (GPT, ViT, Decision Transformer); segments compose by the packing
+rules (causal segments never see their future, bidirectional ones see each other, earlier
+segments are visible in full, padding never); every head reads its segment; checkpoints round
+trip; bad input is a clear error."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tokenizers_mm import Tokens, TrajectoryWindows
+from unitok.models import (
+    GPT,
+    ActionHeadConfig,
+    AudioModality,
+    ClassifierHeadConfig,
+    CTCHeadConfig,
+    DecisionTransformer,
+    DecisionTransformerConfig,
+    GPTConfig,
+    ImageModality,
+    LMHeadConfig,
+    MultimodalConfig,
+    MultimodalTransformer,
+    ProjectionHeadConfig,
+    TextModality,
+    TrajectoryModality,
+    ViT,
+    ViTConfig,
+)
+from unitok.packing import Segment, pack_segments
+
+V, K, STATE, ACTIONS = 40, 6, 4, 3
+
+
+def four_modalities(**overrides) -> MultimodalTransformer:
+    torch.manual_seed(0)
+    config = MultimodalConfig(
+        modalities={"image": ImageModality(), "audio": AudioModality(n_mels=16, max_frames=32),
+                    "text": TextModality(vocab_size=V, max_positions=16),
+                    "trajectory": TrajectoryModality(state_dim=STATE, act_dim=ACTIONS, context_length=K)},
+        heads={"digit": ClassifierHeadConfig(segment="image", num_classes=10),
+               "match": ClassifierHeadConfig(num_classes=2),
+               "lm": LMHeadConfig(segment="text"), "ctc": CTCHeadConfig(segment="audio", vocabulary=tuple("ab ")),
+               "act": ActionHeadConfig(segment="trajectory"),
+               "embed": ProjectionHeadConfig(segment="audio", embed_dim=8, pool="mean")},
+        d_model=32, n_layers=2, n_heads=4, **overrides)
+    return MultimodalTransformer(config).eval()
+
+
+def image(B: int = 2, seed: int = 0) -> torch.Tensor:
+    return torch.randn(B, 1, 32, 32, generator=torch.Generator().manual_seed(seed))
+
+
+def audio(lengths=(60, 44), seed: int = 1) -> Tokens:
+    g = torch.Generator().manual_seed(seed)
+    N = max(lengths)
+    mask = torch.tensor([[1] * n + [0] * (N - n) for n in lengths])
+    return Tokens(features=torch.randn(len(lengths), N, 16, generator=g) * mask[..., None], attention_mask=mask,
+                  modality="audio")
+
+
+def text(B: int = 2, n: int = 7, seed: int = 2) -> Tokens:
+    return Tokens(ids=torch.randint(0, V, (B, n), generator=torch.Generator().manual_seed(seed)))
+
+
+def trajectory(B: int = 2, seed: int = 3) -> TrajectoryWindows:
+    g = torch.Generator().manual_seed(seed)
+    return TrajectoryWindows(states=torch.randn(B, K, STATE, generator=g),
+                             actions=torch.randint(0, ACTIONS, (B, K), generator=g),
+                             returns_to_go=torch.randn(B, K, 1, generator=g), timesteps=torch.arange(K).expand(B, K),
+                             attention_mask=torch.ones(B, K, dtype=torch.long), rewards=torch.zeros(B, K),
+                             terminals=torch.zeros(B, K, dtype=torch.long))
+
+
+# --------------------------------------------------------------------------- one segment = one family
+
+
+def test_one_causal_text_segment_is_gpt():
+    torch.manual_seed(0)
+    gpt = GPT(GPTConfig(vocab_size=V, context_length=16, d_model=32, n_layers=2, n_heads=4)).eval()
+    model = MultimodalTransformer.from_gpt(gpt)
+    assert not model.training and not model.modality_embed.weight.any()
+    ids = torch.randint(0, V, (3, 12))
+    mask = torch.ones_like(ids)
+    mask[1, 9:] = 0
+    mask[2, :4] = 0  # left padding
+    with torch.no_grad():
+        torch.testing.assert_close(model({"text": ids}).heads["lm"], gpt(ids).logits, atol=1e-5, rtol=0)
+        ours = model({"text": Tokens(ids=ids, attention_mask=mask)}).heads["lm"]
+        theirs = gpt(ids, attention_mask=mask).logits
+    real = mask.bool()
+    torch.testing.assert_close(ours[real], theirs[real], atol=1e-5, rtol=0)
+
+
+def test_one_image_segment_is_vit():
+    torch.manual_seed(0)
+    vit = ViT(ViTConfig.from_name("vit-digits", n_layers=2)).eval()
+    model = MultimodalTransformer.from_vit(vit, head="digit")
+    pixels = image(B=3)
+    with torch.no_grad():
+        torch.testing.assert_close(model({"image": pixels}).heads["digit"], vit(pixels).logits, atol=1e-5, rtol=0)
+        # patch Tokens from the model's own tokenizer settings give the same answer
+        tokens = Tokens(features=__import__("tokenizers_mm").patchify(pixels, 8), grid=(4, 4), modality="image")
+        torch.testing.assert_close(model({"image": tokens}).heads["digit"], vit(pixels).logits, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="distill_token"):
+        MultimodalTransformer.from_vit(ViT(ViTConfig.from_name("deit-digits", n_layers=1)))
+
+
+def test_one_trajectory_segment_is_a_decision_transformer():
+    torch.manual_seed(0)
+    dt = DecisionTransformer(DecisionTransformerConfig(state_dim=STATE, act_dim=ACTIONS, discrete=True, d_model=32,
+                                                       n_layers=2, n_heads=2, context_length=K, max_ep_len=64,
+                                                       dropout=0.0)).eval()
+    model = MultimodalTransformer.from_decision_transformer(dt)
+    windows = trajectory(B=3)
+    mask = windows.attention_mask.clone()
+    mask[1, :2] = 0  # left padding of a window at an episode's start
+    windows = TrajectoryWindows(**{**windows.as_dict(), "attention_mask": mask})
+    with torch.no_grad():
+        ours = model({"trajectory": windows}).heads["action"]
+        theirs = dt(**windows.model_inputs()).action_preds
+    torch.testing.assert_close(ours[mask.bool()], theirs[mask.bool()], atol=1e-5, rtol=0)
+
+
+# --------------------------------------------------------------------------- packing
+
+
+def test_packing_rules_causal_prefix_bidirectional_and_padding():
+    x = lambda n: torch.zeros(1, n, 4)  # noqa: E731
+    ones = lambda n: torch.ones(1, n, dtype=torch.bool)  # noqa: E731
+    a_mask = torch.tensor([[True, True, False]])
+    packed = pack_segments([Segment("a", x(3), a_mask), Segment("c", x(2), ones(2)),
+                            Segment("t", x(3), ones(3), causal=True), Segment("b", x(2), ones(2))])
+    m = packed.mask[0, 0]
+    a, c, t, b = slice(0, 3), slice(3, 5), slice(5, 8), slice(8, 10)
+    assert [s.start for s in packed.spans.values()] == [0, 3, 5, 8]
+    assert m[a, 0:2].all() and not m[:, 2][[0, 1, 3, 4, 5, 6, 7, 8, 9]].any()  # the padding key is hidden
+    assert m[a, c][:2].all() and m[c, a][:, :2].all()  # adjacent bidirectional segments see each other
+    assert m[t, a][:, :2].all() and m[t, c].all()  # the causal segment sees earlier segments in full
+    assert torch.equal(m[t, t], torch.ones(3, 3, dtype=torch.bool).tril())  # ... and itself causally
+    assert not m[a, t].any() and not m[c, t].any()  # nothing earlier reads a causal segment
+    # nor a segment after it, which reads the causal tokens in full: that would leak their future
+    assert not m[a, b].any() and not m[c, b].any() and not m[t, b].any()
+    assert m[b, t].all() and m[b, c].all()  # a later segment sees everything before it
+    assert m.diagonal().all()  # even the padding query sees itself: no NaN rows
+    # Plain cases keep the fused kernel's fast path: no mask tensor at all.
+    assert pack_segments([Segment("a", x(3), ones(3)), Segment("b", x(2), ones(2))]).mask is None
+    plain_causal = pack_segments([Segment("t", x(3), ones(3), causal=True), Segment("u", x(2), ones(2), causal=True)])
+    assert plain_causal.mask is None and plain_causal.is_causal
+    with pytest.raises(ValueError, match="same batch size"):
+        pack_segments([Segment("a", x(3), ones(3)), Segment("b", torch.zeros(2, 2, 4), torch.ones(2, 2))])
+
+
+def test_text_after_an_image_reads_it_but_never_its_own_future():
+    model = four_modalities()
+    ids = text(n=8)
+    changed = Tokens(ids=ids.ids.clone())
+    changed.ids[:, 5] = (changed.ids[:, 5] + 1) % V
+    other_image = image(seed=9)
+    with torch.no_grad():
+        base = model({"image": image(), "text": ids})
+        later = model({"image": image(), "text": changed})
+        new_image = model({"image": other_image, "text": ids})
+    torch.testing.assert_close(later.heads["lm"][:, :5], base.heads["lm"][:, :5], atol=0, rtol=0)
+    assert not torch.allclose(later.heads["lm"][:, 5:], base.heads["lm"][:, 5:])
+    torch.testing.assert_close(later.heads["digit"], base.heads["digit"], atol=0, rtol=0)  # the image never reads text
+    assert not torch.allclose(new_image.heads["lm"][:, 0], base.heads["lm"][:, 0])  # text reads the image
+
+
+def test_image_and_audio_read_each_other_and_padding_changes_nothing():
+    model = four_modalities()
+    with torch.no_grad():
+        base = model({"image": image(), "audio": audio()})
+        other_audio = model({"image": image(), "audio": audio(seed=7)})
+        # Row 1's padded frames hold garbage: its outputs must not change.
+        noisy = audio()
+        features = noisy.features.clone()
+        features[1, 44:] = 5.0
+        padded = model({"image": image(), "audio": Tokens(features=features, attention_mask=noisy.attention_mask)})
+    assert not torch.allclose(other_audio.heads["digit"], base.heads["digit"])  # the image's class token hears
+    torch.testing.assert_close(padded.heads["digit"], base.heads["digit"], atol=1e-6, rtol=0)
+    seg = base.segments["audio"]
+    assert seg.lengths.tolist() == [14, 10] and base.heads["ctc"].shape == (2, seg.hidden.shape[1], 4)
+    assert base.segments["image"].start == 0 and seg.start == base.segments["image"].stop == 17
+
+
+def test_every_head_reads_its_segment_and_every_parameter_learns():
+    model = four_modalities().train()
+    out = model({"image": image(), "audio": audio(), "text": text(), "trajectory": trajectory()})
+    shapes = {name: tuple(value.shape) for name, value in out.heads.items()}
+    assert shapes == {"digit": (2, 10), "match": (2, 2), "lm": (2, 7, V), "ctc": (2, 14, 4),
+                      "act": (2, K, ACTIONS), "embed": (2, 8)}
+    assert out.last_hidden_state.shape == (2, 17 + 14 + 7 + 3 * K, 32)
+    sum(v.float().pow(2).mean() for v in out.heads.values()).backward()
+    silent = [n for n, p in model.named_parameters() if p.grad is None or float(p.grad.abs().sum()) == 0]
+    assert not silent, silent
+    # Heads default to those whose segment is present; asked-for ones must have theirs.
+    assert set(model({"image": image()}).heads) == {"digit", "match"}
+    assert set(model({"image": image()}, heads=["digit"]).heads) == {"digit"}
+
+
+def test_the_modality_embedding_tells_segments_apart():
+    model = four_modalities()
+    plain = four_modalities(modality_embedding=False)
+    assert plain.modality_embed is None and model.modality_embed.weight.shape == (4, 32)
+    with torch.no_grad():
+        seg = model.embed_segment("text", text())
+        model.modality_embed.weight[model.modality_index["text"]].add_(1.0)
+        shifted = model.embed_segment("text", text())
+    torch.testing.assert_close(shifted.embeddings - seg.embeddings, torch.ones_like(seg.embeddings))
+
+
+# --------------------------------------------------------------------------- checkpoints and configs
+
+
+def test_save_and_load_round_trip_with_tied_lm_head(tmp_path):
+    model = four_modalities()
+    model.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["family"] == "MultimodalTransformer" and saved["modalities"]["audio"]["kind"] == "audio"
+    loaded = MultimodalTransformer.from_pretrained(tmp_path).eval()
+    assert loaded.config == model.config
+    assert loaded.heads["lm"].weight is loaded.embedders["text"].tok_embed.weight
+    inputs = {"image": image(), "audio": audio(), "text": text(), "trajectory": trajectory()}
+    with torch.no_grad():
+        a, b = model(inputs), loaded(inputs)
+    for name in a.heads:
+        torch.testing.assert_close(a.heads[name], b.heads[name], atol=0, rtol=0)
+
+
+def test_configs_are_data_and_say_what_is_wrong():
+    config = MultimodalConfig.from_name("mm-tiny", modalities={"text": {"kind": "text", "vocab_size": 10}},
+                                        heads={"lm": {"kind": "lm", "segment": "text"}})
+    assert config.d_model == 64 and isinstance(config.modalities["text"], TextModality)
+    assert MultimodalConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
+    with pytest.raises(ValueError, match="unknown kind 'video'"):
+        MultimodalConfig(modalities={"v": {"kind": "video"}})
+    with pytest.raises(ValueError, match="not a modality"):
+        MultimodalConfig(modalities={"text": TextModality()}, heads={"c": CTCHeadConfig(vocabulary=("a",))})
+    with pytest.raises(ValueError, match="reads a audio segment, but 'text' is text"):
+        MultimodalConfig(modalities={"text": TextModality()}, heads={"c": CTCHeadConfig(segment="text",
+                                                                                       vocabulary=("a",))})
+    with pytest.raises(ValueError, match="must be causal"):
+        MultimodalConfig(modalities={"text": TextModality(causal=False)}, heads={"lm": LMHeadConfig()})
+    with pytest.raises(ValueError, match="not divisible by patch_size"):
+        ImageModality(image_size=(30, 32))
+    with pytest.raises(ValueError, match="needs at least one modality"):
+        MultimodalConfig()
+
+
+def test_load_backbone_and_freeze_it():
+    model = four_modalities()
+    vit = ViT(ViTConfig.from_name("vit-digits", n_layers=2, d_model=32, n_heads=4))
+    model.load_backbone(vit)
+    torch.testing.assert_close(model.backbone.blocks[0].sublayers["attn"].qkv.weight,
+                               vit.backbone.blocks[0].sublayers["attn"].qkv.weight)
+    model.freeze_backbone()
+    assert not any(p.requires_grad for p in model.backbone.parameters())
+    assert all(p.requires_grad for p in model.embedders.parameters())
+    with pytest.raises(TypeError, match="takes a Backbone"):
+        model.load_backbone(torch.nn.Linear(2, 2))
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def test_bad_input_is_a_clear_error():
+    model = four_modalities()
+    with pytest.raises(ValueError, match="unknown modality 'video'; this model reads image, audio, text, trajectory"):
+        model({"video": image()})
+    with pytest.raises(ValueError, match="segment 'text' is text: it reads Tokens with ids, got audio Tokens"):
+        model({"text": audio()})
+    with pytest.raises(ValueError, match="segment 'audio' is audio: it reads Tokens of log-mel frames"):
+        model({"audio": text()})
+    with pytest.raises(ValueError, match="segment 'trajectory' is a trajectory: it reads TrajectoryWindows"):
+        model({"trajectory": text()})
+    with pytest.raises(ValueError, match="same batch size, got {'image': 3, 'text': 2}"):
+        model({"image": image(B=3), "text": text(B=2)})
+    with pytest.raises(ValueError, match="text segment of 17 tokens is longer than its 16 positions"):
+        model({"text": text(n=17)})
+    with pytest.raises(ValueError, match="more than the 32 configured"):
+        model({"audio": audio(lengths=(200, 200))})
+    with pytest.raises(ValueError, match="head 'ctc' reads segment 'audio', which this batch does not have"):
+        model({"image": image()}, heads=["ctc"])
+    with pytest.raises(ValueError, match="unknown head 'nope'"):
+        model({"image": image()}, heads=["nope"])
+    bad = image()
+    bad[0, 0, 3, 3] = float("nan")
+    with pytest.raises(ValueError, match="pixels contain 1 NaN"):
+        model({"image": bad})
+    frames = audio()
+    frames.features[0, 2, 1] = float("inf")
+    with pytest.raises(ValueError, match="frames contain 1 NaN/inf"):
+        model({"audio": frames})
+    with pytest.raises(ValueError, match="expects 1 channels"):
+        model({"image": torch.randn(2, 3, 32, 32)})
+    with pytest.raises(ValueError, match="non-empty mapping"):
+        model({})

@@ -1,0 +1,13 @@
+"""Input checks shared by the models: refuse bad input up front with a message that names it."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def check_finite(values: Tensor, name: str) -> None:
+    """NaN or inf input would silently turn every output into NaN: raise, naming ``name`` and
+    the count of bad values (integer tensors always pass)."""
+    if values.dtype.is_floating_point and not bool(torch.isfinite(values).all()):
+        raise ValueError(f"{name} contain {int((~torch.isfinite(values)).sum())} NaN/inf values")
