@@ -8,13 +8,27 @@ users' data modules, and `MultiTaskDataModule` combining them, all read the same
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, Literal
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, TypeVar
 
 import lightning as L
+import numpy as np
 from torch.utils.data import DataLoader, Dataset
 
 Split = Literal["train", "val", "test"]
+T = TypeVar("T")
+
+
+def hold_out(items: Sequence[T], fraction: float, seed: int) -> tuple[list[T], list[T]]:
+    """Split users' items into (train, val) at random (seeded), ``fraction`` of them held out;
+    both keep the items' order. Errors when the fraction or the items cannot give both splits."""
+    if not 0.0 < fraction < 1.0:
+        raise ValueError(f"val_fraction must be in (0, 1), got {fraction}")
+    order = np.random.default_rng(seed).permutation(len(items))
+    n_val = max(1, round(fraction * len(order)))
+    if n_val >= len(order):
+        raise ValueError(f"only {len(order)} pairs: too few to hold out a validation split")
+    return [items[i] for i in sorted(order[n_val:])], [items[i] for i in sorted(order[:n_val])]
 
 
 class SplitDataModule(L.LightningDataModule):

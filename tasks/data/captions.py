@@ -15,14 +15,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 from torch import Tensor
 from torch.utils.data import Dataset
 from torchvision.transforms import InterpolationMode, v2
 
-from tasks.data.base import SplitDataModule
+from tasks.data.base import SplitDataModule, hold_out
 from tasks.data.image import (
     IMAGE_SUFFIXES,
     DigitsDataModule,
@@ -335,14 +334,7 @@ class ImageCaptionDataModule(CaptionDataModule):
         self.train_pairs = load(train_file, train_folder)
         self.val_pairs = load(val_file, val_folder)
         if self.val_pairs is None:
-            if not 0.0 < val_fraction < 1.0:
-                raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
-            order = np.random.default_rng(split_seed).permutation(len(self.train_pairs))
-            n_val = max(1, round(val_fraction * len(order)))
-            if n_val >= len(order):
-                raise ValueError(f"only {len(order)} pairs: too few to hold out a validation split")
-            self.val_pairs = [self.train_pairs[i] for i in sorted(order[:n_val])]
-            self.train_pairs = [self.train_pairs[i] for i in sorted(order[n_val:])]
+            self.train_pairs, self.val_pairs = hold_out(self.train_pairs, val_fraction, split_seed)
         for pairs in (self.train_pairs, self.val_pairs):  # fail now, not in a worker mid-epoch
             for _, caption in pairs:
                 self.tokenizer.encode(caption)

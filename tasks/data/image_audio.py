@@ -26,7 +26,7 @@ from torch import Tensor
 from torch.utils.data import Dataset
 from torchvision.transforms import v2
 
-from tasks.data.base import SplitDataModule
+from tasks.data.base import SplitDataModule, hold_out
 from tasks.data.captions import read_rows, row_file
 from tasks.data.image import DigitsDataModule, _square, _stats, augmentation
 from tasks.data.speech import (
@@ -264,14 +264,7 @@ class AudioImageManifestDataModule(SplitDataModule):
         if val_manifest is not None:
             self.val_pairs = read_audio_image_pairs(Path(val_manifest), audio_key, image_key)
         else:
-            if not 0.0 < val_fraction < 1.0:
-                raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
-            order = np.random.default_rng(split_seed).permutation(len(self.train_pairs))
-            n_val = max(1, round(val_fraction * len(order)))
-            if n_val >= len(order):
-                raise ValueError(f"only {len(order)} pairs: too few to hold out a validation split")
-            self.val_pairs = [self.train_pairs[i] for i in sorted(order[:n_val])]
-            self.train_pairs = [self.train_pairs[i] for i in sorted(order[n_val:])]
+            self.train_pairs, self.val_pairs = hold_out(self.train_pairs, val_fraction, split_seed)
 
     def _dataset(self, pairs: Sequence[tuple[Path, Path]]) -> AudioImageFiles:
         transform = v2.Compose([v2.Resize(min(self.image_size), antialias=True), v2.CenterCrop(self.image_size),
