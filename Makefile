@@ -18,14 +18,14 @@ install: $(STAMP)
 # scans zero-shot (with prompt templates never used as captions) and print the accuracy.
 run: $(STAMP)
 	$(BIN)/unitok fit --config configs/clip/digits.yaml
-	$(BIN)/unitok test --config configs/clip/digits.yaml --ckpt_path runs/clip_digits/checkpoints/last.ckpt
+	$(BIN)/unitok test --config configs/clip/digits.yaml --ckpt_path last
 
 # Train a tiny GPT on the built-in corpus, then continue a few prompts.
 run-gpt: $(STAMP)
 	$(BIN)/unitok fit --config configs/gpt/tiny.yaml
-	$(BIN)/unitok sample --model runs/gpt_tiny/pretrained --max_new_tokens 48 \
+	$(BIN)/unitok sample --model runs/gpt_tiny/latest/pretrained --max_new_tokens 48 \
 		--prompt "def main(" --prompt "class Parser" --strategy beam --num_beams 4
-	$(BIN)/unitok sample --model runs/gpt_tiny/pretrained --max_new_tokens 48 \
+	$(BIN)/unitok sample --model runs/gpt_tiny/latest/pretrained --max_new_tokens 48 \
 		--prompt "import os" --strategy sample --top_k 40 --top_p 0.95 --temperature 0.8
 
 # The whole test suite (slow tests included), CPU only. -rs lists any skipped test with its

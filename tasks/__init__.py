@@ -53,6 +53,8 @@ from tasks.objectives import (
     ReturnConditionedControl,
     SpeechRecognition,
 )
+from tasks.predictions import PredictionWriter
+from tasks.resume import ResumableRNG, resume_callbacks
 from tasks.seq2seq import Seq2SeqTask, exact_match
 from tasks.teachers import SmallCNN, train_cnn_teacher
 
@@ -69,5 +71,6 @@ __all__ = [
     "TextDataModule", "TextToTextDataModule", "TokenClassificationTask", "train_cnn_teacher",
     "train_t5_tokenizer", "TrajectoryDataModule", "ImageAudioMatch", "ImageAudioPairsDataModule",
     "ImageClassification", "LanguageModelling", "MultiTaskDataModule", "MultiTaskTask", "Objective",
-    "ReturnConditionedControl", "SpeechRecognition", "AudioImageManifestDataModule", "BindTask"
+    "ReturnConditionedControl", "SpeechRecognition", "AudioImageManifestDataModule", "BindTask", "PredictionWriter",
+    "ResumableRNG", "resume_callbacks"
 ]

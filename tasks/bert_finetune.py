@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tasks.optim import adamw_warmup_cosine
+from tasks.predictions import Record, class_records, records
 from unitok.heads import ClassificationHead, ScalarMix
 from unitok.models import BERT, ELECTRA, BERTConfig
 from unitok.models.bert import mean_pool, span_from_logits
@@ -34,7 +35,8 @@ Mode = Literal["full", "frozen", "features"]
 
 
 def load_body(pretrained: str | Path) -> BERT:
-    """A `BERT` body from a ``save_pretrained`` folder: a BERT, or an ELECTRA's discriminator."""
+    """A `BERT` body from a ``save_pretrained`` folder: a BERT, or an ELECTRA's discriminator
+    (in training mode: loading gives eval mode, and Lightning keeps a module's mode)."""
     folder = Path(pretrained)
     config_file = folder / "config.json"
     if not config_file.is_file():
@@ -42,10 +44,10 @@ def load_body(pretrained: str | Path) -> BERT:
                                 "(e.g. the pretrained/ folder of `unitok fit --config configs/bert/mlm_tiny.yaml`)")
     family = json.loads(config_file.read_text()).get("family")
     if family == "ELECTRA":
-        return ELECTRA.from_pretrained(folder).discriminator_as_bert()
+        return ELECTRA.from_pretrained(folder).discriminator_as_bert().train()
     if family != "BERT":
         raise ValueError(f"{folder} holds a {family} checkpoint; fine-tuning needs a BERT or ELECTRA one")
-    return BERT.from_pretrained(folder)
+    return BERT.from_pretrained(folder).train()
 
 
 def build_body(vocab_size: int | None, context_length: int, pretrained: str | None, preset: str) -> BERT:
@@ -112,6 +114,16 @@ class _FineTuneTask(L.LightningModule):
 
     def _metrics(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
         raise NotImplementedError
+
+    def _label_names(self) -> list[str] | None:
+        """The data module's label names (None: records carry label indices)."""
+        names = getattr(getattr(self.trainer, "datamodule", None), "label_names", None)
+        return list(names) if names and len(names) == self.num_labels else None
+
+
+def _examples(batch: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The raw examples a predict batch carries (`_LabelledTextModule.predict_collate`)."""
+    return batch.get("examples")
 
 
 class _FeatureHead(nn.Module):
@@ -214,6 +226,21 @@ class SequenceClassificationTask(_LabelTask):
         return {"loss": F.cross_entropy(logits.float(), labels),
                 "acc": (logits.argmax(-1) == labels).float().mean()}
 
+    @torch.no_grad()
+    def predict_step(self, batch: dict[str, Any], batch_idx: int) -> list[Record]:
+        """Records (`tasks.predictions`): the label name (or index) and its probability —
+        regression: the value as both — with the example's text as ``input`` and its label as
+        ``target`` when the batch has them."""
+        logits = self(batch)
+        examples = _examples(batch)
+        inputs = None if examples is None else [
+            [ex["text"], ex["pair"]] if "pair" in ex else ex["text"] for ex in examples]
+        if self.num_labels == 1:
+            values = logits.squeeze(-1).float()
+            return records(values.tolist(), values, input=inputs,
+                           target=batch["labels"].tolist() if "labels" in batch else None)
+        return class_records(logits, self._label_names(), batch.get("labels"), input=inputs)
+
 
 class TokenClassificationTask(_LabelTask):
     """Fine-tunes a BERT body to label every (first sub-)token; -100 labels are ignored.
@@ -253,6 +280,38 @@ class TokenClassificationTask(_LabelTask):
         acc = (logits[labelled].argmax(-1) == labels[labelled]).float().mean()
         return {"loss": loss, "acc": acc}
 
+    @torch.no_grad()
+    def predict_step(self, batch: dict[str, Any], batch_idx: int) -> list[Record]:
+        """Records (`tasks.predictions`): ``[word, tag]`` for every word — read at its first
+        sub-token, the positions the data labels — with the mean probability of the tags as
+        ``score`` and the true tags as ``target``. Without word labels every real token is tagged."""
+        probs = self(batch).float().softmax(-1)  # (B, N, K)
+        confidence, tags = probs.max(-1)
+        if "labels" in batch:
+            first = batch["labels"] != -100
+        elif "attention_mask" in batch:
+            first = batch["attention_mask"].bool()
+        else:
+            first = torch.ones_like(tags, dtype=torch.bool)
+        names = self._label_names()
+        name = (lambda k: names[k]) if names else (lambda k: k)  # noqa: E731
+        examples = _examples(batch)
+        tok = getattr(getattr(self.trainer, "datamodule", None), "tokenizer", None)
+        predictions, scores, targets = [], [], []
+        for row in range(tags.shape[0]):
+            where = first[row].nonzero().squeeze(-1).tolist()
+            if examples is not None and "words" in examples[row]:
+                words = examples[row]["words"][: len(where)]
+            elif tok is not None:
+                words = [tok.id_to_token(int(batch["input_ids"][row, i])) for i in where]
+            else:
+                words = [int(batch["input_ids"][row, i]) for i in where]
+            predictions.append([[w, name(int(tags[row, i]))] for w, i in zip(words, where)])
+            scores.append(float(confidence[row, where].mean()) if where else 1.0)
+            if "labels" in batch:
+                targets.append([name(int(batch["labels"][row, i])) for i in where])
+        return records(predictions, scores, target=targets or None)
+
 
 class QuestionAnsweringTask(_FineTuneTask):
     """Fine-tunes a BERT body for extractive QA: a start and an end score per token,
@@ -289,3 +348,18 @@ class QuestionAnsweringTask(_FineTuneTask):
         allowed = batch["segment_ids"].bool() & batch["attention_mask"].bool()  # the context segment
         s, e = span_from_logits(out.start_logits, out.end_logits, allowed, self.hparams.max_answer_length)
         return {"loss": loss, "exact_match": ((s == start) & (e == end)).float().mean()}
+
+    @torch.no_grad()
+    def predict_step(self, batch: dict[str, Any], batch_idx: int) -> list[Record]:
+        """Records (`tasks.predictions`): the best span inside the context segment as text,
+        ``score`` p(start) · p(end); ``target`` the answer (the documented name) when known."""
+        out = self.model(batch["input_ids"], batch.get("attention_mask"), batch.get("segment_ids"))
+        allowed = batch["segment_ids"].bool() & batch["attention_mask"].bool()
+        s, e = span_from_logits(out.start_logits, out.end_logits, allowed, self.hparams.max_answer_length)
+        rows = torch.arange(len(s), device=s.device)
+        score = out.start_logits.float().softmax(-1)[rows, s] * out.end_logits.float().softmax(-1)[rows, e]
+        tok = self.trainer.datamodule.tokenizer  # type: ignore[union-attr]
+        answers = [tok.decode(batch["input_ids"][i, int(s[i]): int(e[i]) + 1]) for i in range(len(s))]
+        examples = _examples(batch)
+        return records(answers, score, input=None if examples is None else [ex["question"] for ex in examples],
+                       target=None if examples is None else [ex["name"] for ex in examples])

@@ -24,6 +24,7 @@ from torch import Tensor
 from torchmetrics.classification import MulticlassAccuracy
 
 from tasks.contrastive import MAX_LOGIT_SCALE, ContrastiveTask, contrastive_loss
+from tasks.predictions import Record, class_records
 from unitok.zero_shot import ZeroShotClassifier
 
 
@@ -197,6 +198,27 @@ class BindTask(ContrastiveTask):
 
     def on_validation_epoch_end(self) -> None:
         self._epoch_end("val")
+
+    def on_predict_epoch_start(self) -> None:
+        self._build_classifier()
+        if not self.classifiers:
+            raise ValueError("predict classifies zero-shot: the caption data needs class names and prompts")
+
+    @torch.no_grad()
+    def predict_step(  # type: ignore[override]
+            self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> list[Record]:
+        """Records (`tasks.predictions`) with the pair type as ``task``: a scan's zero-shot class
+        (image_text) or a spoken digit's (audio_image: text prompts classify speech never paired
+        with text), its softmax probability over the classes, the true digit as ``target``."""
+        name = self.pair_names[dataloader_idx]
+        classifier = self.classifiers["words"]
+        if name == self.hparams.image_text:
+            embeds, labels = self.model.encode_image(batch["pixel_values"]), batch.get("labels")
+        else:
+            embeds = self.model.encode_audio(batch["features"], batch["feature_lengths"])
+            labels = batch.get("audio_digits")
+        found = class_records(classifier.logits_from_features(embeds), classifier.classnames, labels)
+        return [{"task": name, **record} for record in found]
 
     def on_test_epoch_end(self) -> None:
         values = self._epoch_end("test")

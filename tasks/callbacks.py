@@ -1,36 +1,162 @@
-"""Callbacks: export a trained model as a safetensors folder, print predictions."""
+"""Callbacks every run uses: the last checkpoint, clean stops on SIGTERM / SIGINT, a step
+progress bar, the exported model folder; and printing predictions."""
 
 from __future__ import annotations
 
+import signal
+import threading
 from pathlib import Path
+from typing import Any
 
 import lightning as L
-from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.callbacks import TQDMProgressBar
+from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from tasks.run_folder import log_dir
+
+
+def checkpoint_dir(trainer: L.Trainer) -> Path:
+    """``<run>/checkpoints``: beside the run's logs (the folder Lightning's ModelCheckpoint picks)."""
+    return log_dir(trainer) / "checkpoints"
+
+
+class LastCheckpoint(L.Callback):
+    """``checkpoints/last.ckpt`` is the last step: written after every validation and when
+    training ends or stops (a monitored ``ModelCheckpoint`` writes ``best.ckpt``), so a run can
+    always be resumed from where it was (``--ckpt_path last``)."""
+
+    def __init__(self) -> None:
+        self.saved_step = -1
+
+    def save(self, trainer: L.Trainer) -> None:
+        if trainer.sanity_checking or trainer.global_step == self.saved_step:
+            return
+        trainer.save_checkpoint(checkpoint_dir(trainer) / "last.ckpt", weights_only=False)  # rank 0 writes
+        self.saved_step = trainer.global_step
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.state.fn == "fit":
+            self.save(trainer)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.save(trainer)
+
+
+class StopOnSignal(L.Callback):
+    """SIGTERM (a scheduler's stop) or SIGINT (Ctrl-C) ends the run at a step boundary with
+    ``last.ckpt`` written and exit status 128 + the signal (143, 130), not 0: a stopped run is
+    resumable (``--ckpt_path last``) and does not look finished. SIGTERM goes through
+    Lightning's own handler (it raises `SIGTERMException` between steps, on every rank); SIGINT
+    finishes the step in progress (a second Ctrl-C interrupts at once)."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self._previous: Any = None
+
+    def _on_sigint(self, signum: int, frame: Any) -> None:
+        if self.received == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.received = signal.SIGINT
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if threading.current_thread() is threading.main_thread():  # handlers live in the main thread only
+            self._previous = signal.signal(signal.SIGINT, self._on_sigint)
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        if trainer.strategy.reduce_boolean_decision(self.received is not None, all=False):  # every rank stops
+            rank_zero_warn(f"received SIGINT: stopping after step {trainer.global_step}, saving last.ckpt")
+            self.received = signal.SIGINT
+            trainer.should_stop = True  # LastCheckpoint writes last.ckpt when training ends
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        if isinstance(exception, SIGTERMException):
+            self.received = signal.SIGTERM
+            rank_zero_warn(f"received SIGTERM: stopped after step {trainer.global_step}, saving last.ckpt")
+            trainer.save_checkpoint(checkpoint_dir(trainer) / "last.ckpt", weights_only=False)
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._restore()
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._restore()
+
+    def _restore(self) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.received is None else 128 + int(self.received)
+
+
+class StepProgressBar(TQDMProgressBar):
+    """For runs measured in steps (``max_steps``, no epoch limit): one bar counting optimizer
+    steps to ``max_steps``, not batches of an epoch that never ends."""
+
+    def _by_steps(self, trainer: L.Trainer) -> bool:
+        return trainer.max_steps > 0 and trainer.max_epochs in (None, -1)
+
+    def on_train_epoch_start(self, trainer: L.Trainer, *args: Any) -> None:
+        if not self._by_steps(trainer):
+            return super().on_train_epoch_start(trainer, *args)
+        bar = self.train_progress_bar
+        if bar.total != trainer.max_steps:
+            bar.reset(total=trainer.max_steps)
+        bar.n = trainer.global_step  # a resumed run continues the count
+        bar.set_description("Training (steps)")
+        bar.refresh()
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if not self._by_steps(trainer):
+            return super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        n = trainer.global_step
+        if self._should_update(n, self.train_progress_bar.total):
+            self.train_progress_bar.n = n
+            self.train_progress_bar.refresh()
+            self.train_progress_bar.set_postfix(self.get_metrics(trainer, pl_module))
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not self._by_steps(trainer):
+            super().on_train_epoch_end(trainer, pl_module)
 
 
 class ExportPretrained(L.Callback):
-    """At the end of ``fit``, write the task's model (``save_pretrained``) and the data module's
-    tokenizer into ``dirpath`` (default: ``<log dir>/pretrained``) — the folder `unitok sample`
-    and ``GPT.from_pretrained`` read."""
+    """At the end of ``fit``, write the task's model (``save_pretrained``) with its processor —
+    the data module's tokenizer and class names on top of what the model's config holds — into
+    ``dirpath`` (default: ``<log dir>/pretrained``): the self-contained folder `unitok.load`,
+    `unitok.pipeline` and `unitok sample` read."""
 
     def __init__(self, dirpath: str | None = None) -> None:
         self.dirpath = dirpath
 
     @rank_zero_only
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        folder = Path(self.dirpath or Path(trainer.log_dir or trainer.default_root_dir) / "pretrained")
-        pl_module.model.save_pretrained(folder)  # type: ignore[operator]
-        datamodule = trainer.datamodule
-        what = "model"
-        if hasattr(getattr(datamodule, "tokenizer", None), "save"):  # CLIP's BPE ships with open_clip
-            datamodule.tokenizer.save(folder)
-            what = "model and tokenizer"
-        print(f"exported {what} to {folder}")
+        stop = next((c for c in trainer.callbacks if isinstance(c, StopOnSignal)), None)
+        if stop is not None and stop.received is not None:
+            print("stopped by a signal: no model exported (resume with --ckpt_path last)")
+            return
+        folder = Path(self.dirpath or log_dir(trainer) / "pretrained")
+        model = pl_module.model
+        data_processor = getattr(trainer.datamodule, "processor", None)
+        processor = data_processor() if callable(data_processor) else None
+        if processor is not None:
+            model.processor = processor  # the data's tokenizer and class names travel with the weights
+        model.save_pretrained(folder)  # type: ignore[operator]
+        parts = model.processor.modalities if model.processor is not None else []
+        print(f"exported the model{' and its processor (' + ', '.join(parts) + ')' if parts else ''} to {folder}")
 
 
 class PrintPredictions(L.Callback):
-    """Print what ``unitok predict`` returns, one prediction per block."""
+    """Print what ``unitok predict`` returns, one prediction per block: each record (see
+    `tasks.predictions`) in the task's ``prediction_format`` (default ``"{input}\\n→ {prediction}"``,
+    or ``"{prediction}"`` for records without an input); plain strings as they are."""
 
     def on_predict_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
-        for text in outputs:
-            print(f"{text}\n{'-' * 40}")
+        for output in outputs:
+            if isinstance(output, dict):
+                default = "{input}\n→ {prediction}" if "input" in output else "{prediction}"
+                output = getattr(pl_module, "prediction_format", default).format_map(output)
+            print(f"{output}\n{'-' * 40}")

@@ -6,10 +6,12 @@ import math
 from typing import Any
 
 import lightning as L
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from tasks.optim import adamw_warmup_cosine
+from tasks.predictions import Record, mean_log_likelihood, records, until_eos
 from unitok.models import GPT, GPTConfig
 
 
@@ -85,16 +87,31 @@ class CausalLMTask(L.LightningModule):
         if loss is not None:
             self.log("test_ppl", math.exp(min(float(loss), 50.0)))
 
-    def predict_step(self, batch: list[str], batch_idx: int) -> list[str]:
+    prediction_format = "{input}{prediction}"  # how `tasks.PrintPredictions` shows a record
+
+    @torch.no_grad()
+    def predict_step(self, batch: list[str], batch_idx: int) -> list[Record]:
         """Continue each prompt string greedily (as far as the context allows); needs the data
-        module's tokenizer."""
+        module's tokenizer. Records (`tasks.predictions`): the prompt as ``input``, the
+        continuation as ``prediction``, its mean log-probability per token as ``score``."""
         tok = self.trainer.datamodule.tokenizer  # type: ignore[union-attr]
         prompts = tok.batch_encode(batch, padding_side="left").to(self.device)
-        room = self.model.config.context_length - prompts.seq_len
+        S = prompts.seq_len
+        room = self.model.config.context_length - S
         if room < 1:
-            raise ValueError(f"prompts of {prompts.seq_len} tokens leave no room in context {self.model.config.context_length}")
+            raise ValueError(f"prompts of {S} tokens leave no room in context {self.model.config.context_length}")
         out = self.model.generate(prompts, max_new_tokens=min(room, self.hparams.generate_max_new_tokens))
-        return tok.batch_decode(out)
+        new = out[:, S:]  # (B, T)
+        kept = until_eos(new, self.model.config.eos_token_id)
+        prompt_mask = prompts.attention_mask if prompts.attention_mask is not None else torch.ones_like(prompts.ids)
+        mask = torch.cat([prompt_mask.long(), torch.ones_like(new)], dim=1)[:, :-1]
+        logits = self.model(out[:, :-1], attention_mask=mask).logits  # (B, S + T - 1, V)
+        scored = torch.cat([torch.zeros_like(prompt_mask[:, 1:], dtype=torch.bool), kept], dim=1)
+        score = mean_log_likelihood(logits, out[:, 1:], scored)
+        eos = self.model.config.eos_token_id
+        texts = [tok.decode([t for t in row if t >= 0 and t != eos], skip_special_tokens=True)
+                 for row in new.masked_fill(~kept, -1).tolist()]
+        return records(texts, score, input=list(batch))
 
     def configure_optimizers(self):
         return adamw_warmup_cosine(self.model, self.trainer, self.hparams)

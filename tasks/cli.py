@@ -1,41 +1,230 @@
 """The `unitok` command: a LightningCLI (fit / validate / test / predict) plus `unitok sample`.
 
 Every run is a YAML recipe in ``configs/<family>/<recipe>.yaml``; model and data are chosen
-by ``class_path`` (subclass mode), and the data module's vocabulary size, EOS id and context
-length flow into the model through ``link_arguments``.
+by ``class_path`` (subclass mode), and the data module's vocabulary size, EOS id, context
+length and class count flow into the model through ``link_arguments``. Each run writes into
+its own folder (`tasks.run_folder`): CSV and TensorBoard logs, ``checkpoints/last.ckpt`` (the
+last step) and ``best.ckpt``, the exported model; SIGTERM / SIGINT stop it with a resumable
+checkpoint and a non-zero exit. Options are matched exactly, with a did-you-mean for typos.
 """
 
 from __future__ import annotations
 
+import difflib
+import importlib
+import inspect
+import os
+import re
+import signal
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
 
 import lightning as L
-from lightning.pytorch.cli import LightningCLI
+from jsonargparse import Namespace
+from lightning.pytorch.callbacks import ProgressBar
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from tasks.callbacks import ExportPretrained, LastCheckpoint, StepProgressBar, StopOnSignal
+from tasks.data.base import CACHE_ENV
+from tasks.resume import ResumableRNG, resume_callbacks
+from tasks.run_folder import (
+    RECIPES,
+    VERSION_ENV,
+    check_exports,
+    find_checkpoint,
+    mark_latest,
+    next_version,
+    run_dir,
+)
+
+SAMPLE_HELP = "Continue prompts with a trained GPT folder (see `unitok sample --help`)."
+
+
+def did_you_mean(message: str, known: Sequence[str]) -> str:
+    """Suggestions for the unknown options a parser error names (``--trainer.max_stepz``, or a
+    class's ``Option 'lerning_rate' is not accepted``)."""
+    hints = []
+    for option in re.findall(r"(--[\w.\-]+)", message.split("unrecognized arguments:", 1)[-1]) \
+            if "unrecognized arguments:" in message else []:
+        close = difflib.get_close_matches(option, known, n=1, cutoff=0.6)
+        if close:
+            hints.append(f"{option}: did you mean {close[0]}?")
+    for class_path, name in re.findall(r"class_path '([\w.]+)'[^']*Option '(\w+)' is not accepted", message,
+                                       flags=re.S):
+        try:
+            module, _, attr = class_path.rpartition(".")
+            params = list(inspect.signature(getattr(importlib.import_module(module), attr)).parameters)
+        except (ImportError, AttributeError, ValueError):
+            continue
+        close = difflib.get_close_matches(name, params, n=1, cutoff=0.6)
+        if close:
+            hints.append(f"{name!r}: did you mean {close[0]!r} (of {class_path})?")
+    return ("\n" + "\n".join(hints)) if hints else ""
+
+
+def fill_cache_dirs(node: Any, cache_dir: str) -> None:
+    """Set every unset ``cache_dir`` in a data config (a data module's ``init_args``, and those
+    of the tasks a `MultiTaskDataModule` nests) to ``cache_dir``."""
+    if isinstance(node, Namespace):
+        node = vars(node)  # its own keys (a Namespace's items() are the nested leaves)
+    if isinstance(node, dict):
+        if "cache_dir" in node and node["cache_dir"] is None:
+            node["cache_dir"] = cache_dir
+        for value in node.values():
+            fill_cache_dirs(value, cache_dir)
+    elif isinstance(node, list | tuple):
+        for value in node:
+            fill_cache_dirs(value, cache_dir)
+
+
+class UnitokArgumentParser(LightningArgumentParser):
+    """Options match exactly (``--trainer.max_step`` is an error, not ``max_steps``), and an
+    unknown one gets a did-you-mean."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str, ex: Exception | None = None) -> NoReturn:
+        known = [o for action in self._actions for o in action.option_strings if o.startswith("--")]
+        for action in self._actions:  # the subcommands' options (fit / test / …)
+            for sub in (getattr(action, "choices", None) or {}).values():
+                if isinstance(sub, LightningArgumentParser):
+                    known += [o for a in sub._actions for o in a.option_strings if o.startswith("--")]
+        super().error(message + did_you_mean(message, known), ex)
 
 
 class UnitokCLI(LightningCLI):
+    """LightningCLI with unitok's argument links and run folders; its help also lists `sample`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("parser_class", UnitokArgumentParser)
+        self.stop: StopOnSignal | None = None
+        super().__init__(*args, **kwargs)
+
+    # ------------------------------------------------------------------ the run's folder
+    def recipe_root(self) -> Path:
+        """``--trainer.default_root_dir``, else ``runs/<recipe file name>`` (``runs/unitok`` without one)."""
+        config = self.config.get(str(self.subcommand), self.config) if self.subcommand else self.config
+        root = config.get("trainer", {}).get("default_root_dir")
+        if root:
+            return Path(root)
+        recipes = config.get("config") or []
+        name = Path(str(recipes[-1])).stem if recipes else "unitok"
+        return Path("runs") / name
+
+    def before_instantiate_classes(self) -> None:
+        """A path to another run's export that is missing is an error naming the recipe to run.
+        Data caches (tokenizers, token files, synthesised speech, recorded episodes) of a data
+        module given no ``cache_dir`` go to ``<root>/cache``, shared by the recipe's runs, unless
+        ``$UNITOK_CACHE_DIR`` names a cache shared by every recipe."""
+        config = self.config.get(str(self.subcommand), self.config) if self.subcommand else self.config
+        try:
+            check_exports({f"--{key.replace('.init_args.', '.')}": value for key, value in config.items()
+                           if key.startswith(("model.", "data."))})
+        except FileNotFoundError as error:
+            self.parser.error(str(error))
+        if not os.environ.get(CACHE_ENV):
+            fill_cache_dirs(config.get("data"), str(self.recipe_root() / "cache"))
+
+    def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
+        """The trainer, writing into ``<root>/version_N``: CSV and TensorBoard logs, checkpoints
+        (``last.ckpt`` always, ``best.ckpt`` where the recipe monitors a metric), the export."""
+        root = self.recipe_root()
+        version = next_version(root)
+        self.run_dir = run_dir(root, version)
+        trainer = dict(self._get(self.config_init, "trainer", default={}))
+        trainer["default_root_dir"] = str(root)
+        if trainer.get("logger") in (None, True):
+            trainer["logger"] = [CSVLogger(save_dir=root, name="", version=version),
+                                 TensorBoardLogger(save_dir=root, name="", version=version, default_hp_metric=False)]
+        callbacks = list(trainer.get("callbacks") or [])
+        for callback in callbacks:
+            if type(callback).__name__ == "ModelCheckpoint" and callback.dirpath is not None:
+                raise ValueError(f"ModelCheckpoint(dirpath={callback.dirpath!r}) would write outside the run's "
+                                 f"folder; leave dirpath unset (checkpoints go to {self.run_dir}/checkpoints)")
+        self.stop = StopOnSignal()
+        callbacks += [LastCheckpoint(), self.stop]
+        if not any(isinstance(c, ResumableRNG) for c in callbacks):
+            callbacks += resume_callbacks()
+        if not any(isinstance(c, ExportPretrained) for c in callbacks):
+            callbacks.append(ExportPretrained())
+        if trainer.get("enable_progress_bar", True) is not False and not any(isinstance(c, ProgressBar)
+                                                                             for c in callbacks):
+            callbacks.append(StepProgressBar())
+        trainer["callbacks"] = callbacks
+        steps, every = trainer.get("max_steps") or -1, trainer.get("log_every_n_steps") or 50
+        if 0 < steps < 10 * every:  # a short run still logs from its first steps (ten points at least)
+            trainer["log_every_n_steps"] = max(1, steps // 10)
+        extra = [self._get(self.config_init, c) for c in self._parser(self.subcommand).callback_keys]
+        return self._instantiate_trainer({**trainer, **kwargs}, extra)
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        config = self.config_init[subcommand]
+        ckpt = config.get("ckpt_path")
+        if ckpt in ("last", "best"):  # the newest run's, not this new version's (empty) folder
+            config["ckpt_path"] = str(find_checkpoint(self.recipe_root(), ckpt))
+        super()._run_subcommand(subcommand)
+        if subcommand == "fit" and (self.run_dir / "pretrained" / "config.json").is_file():
+            rank_zero_only(mark_latest)(self.recipe_root(), self.run_dir)
+
+    def _add_subcommands(self, parser: LightningArgumentParser, **kwargs: Any) -> None:
+        super()._add_subcommands(parser, **kwargs)
+        # `main` runs `unitok sample` with its own argparse parser before LightningCLI sees the
+        # arguments; this empty entry only makes `unitok --help` list it beside fit / validate / ...
+        sample = self.parser_class(description=SAMPLE_HELP, add_help=False)
+        parser._subcommands_action.add_subcommand("sample", sample, help=SAMPLE_HELP)
+
     def add_arguments_to_parser(self, parser) -> None:
         parser.link_arguments("data.init_args.context_length", "model.init_args.context_length")
         parser.link_arguments("data.vocab_size", "model.init_args.vocab_size", apply_on="instantiate")
         parser.link_arguments("data.eos_token_id", "model.init_args.eos_token_id", apply_on="instantiate")
+        parser.link_arguments("data.num_classes", "model.init_args.num_classes", apply_on="instantiate")
+
+
+def resolve_recipes(args: list[str]) -> list[str]:
+    """``--config configs/<family>/<recipe>.yaml`` names the shipped recipe from any working
+    directory: a recipe path that does not exist here is read from the project's recipes."""
+    resolved = list(args)
+    for i, arg in enumerate(args[:-1]):
+        if arg in ("--config", "-c") and not Path(args[i + 1]).exists():
+            shipped = RECIPES.parent / args[i + 1]
+            if Path(args[i + 1]).parts[:1] == ("configs",) and shipped.is_file():
+                resolved[i + 1] = str(shipped)
+    return resolved
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    args = list(sys.argv[1:] if argv is None else argv)
+    args = resolve_recipes(list(sys.argv[1:] if argv is None else argv))
+    if argv is None:
+        sys.argv[1:] = args  # LightningCLI reads the command line itself
     if args and args[0] == "sample":
         from tasks.sample import main as sample_main
 
         sample_main(args[1:])
         return
-    UnitokCLI(
-        L.LightningModule,
-        L.LightningDataModule,
-        subclass_mode_model=True,
-        subclass_mode_data=True,
-        args=args if argv is not None else None,
-        save_config_kwargs={"overwrite": True},
-    )
+    chooses_version = VERSION_ENV not in os.environ  # not a DDP worker the launching process started
+    try:
+        cli = UnitokCLI(
+            L.LightningModule,
+            L.LightningDataModule,
+            subclass_mode_model=True,
+            subclass_mode_data=True,
+            args=args if argv is not None else None,
+            save_config_kwargs={"overwrite": True},
+        )
+    except SIGTERMException:  # Lightning's stop between steps: last.ckpt is written (StopOnSignal)
+        sys.exit(128 + signal.SIGTERM)
+    finally:
+        if chooses_version:
+            os.environ.pop(VERSION_ENV, None)  # the next command in this process picks its own
+    if cli.stop is not None and cli.stop.exit_code:
+        sys.exit(cli.stop.exit_code)  # stopped by SIGTERM / SIGINT: resumable, not finished
 
 
 if __name__ == "__main__":

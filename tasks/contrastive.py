@@ -19,6 +19,7 @@ from torch import Tensor
 from torchmetrics.classification import MulticlassAccuracy
 
 from tasks.optim import adamw_warmup_cosine
+from tasks.predictions import Record, class_records
 from unitok.models import CLIP, CLIPConfig, ViT
 from unitok.zero_shot import ZeroShotClassifier
 
@@ -108,7 +109,7 @@ class ContrastiveTask(L.LightningModule):
         if h.pretrained is not None:
             if overrides or h.image_tower is not None or h.dropout is not None:
                 raise ValueError("a pretrained CLIP's shape, image tower and dropout cannot be overridden")
-            return CLIP.from_pretrained(h.pretrained)
+            return CLIP.from_pretrained(h.pretrained).train()  # loaded in eval mode; Lightning keeps modes
         config = CLIPConfig.from_name(h.preset, **overrides)
         if h.dropout is not None:
             config = config.replace(vision=config.vision.replace(dropout=h.dropout),
@@ -117,7 +118,7 @@ class ContrastiveTask(L.LightningModule):
             return CLIP(config)
         vit = ViT.from_pretrained(h.image_tower)
         return CLIP.from_vit(vit, text=config.text, embed_dim=config.embed_dim, shared_backbone=config.shared_backbone,
-                             audio=config.audio)
+                             audio=config.audio).train()
 
     def forward(self, pixel_values: Tensor, input_ids: Tensor) -> Any:
         return self.model(pixel_values, input_ids)
@@ -200,6 +201,35 @@ class ContrastiveTask(L.LightningModule):
     def on_test_epoch_end(self) -> None:
         if self.test_acc is not None and self.trainer.is_global_zero:
             rank_zero_info(f"zero-shot accuracy on held-out images: {float(self.test_acc.compute()):.1%}")
+
+    # ------------------------------------------------------------------ predict
+    def on_predict_epoch_start(self) -> None:
+        """The candidates each image is matched with: the data's classes (zero-shot, with its
+        prompts) or, for data without classes, the predict set's distinct captions (retrieval)."""
+        if self.val_acc is not None:
+            self.candidates = list(self.zero_shot_names)
+            self.classifier = ZeroShotClassifier(self.model, self.candidates, self.zero_shot_prompts)
+        else:
+            self.candidates = list(dict.fromkeys(self._predict_captions()))
+            self.classifier = ZeroShotClassifier(self.model, self.candidates, ["{}"])
+
+    def _predict_captions(self) -> list[str]:
+        loaders = self.trainer.predict_dataloaders
+        dataset = getattr(loaders[0] if isinstance(loaders, list | tuple) else loaders, "dataset", None)
+        caption = getattr(dataset, "caption", None)
+        if caption is None:
+            raise ValueError("predict needs the data's class names and zero-shot prompts, or captions to match "
+                             f"the images with; {type(dataset).__name__} has neither")
+        return [caption(i) for i in range(len(dataset))]
+
+    @torch.no_grad()
+    def predict_step(self, batch: dict[str, Tensor], batch_idx: int) -> list[Record]:
+        """Records (`tasks.predictions`): each image's zero-shot class (or best-matching
+        caption) with its softmax probability over the candidates, the true class as ``target``."""
+        image = self.model.encode_image(batch["pixel_values"])
+        labels = batch.get("labels") if self.val_acc is not None else None
+        logits = self.classifier.logits_from_features(image)  # type: ignore[union-attr]
+        return class_records(logits, self.candidates, labels)
 
     def configure_optimizers(self):
         return adamw_warmup_cosine(self.model, self.trainer, self.hparams)

@@ -5,14 +5,17 @@ Axis legend: B batch, N frames in, N' frames after subsampling, V = 1 + characte
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import lightning as L
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torchmetrics.text import CharErrorRate, WordErrorRate
 
 from tasks.optim import adamw_warmup_cosine
+from tasks.predictions import Record, records
 from tokenizers_mm import CharacterVocabulary, SpectrogramConfig
 from unitok.ctc import ctc_greedy_decode, ctc_prefix_beam_search
 from unitok.models import ConformerConfig, ConformerCTC
@@ -29,6 +32,16 @@ def ctc_loss(logits: Tensor, output_lengths: Tensor, targets: Tensor, target_len
                       zero_infinity=True)
 
 
+def ctc_log_likelihood(log_probs: Tensor, lengths: Tensor, paths: Sequence[Sequence[int]]) -> Tensor:
+    """log P(labels | audio) of each row's label sequence, summed over every CTC alignment
+    (blank = 0): (B, N', V) log-probabilities, (B,) frame counts, B label sequences -> (B,)."""
+    device = log_probs.device
+    targets = torch.tensor([label for path in paths for label in path], dtype=torch.long, device=device)
+    target_lengths = torch.tensor([len(path) for path in paths], dtype=torch.long, device=device)
+    nll = F.ctc_loss(log_probs.float().transpose(0, 1), targets, lengths, target_lengths, blank=0, reduction="none")
+    return -nll
+
+
 class CTCSpeechTask(L.LightningModule):
     """Trains a `ConformerCTC` on ``{"features", "feature_lengths", "targets", "target_lengths",
     "texts"}`` batches.
@@ -39,7 +52,7 @@ class CTCSpeechTask(L.LightningModule):
     or an exported folder transcribes audio on its own.
 
     Logs ``train_loss``, ``val_loss``, ``val_cer``, ``val_wer`` (greedy decoding), ``test_loss``,
-    ``test_cer``, ``test_wer`` (with ``decoder``); ``predict`` returns transcripts.
+    ``test_cer``, ``test_wer`` (with ``decoder``); ``predict`` returns transcript records.
 
     Args:
         preset: a `ConformerConfig` preset. d_model / n_layers / n_heads / conv_kernel_size /
@@ -86,7 +99,7 @@ class CTCSpeechTask(L.LightningModule):
             raise ValueError(f"a pretrained model's {', '.join(overrides)} cannot be overridden")
         self.model: ConformerCTC | None = None
         if pretrained is not None:
-            self.model = ConformerCTC.from_pretrained(pretrained)
+            self.model = ConformerCTC.from_pretrained(pretrained).train()  # loading gives eval mode
         elif vocabulary is not None:
             self.model = self._build(CharacterVocabulary(vocabulary), SpectrogramConfig.from_dict(spectrogram or {}))
         self.val_cer, self.val_wer = CharErrorRate(), WordErrorRate()
@@ -180,13 +193,23 @@ class CTCSpeechTask(L.LightningModule):
         self.log("test_cer", self.test_cer, batch_size=size)
         self.log("test_wer", self.test_wer, batch_size=size)
 
-    def predict_step(self, batch: dict[str, Any] | Tensor, batch_idx: int) -> list[str]:
-        """Transcripts of a data batch (or of (B, N, F) frames, all valid)."""
+    @torch.no_grad()
+    def predict_step(self, batch: dict[str, Any] | Tensor, batch_idx: int) -> list[Record]:
+        """Records (`tasks.predictions`) for a data batch (or (B, N, F) frames, all valid): the
+        transcript (``decoder``) as ``prediction``, its CTC log-likelihood log P(text | audio) as
+        ``score``, the batch's transcripts as ``target`` when it has them."""
         if isinstance(batch, dict):
             out = self._model(batch["features"], batch["feature_lengths"])
         else:
             out = self._model(batch)
-        return self.decode(out, self.decoder, self.beam_size)
+        log_probs = out.logits.float().log_softmax(dim=-1)
+        if self.decoder == "greedy":
+            paths = ctc_greedy_decode(log_probs, out.lengths)
+        else:
+            paths = ctc_prefix_beam_search(log_probs, out.lengths, beam_size=self.beam_size)
+        vocabulary = CharacterVocabulary(self._model.config.vocabulary)
+        return records([vocabulary.decode(p) for p in paths], ctc_log_likelihood(log_probs, out.lengths, paths),
+                       target=batch.get("texts") if isinstance(batch, dict) else None)
 
     def configure_optimizers(self):
         return adamw_warmup_cosine(self._model, self.trainer, self.hparams)

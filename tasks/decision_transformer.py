@@ -18,16 +18,36 @@ from typing import Any
 
 import lightning as L
 import numpy as np
+import torch
 import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
 from tasks.optim import adamw_warmup_cosine
+from tasks.predictions import Record, class_records, records
+from tasks.run_folder import log_dir
 from unitok.models import DecisionTransformer, DecisionTransformerConfig, DecisionTransformerOutput
 from unitok.rollouts import EvaluationResult, check_target_returns
 
 PLOT_FILE = "returns_vs_target.png"
 RESULTS_FILE = "eval_returns.json"
+
+
+def action_records(preds: Tensor, batch: dict[str, Tensor], tokenizer: Any) -> list[Record]:
+    """Records (`tasks.predictions`) of the action at each window's last step: (B, K, A)
+    predictions (logits, or tanh actions in model units) and the window batch -> per window the
+    action (an id; or floats in the environment's units) with its probability (discrete) or
+    −(mean squared error) against the logged action in model units (continuous), the logged
+    action as ``target``, and the window's ``step`` and ``return_to_go`` (environment units)."""
+    last = preds[:, -1].float()  # (B, A)
+    logged = batch["actions"][:, -1]
+    extra = {"step": batch["timesteps"][:, -1].tolist(),
+             "return_to_go": (batch["returns_to_go"][:, -1, 0].float() * tokenizer.return_scale).tolist()}
+    if tokenizer.discrete:
+        return class_records(last, None, logged.long(), **extra)
+    score = -(last - logged.float()).pow(2).mean(-1)
+    unscale = lambda a: tokenizer.unscale_actions(a.detach().cpu().numpy()).tolist()  # noqa: E731
+    return records(unscale(last), score, target=unscale(logged.float()), **extra)
 
 
 def action_loss(out: DecisionTransformerOutput | Tensor, actions: Tensor, attention_mask: Tensor,
@@ -107,7 +127,7 @@ class DecisionTransformerTask(L.LightningModule):
         if model_config is not None:
             self.model = DecisionTransformer(DecisionTransformerConfig.from_dict(dict(model_config)))
         elif pretrained is not None:
-            self.model = DecisionTransformer.from_pretrained(pretrained)
+            self.model = DecisionTransformer.from_pretrained(pretrained).train()  # loading gives eval mode
         self.evaluation: EvaluationResult | None = None
 
     # ------------------------------------------------------------------ model
@@ -206,6 +226,15 @@ class DecisionTransformerTask(L.LightningModule):
     def on_test_epoch_end(self) -> None:
         self.run_evaluation()
 
+    @torch.no_grad()
+    def predict_step(self, batch: dict[str, Tensor], batch_idx: int) -> list[Record]:
+        """Records (`tasks.predictions`): the action the model takes at the last step of each
+        window, conditioned on the logged returns-to-go (see `action_records`)."""
+        model = self._require_model()
+        out = model(batch["states"], batch["actions"], batch["returns_to_go"], batch["timesteps"],
+                    batch["attention_mask"])
+        return action_records(out.action_preds, batch, model.tokenizer())
+
     # ------------------------------------------------------------------ rollouts
     def _eval_env(self) -> str | None:
         datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
@@ -235,8 +264,8 @@ class DecisionTransformerTask(L.LightningModule):
             self.log(f"eval_return_{target:g}", mean, rank_zero_only=True)
         self.log("eval_return_top", means[max(means)], prog_bar=True, rank_zero_only=True)
         rank_zero_info("returns by target: " + ", ".join(f"{t:g} -> {m:.1f}" for t, m in means.items()))
-        if self.trainer.is_global_zero and self.trainer.log_dir is not None:
-            folder = Path(self.trainer.log_dir)
+        if self.trainer.is_global_zero:
+            folder = log_dir(self.trainer)
             kind = "return-conditioned" if model.config.condition_on_returns else "behaviour cloning"
             save_return_plot(result, folder / PLOT_FILE, label=f"{kind}, step {self.global_step}")
             payload = {"env_id": env_id, "step": self.global_step, "returns": {f"{t:g}": r for t, r in result.as_dict().items()}}

@@ -16,6 +16,8 @@ from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
 from tasks.optim import adamw_warmup_cosine
+from tasks.predictions import Record, class_records
+from tasks.run_folder import log_dir
 from tasks.teachers import TRAIN_CNN, freeze, load_teacher, train_cnn_teacher
 from unitok.models import DeiT, MixerConfig, MLPMixer, ViT, ViTConfig
 from unitok.models.vision import ImageModel
@@ -137,17 +139,18 @@ class ImageClassificationTask(L.LightningModule):
         if h.family == "mixer" and "n_heads" in shape:
             raise ValueError("MLP-Mixer has no attention heads; leave n_heads unset")
         image_size = tuple(h.image_size) if isinstance(h.image_size, (list, tuple)) else h.image_size
+        if isinstance(image_size, int):  # configs hold (height, width)
+            image_size = (image_size, image_size)
         if h.pretrained is not None:
             if shape:
                 raise ValueError(f"a pretrained model's {', '.join(shape)} cannot be overridden")
-            model = model_class.from_pretrained(h.pretrained)
+            model = model_class.from_pretrained(h.pretrained).train()  # loading gives eval mode
             if h.num_classes is not None and h.num_classes != model.config.num_classes:
                 model.reset_classifier(h.num_classes)
             if image_size is not None:
                 if not isinstance(model, ViT):
                     raise ValueError("MLP-Mixer mixes a fixed number of patches; its image_size cannot change")
-                size = (image_size, image_size) if isinstance(image_size, int) else image_size
-                model.set_image_size(size)
+                model.set_image_size(image_size)
             return model
         overrides = dict(shape)
         if h.num_classes is not None:
@@ -197,7 +200,7 @@ class ImageClassificationTask(L.LightningModule):
         rank_zero_info(f"training a SmallCNN teacher for {h.teacher_steps} steps")
         teacher = train_cnn_teacher(datamodule, steps=h.teacher_steps, seed=0, device=self.trainer.strategy.root_device)
         if self.trainer.logger is not None and self.trainer.is_global_zero:
-            path = Path(self.trainer.log_dir or self.trainer.default_root_dir) / "teacher_cnn.pt"
+            path = log_dir(self.trainer) / "teacher_cnn.pt"
             path.parent.mkdir(parents=True, exist_ok=True)
             torch.save(teacher.state_dict(), path)
             rank_zero_info(f"saved the teacher to {path} (pass it as teacher: {path} to reuse it)")
@@ -258,16 +261,23 @@ class ImageClassificationTask(L.LightningModule):
     def on_test_epoch_end(self) -> None:
         self.confusion_matrix = self.test_confusion.compute().cpu()
         self.test_confusion.reset()
-        folder = Path(self.trainer.log_dir or self.trainer.default_root_dir)
+        folder = log_dir(self.trainer)
         if self.trainer.is_global_zero:
             names = getattr(self.trainer.datamodule, "class_names", None)
             path = save_confusion_matrix(self.confusion_matrix, folder / "confusion_matrix.png", names)
             rank_zero_info(f"saved the confusion matrix to {path}")
 
-    def predict_step(self, batch: dict[str, Tensor] | Tensor, batch_idx: int) -> Tensor:
-        """(B,) predicted class indices for a batch of normalised pixels (or a data batch)."""
+    @torch.no_grad()
+    def predict_step(self, batch: dict[str, Tensor] | Tensor, batch_idx: int) -> list[Record]:
+        """Records (`tasks.predictions`) for a batch of normalised pixels (or a data batch): the
+        predicted class — its name from the data module's ``class_names``, else its index — with
+        its probability (DeiT: of the two heads' averaged logits) and the true class as ``target``."""
         pixels = batch["pixel_values"] if isinstance(batch, dict) else batch
-        return self.model(pixels).logits.argmax(dim=-1)
+        logits = self.model(pixels).logits
+        datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        names = getattr(datamodule, "class_names", None)
+        names = names if names is not None and len(names) == logits.shape[-1] else None
+        return class_records(logits, names, batch.get("labels") if isinstance(batch, dict) else None)
 
     def configure_optimizers(self):
         return adamw_warmup_cosine(self.model, self.trainer, self.hparams)

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from tasks.optim import adamw_warmup_cosine
+from tasks.predictions import Record, mean_log_likelihood, records
 from unitok.models import BERT, ELECTRA, BERTConfig, ELECTRAConfig
 
 
@@ -130,17 +131,22 @@ class MaskedLMTask(_PretrainingTask):
         metrics["loss"] = loss
         return metrics
 
+    prediction_format = "{input}  ->  {prediction}"  # how `tasks.PrintPredictions` shows a record
+
     @torch.no_grad()
-    def predict_step(self, batch: list[str], batch_idx: int) -> list[str]:
-        """Fill every [MASK] in each text with the model's most likely token."""
+    def predict_step(self, batch: list[str], batch_idx: int) -> list[Record]:
+        """Fill every [MASK] in each text with the model's most likely token. Records
+        (`tasks.predictions`): the text as ``input``, the filled text as ``prediction``, the mean
+        log-probability of the filled-in tokens as ``score`` (0 without a [MASK])."""
         tok = self.trainer.datamodule.tokenizer  # type: ignore[union-attr]
         tokens = tok.batch_encode(batch, max_length=self.model.config.context_length, truncation=True)
         tokens = tokens.to(self.device)
-        logits = self.model(tokens).mlm_logits
+        logits = self.model(tokens).mlm_logits  # (B, N, V)
         ids = tokens.ids.clone()
         at_mask = ids == tok.mask_id
         ids[at_mask] = logits[at_mask].argmax(-1)
-        return [f"{text}  ->  {filled}" for text, filled in zip(batch, tok.batch_decode(ids))]
+        score = mean_log_likelihood(logits, ids, at_mask)
+        return records(tok.batch_decode(ids), score, input=list(batch))
 
 
 class ElectraTask(_PretrainingTask):
@@ -200,3 +206,29 @@ class ElectraTask(_PretrainingTask):
             "rtd_loss": rtd_loss, "rtd_acc": (predicted == replaced).float().mean(), "rtd_recall": recall,
             "replaced_frac": target.mean(),
         }
+
+    @torch.no_grad()
+    def predict_step(self, batch: list[str], batch_idx: int) -> list[Record]:
+        """Replaced-token detection on each text: the generator first fills every [MASK] with its
+        most likely token, then the discriminator flags each token. Records (`tasks.predictions`):
+        ``prediction`` [token, replaced?] for every real token, ``score`` the mean probability
+        of the flags given, ``filled`` the text the discriminator read, ``input`` the text."""
+        tok = self.trainer.datamodule.tokenizer  # type: ignore[union-attr]
+        tokens = tok.batch_encode(batch, max_length=self.model.config.context_length, truncation=True)
+        tokens = tokens.to(self.device)
+        ids, mask, segments = tokens.ids.clone(), tokens.attention_mask, tokens.segments
+        at_mask = ids == tok.mask_id
+        if at_mask.any():
+            hidden = self.model.generator(ids, mask, segments, compute_heads=False).last_hidden_state
+            ids[at_mask] = self.model.generator.mlm_head(hidden[at_mask]).argmax(-1)
+        p_replaced = self.model.discriminator(ids, mask, segments).rtd_logits.float().sigmoid()  # (B, N)
+        special = torch.tensor(tok.special_ids, device=ids.device)
+        real = ~torch.isin(ids, special)
+        if mask is not None:
+            real &= mask.bool()
+        flags = p_replaced > 0.5
+        confidence = torch.where(flags, p_replaced, 1 - p_replaced)
+        score = (confidence * real).sum(-1) / real.sum(-1).clamp(min=1)
+        tagged = [[[tok.id_to_token(int(i)), bool(f)] for i, f, r in zip(row_ids, row_flags, row_real) if r]
+                  for row_ids, row_flags, row_real in zip(ids.tolist(), flags.tolist(), real.tolist())]
+        return records(tagged, score, input=list(batch), filled=tok.batch_decode(ids))

@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from tasks.objectives import Objective
 from tasks.optim import adamw_warmup_cosine
+from tasks.predictions import Record
 from unitok.models import MultimodalConfig, MultimodalTransformer
 
 
@@ -173,6 +174,18 @@ class MultiTaskTask(L.LightningModule):
 
     def test_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
         self._eval_step(batch, dataloader_idx, "test")
+
+    @torch.no_grad()
+    def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> list[Record]:
+        """Records (`tasks.predictions`) of a held-out batch of the task ``dataloader_idx`` names
+        (`MultiTaskDataModule.predict_dataloader`), each with its ``task``; what each holds is
+        the task's `Objective.predict`."""
+        name = self.task_names[dataloader_idx]
+        objective = self.objectives[name]
+        model = self._require_model()
+        out = model(objective.inputs(batch), heads=[objective.head])
+        data = self.trainer.datamodule.tasks[name]  # type: ignore[union-attr]
+        return [{"task": name, **record} for record in objective.predict(out, batch, model, data)]
 
     def _epoch_end(self, stage: str) -> None:
         summary = []

@@ -22,8 +22,9 @@ from torchmetrics import MeanMetric, Metric
 from torchmetrics.classification import MulticlassAccuracy
 from torchmetrics.text import CharErrorRate, WordErrorRate
 
-from tasks.ctc_asr import ctc_loss
-from tasks.decision_transformer import action_loss
+from tasks.ctc_asr import ctc_log_likelihood, ctc_loss
+from tasks.decision_transformer import action_loss, action_records
+from tasks.predictions import Record, class_records, records
 from tokenizers_mm import CharacterVocabulary, Tokens, TrajectoryWindows
 from unitok.ctc import ctc_greedy_decode
 from unitok.models import (
@@ -95,6 +96,11 @@ class Objective:
         """Evaluation beyond the held-out batches (rollouts); run after each validation."""
         return {}
 
+    def predict(self, out: MultimodalOutput, batch: Any, model: MultimodalTransformer, data: Any) -> list[Record]:
+        """One record per input of a held-out batch (`tasks.predictions`): ``prediction``,
+        ``score`` and, where the batch knows it, ``target``; ``data`` is this task's data module."""
+        raise NotImplementedError(f"{type(self).__name__} has no predict")
+
     def batch_size(self, batch: Any) -> int:
         first = next(iter(self.inputs(batch).values()))
         return first.batch_size if isinstance(first, (Tokens, TrajectoryWindows)) else int(first.shape[0])
@@ -133,6 +139,10 @@ class ImageClassification(Objective):
 
     def update(self, metrics: nn.ModuleDict, out: MultimodalOutput, batch: Any, loss: Tensor) -> None:
         metrics["acc"].update(out.heads[self.head], batch["labels"])
+
+    def predict(self, out: MultimodalOutput, batch: Any, model: MultimodalTransformer, data: Any) -> list[Record]:
+        """The class name with its probability; the true class as ``target``."""
+        return class_records(out.heads[self.head], self.class_names, batch.get("labels"))
 
 
 class SpeechRecognition(Objective):
@@ -180,20 +190,32 @@ class SpeechRecognition(Objective):
         metrics["cer"].update(hypotheses, batch["texts"])
         metrics["wer"].update(hypotheses, batch["texts"])
 
+    def predict(self, out: MultimodalOutput, batch: Any, model: MultimodalTransformer, data: Any) -> list[Record]:
+        """The greedy transcript with its CTC log-likelihood; the true transcript as ``target``."""
+        log_probs = out.heads[self.head].float().log_softmax(-1)
+        lengths = out.segments[self.segment].lengths
+        paths = ctc_greedy_decode(log_probs, lengths)
+        return records([self.vocabulary.decode(p) for p in paths], ctc_log_likelihood(log_probs, lengths, paths),
+                       target=batch.get("texts"))
+
     def batch_size(self, batch: Any) -> int:
         return len(batch["texts"])
 
 
 class LanguageModelling(Objective):
     """Next-token prediction over a causal text segment (`TextDataModule` batches: ``input_ids``,
-    ``labels``). Metric: held-out perplexity."""
+    ``labels``). Metric: held-out perplexity. ``predict_tokens``: how far `predict` continues
+    each held-out window."""
 
     metric = "ppl"
     higher_is_better = False
 
-    def __init__(self, segment: str = "text", loss_weight: float = 1.0, sampling_weight: float = 1.0) -> None:
+    def __init__(self, segment: str = "text", loss_weight: float = 1.0, sampling_weight: float = 1.0,
+                 predict_tokens: int = 16) -> None:
         super().__init__(loss_weight, sampling_weight)
-        self.segment = segment
+        if predict_tokens < 1:
+            raise ValueError(f"predict_tokens must be ≥ 1, got {predict_tokens}")
+        self.segment, self.predict_tokens = segment, predict_tokens
 
     def bind(self, name: str, data: Any) -> None:
         super().bind(name, data)
@@ -221,6 +243,25 @@ class LanguageModelling(Objective):
     def compute(self, metrics: nn.ModuleDict) -> dict[str, float]:
         loss = float(metrics["loss"].compute())
         return {"loss": loss, "ppl": math.exp(min(loss, 50.0))}
+
+    def predict(self, out: MultimodalOutput, batch: Any, model: MultimodalTransformer, data: Any) -> list[Record]:
+        """Greedy continuation of each held-out window by ``predict_tokens`` tokens (the window
+        slides to keep its length): the text as ``prediction``, the mean log-probability of its
+        tokens as ``score``, the window's text as ``input`` (decoded with the data's tokenizer)."""
+        ids = batch["input_ids"]
+        window = ids.shape[1]
+        logits = out.heads[self.head][:, -1].float()
+        new, log_probs = [], []
+        for step in range(self.predict_tokens):
+            if step:
+                context = torch.cat([ids, *new], dim=1)[:, -window:]
+                logits = model({self.segment: Tokens(ids=context)}, heads=[self.head]).heads[self.head][:, -1].float()
+            token = logits.argmax(-1, keepdim=True)  # (B, 1)
+            log_probs.append(logits.log_softmax(-1).gather(-1, token))
+            new.append(token)
+        tok = data.tokenizer
+        score = torch.cat(log_probs, dim=1).mean(dim=1)
+        return records(tok.batch_decode(torch.cat(new, dim=1)), score, input=tok.batch_decode(ids))
 
 
 class ReturnConditionedControl(Objective):
@@ -282,6 +323,10 @@ class ReturnConditionedControl(Objective):
         else:
             metrics["action_mse"].update(loss.detach())
 
+    def predict(self, out: MultimodalOutput, batch: Any, model: MultimodalTransformer, data: Any) -> list[Record]:
+        """The action at each window's last step (`tasks.decision_transformer.action_records`)."""
+        return action_records(out.heads[self.head], batch, data.tokenizer)
+
     def evaluate(self, model: MultimodalTransformer) -> dict[str, float]:
         if self.env_id is None or self.eval_episodes == 0:
             return {}
@@ -334,6 +379,10 @@ class ImageAudioMatch(Objective):
 
     def update(self, metrics: nn.ModuleDict, out: MultimodalOutput, batch: Any, loss: Tensor) -> None:
         metrics["acc"].update(out.heads[self.head], batch["labels"])
+
+    def predict(self, out: MultimodalOutput, batch: Any, model: MultimodalTransformer, data: Any) -> list[Record]:
+        """The head's class ("different" / "same") with its probability; the truth as ``target``."""
+        return class_records(out.heads[self.head], model.config.heads[self.head].class_names, batch.get("labels"))
 
 
 def audio_tokens(features: Tensor, lengths: Tensor) -> Tokens:

@@ -14,7 +14,7 @@ from unitok.models import GPT
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="unitok sample",
-        description="Generate text from a folder written by save_pretrained (e.g. runs/gpt_tiny/pretrained).",
+        description="Generate text from a folder written by save_pretrained (e.g. runs/gpt_tiny/latest/pretrained).",
     )
     p.add_argument("--model", required=True, help="folder with model.safetensors + config.json (+ tokenizer.json)")
     p.add_argument("--tokenizer", default=None, help="tokenizer folder, if not the model folder")

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from tasks.optim import adamw_warmup_cosine
+from tasks.predictions import Record, mean_log_likelihood, records, until_eos
 from unitok.models import T5, T5Config
 
 IGNORE = -100
@@ -89,7 +90,7 @@ class Seq2SeqTask(L.LightningModule):
         if eval_num_beams is not None and eval_num_beams < 2:
             raise ValueError(f"eval_num_beams must be ≥ 2 (or None for greedy only), got {eval_num_beams}")
         if pretrained is not None:
-            self.model = T5.from_pretrained(pretrained)
+            self.model = T5.from_pretrained(pretrained).train()  # loading gives eval mode; Lightning keeps it
             c = self.model.config
             for name, given, have in (("vocab_size", vocab_size, c.vocab_size),
                                       ("eos_token_id", eos_token_id, c.eos_token_id),
@@ -163,9 +164,14 @@ class Seq2SeqTask(L.LightningModule):
     def test_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
         return self._eval_step(batch, "test")
 
-    def predict_step(self, batch: list[str], batch_idx: int) -> list[str]:
+    prediction_format = "{input}\n→ {prediction}"  # how `tasks.PrintPredictions` shows a record
+
+    @torch.no_grad()
+    def predict_step(self, batch: list[str], batch_idx: int) -> list[Record]:
         """Answer each input string greedily; needs the data module's tokenizer. Sentinels stay
-        visible (a span-corruption model's answers are sentinel-marked spans)."""
+        visible (a span-corruption model's answers are sentinel-marked spans). Records
+        (`tasks.predictions`): the text as ``input``, the answer as ``prediction``, the mean
+        log-probability of its tokens (EOS included) as ``score``."""
         from tasks.data.t5 import encode_inputs
 
         datamodule = self.trainer.datamodule  # type: ignore[union-attr]
@@ -175,8 +181,11 @@ class Seq2SeqTask(L.LightningModule):
                 datamodule.check_prefix(text, "predict input")
         enc = {k: v.to(self.device) for k, v in encode_inputs(tok, batch).items()}
         out = self.model.generate(enc["input_ids"], attention_mask=enc["attention_mask"],
-                                  max_new_tokens=self.hparams.max_new_tokens)
-        return [f"{text}\n→ {answer}" for text, answer in zip(batch, self.decode_answers(out, tok))]
+                                  max_new_tokens=self.hparams.max_new_tokens)  # (B, 1 + T)
+        logits = self.model(enc["input_ids"], attention_mask=enc["attention_mask"],
+                            decoder_input_ids=out[:, :-1]).logits  # (B, T, V)
+        score = mean_log_likelihood(logits, out[:, 1:], until_eos(out[:, 1:], self.model.config.eos_token_id))
+        return records(self.decode_answers(out, tok), score, input=list(batch))
 
     def decode_answers(self, generated: Tensor, tokenizer: Any) -> list[str]:
         """(B, 1 + new) generated ids -> texts: start token dropped, cut at EOS, pad removed."""

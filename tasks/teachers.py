@@ -75,9 +75,9 @@ def train_cnn_teacher(
         optimizer = torch.optim.AdamW(weight_decay_groups(model, 1e-4), lr=learning_rate)
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(steps // 10, steps, 0.0))
         model.train()
-        step = 0
+        step, loader = 0, datamodule.train_dataloader()  # one loader: a new order every pass
         while step < steps:
-            for batch in datamodule.train_dataloader():
+            for batch in loader:
                 logits = model(batch["pixel_values"].to(device))
                 loss = F.cross_entropy(logits, batch["labels"].to(device))
                 optimizer.zero_grad(set_to_none=True)

@@ -12,6 +12,7 @@ from tokenizers_mm.image import (
     unpatchify,
 )
 from tokenizers_mm.pairs import Truncation, encode_pair_ids, pad_pairs
+from tokenizers_mm.processor import Processor
 from tokenizers_mm.text import BPETokenizer, TextEncoding
 from tokenizers_mm.tokens import Tokens, collate
 from tokenizers_mm.trajectory import (
@@ -27,7 +28,7 @@ from tokenizers_mm.wordpiece import PairEncoding, WordPieceTokenizer, align_word
 __all__ = [
     "align_word_labels", "BPETokenizer", "CharacterVocabulary", "CLIPTokenizer", "collate", "encode_pair_ids",
     "Episode", "episodes_from_arrays", "episodes_to_arrays", "IMAGENET_MEAN", "IMAGENET_STD",
-    "ImagePreprocessConfig", "pad_pairs", "PairEncoding", "patchify", "PatchTokenizer", "read_audio",
+    "ImagePreprocessConfig", "pad_pairs", "PairEncoding", "patchify", "PatchTokenizer", "Processor", "read_audio",
     "returns_to_go", "SpecAugment", "SpectrogramConfig", "SpectrogramTokenizer", "TextEncoding", "Tokens",
     "TrajectoryTokenizer", "TrajectoryWindows", "Truncation", "unpatchify", "WordPieceTokenizer"
 ]

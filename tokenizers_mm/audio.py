@@ -26,6 +26,10 @@ Normalize = Literal["utterance", "global", "none"]
 NORMALIZE_EPS = 1e-5  # keeps silent (constant) mel bins finite under per-utterance normalisation
 
 
+# the file types read as audio (soundfile's common formats)
+AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".mp3", ".aiff", ".aif", ".opus")
+
+
 @dataclass(frozen=True)
 class SpectrogramConfig:
     """How waveforms become log-mel frames; stored with a model so inference matches training.

@@ -7,6 +7,7 @@ h/w patch-grid rows/columns (H/P, W/P), N = h·w patches, F = C·P·P features p
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -19,6 +20,10 @@ from tokenizers_mm.tokens import Tokens
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 Interpolation = Literal["bicubic", "bilinear", "nearest"]
+
+
+# the file types read as images (by folder scans and by a processor told a path)
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
 
 
 def patchify(pixels: Tensor, patch_size: int) -> Tensor:
@@ -89,7 +94,7 @@ class ImagePreprocessConfig:
 
 
 class PatchTokenizer:
-    """Images (PIL, uint8 or float tensors/arrays, single or batched) -> `Tokens` of patches.
+    """Images (file paths, PIL, uint8 or float tensors/arrays, single or batched) -> `Tokens` of patches.
 
     uint8 input is scaled from [0, 255]; float input must already be in [0, 1]. Nothing is
     resized or padded unless the config says so: a size that does not divide by P is an error.
@@ -122,6 +127,8 @@ class PatchTokenizer:
             if len(shapes) > 1:
                 tensors = [self._resize(t) for t in tensors]
             return torch.cat(tensors)
+        if isinstance(images, (str, Path)):
+            images = open_image(images, self.config.channels)
         if _is_pil(images):
             images = np.asarray(images.convert("RGB") if self.config.channels == 3 else images)
             images = torch.from_numpy(images.copy())
@@ -129,7 +136,7 @@ class PatchTokenizer:
         elif isinstance(images, np.ndarray):
             images = torch.from_numpy(np.ascontiguousarray(images))  # views like bgr[::-1] have negative strides
         if not isinstance(images, Tensor):
-            raise TypeError(f"unsupported image type {type(images).__name__}; give PIL images, tensors or arrays")
+            raise TypeError(f"unsupported image type {type(images).__name__}; give PIL images, image file paths, tensors or arrays")
         if images.dim() == 3:
             images = images[None]
         if images.dim() != 4:
@@ -206,6 +213,20 @@ class PatchTokenizer:
 
     def __call__(self, images: Any) -> Tokens:
         return self.encode(images)
+
+
+def open_image(path: str | Path, channels: int = 3) -> Any:
+    """An image file -> a PIL image in RGB (3 channels) or greyscale (1), fully read."""
+    from PIL import Image, UnidentifiedImageError
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no image file at {path}")
+    try:
+        with Image.open(path) as image:
+            return image.convert("RGB" if channels == 3 else "L")
+    except (UnidentifiedImageError, OSError) as error:
+        raise ValueError(f"cannot read image {path}: {error}") from error
 
 
 def _is_pil(obj: Any) -> bool:

@@ -5,8 +5,11 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import numbers
+import types
+import typing
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar, Union
 
 C = TypeVar("C", bound="Config")
 
@@ -50,14 +53,22 @@ class Config:
 
     @classmethod
     def from_dict(cls: type[C], data: dict[str, Any]) -> C:
-        """Build from a plain dict; unknown keys are an error, not ignored."""
+        """Build from a plain dict; unknown keys and values of the wrong type are errors."""
         cls._check_keys(data)
         fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        hints = typing.get_type_hints(cls)
         values = {}
         for key, value in data.items():
             # JSON has no tuples: restore tuple-typed fields so configs compare equal.
             if isinstance(value, list) and "tuple" in str(fields[key].type):
                 value = tuple(value)
+            if not matches_type(value, hints[key]):
+                # a value outside a Literal's choices is a bad value (ValueError), anything else a bad type
+                error = ValueError if _is_choice(hints[key]) and isinstance(value, str) else TypeError
+                raise error(f"unknown {key} {value!r} for {cls.__name__}: expected {type_name(hints[key])}"
+                            if error is ValueError else
+                            f"{cls.__name__}.{key} must be {type_name(hints[key])}, got {value!r} "
+                            f"({type(value).__name__})")
             values[key] = value
         return cls(**values)
 
@@ -74,3 +85,59 @@ class Config:
     @classmethod
     def load(cls: type[C], path: str | Path) -> C:
         return cls.from_dict(json.loads(Path(path).read_text()))
+
+
+def matches_type(value: Any, hint: Any) -> bool:
+    """Whether a config value (as JSON or YAML gives it) fits a field's annotation.
+
+    Checks what a config file can get wrong — numbers, strings, booleans, literals, optional
+    values and the items of tuples; nested configs and ``Any`` are left to their own checks.
+    """
+    if hint is Any or isinstance(hint, TypeVar):
+        return True
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (Union, types.UnionType):
+        return any(matches_type(value, a) for a in args)
+    if origin is Literal:
+        return value in args
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, numbers.Real) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    if origin is tuple:
+        if isinstance(value, numbers.Integral) and not isinstance(value, bool) and args and all(a is int for a in args):
+            return True  # a square size given as one number: the config broadcasts it ((32, 32))
+        if not isinstance(value, (tuple, list)):
+            return False
+        if len(args) == 2 and args[1] is Ellipsis:
+            return all(matches_type(v, args[0]) for v in value)
+        return len(args) == len(value) and all(matches_type(v, a) for v, a in zip(args, value, strict=True))
+    if origin is dict or hint is dict:
+        return isinstance(value, dict)
+    return True  # nested configs, tensors, callables: their own __post_init__ checks them
+
+
+def _is_choice(hint: Any) -> bool:
+    """A Literal annotation (optionally with None): its values are choices, not a type."""
+    args = typing.get_args(hint) if typing.get_origin(hint) in (Union, types.UnionType) else (hint,)
+    return any(typing.get_origin(a) is Literal for a in args)
+
+
+def type_name(hint: Any) -> str:
+    """A field's annotation as a reader writes it (``int``, ``float | None``, ``'gelu' | 'relu'``)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (Union, types.UnionType):
+        return " | ".join(type_name(a) for a in args)
+    if origin is Literal:
+        return " | ".join(repr(a) for a in args)
+    if hint is type(None):
+        return "None"
+    if origin is not None:
+        return str(hint).replace("typing.", "")
+    return getattr(hint, "__name__", str(hint))

@@ -25,20 +25,23 @@ class BackboneOutput:
 
 @dataclass
 class CausalLMOutput:
-    """``logits`` (B, N, V) for the next token at every position, plus what the backbone returned."""
+    """``logits`` (B, N, V) for the next token at every position, plus what the backbone returned;
+    ``loss`` the mean next-token cross-entropy when ``labels`` were given (else None)."""
 
     logits: Tensor
     last_hidden_state: Tensor
     hidden_states: tuple[Tensor, ...] | None = None
     attentions: tuple[Tensor, ...] | None = None
     cache: KVCache | None = None
+    loss: Tensor | None = None
 
 
 @dataclass
 class ImageClassifierOutput:
     """``logits`` (B, K); ``pooled`` (B, D) features the head read; ``last_hidden_state``
     (B, prefix + N, D); ``grid`` the (rows, columns) of patches. Distilled models also give
-    ``logits_cls`` and ``logits_dist`` (``logits`` is their average)."""
+    ``logits_cls`` and ``logits_dist`` (``logits`` is their average). ``loss``: the
+    cross-entropy against ``labels`` when they were given (else None)."""
 
     logits: Tensor | None
     pooled: Tensor
@@ -48,6 +51,7 @@ class ImageClassifierOutput:
     attentions: tuple[Tensor, ...] | None = None
     logits_cls: Tensor | None = None
     logits_dist: Tensor | None = None
+    loss: Tensor | None = None
 
 
 @dataclass
@@ -66,7 +70,8 @@ class CLIPOutput:
 @dataclass
 class Seq2SeqLMOutput:
     """Encoder–decoder output: ``logits`` (B, N_dec, V) for the next target token at every decoder
-    position; the encoder's and decoder's last states; the KV cache when decoding incrementally."""
+    position; the encoder's and decoder's last states; the KV cache when decoding incrementally;
+    ``loss`` the mean cross-entropy against ``labels`` when they were given (else None)."""
 
     logits: Tensor
     encoder_last_hidden_state: Tensor
@@ -74,14 +79,17 @@ class Seq2SeqLMOutput:
     encoder_hidden_states: tuple[Tensor, ...] | None = None
     decoder_hidden_states: tuple[Tensor, ...] | None = None
     cache: KVCache | None = None
+    loss: Tensor | None = None
 
 
 @dataclass
 class CTCOutput:
     """``logits`` (B, N', V) per output frame (blank = 0; None without a head), ``lengths`` (B,)
-    valid output frames, ``last_hidden_state`` (B, N', D)."""
+    valid output frames, ``last_hidden_state`` (B, N', D); ``loss`` the CTC loss against
+    ``labels`` when they were given (else None)."""
 
     logits: Tensor | None
     lengths: Tensor
     last_hidden_state: Tensor
     hidden_states: tuple[Tensor, ...] | None = None
+    loss: Tensor | None = None

@@ -4,18 +4,47 @@ A subclass says what its splits hold (`SplitDataModule.dataset`) and how items b
 (`SplitDataModule.collate_fn`); this base builds the `DataLoader`s — shuffled with the last
 partial batch dropped for training, in order for validation and test — so the built-in and
 users' data modules, and `MultiTaskDataModule` combining them, all read the same way.
+
+Training loaders resume exactly (`tasks.data.sampling`): their order and each batch's random
+numbers depend on (the run's seed, epoch, batch) only, and the data module's state in a
+checkpoint says where training stood, so a resumed run reads on from that batch.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import lightning as L
 import numpy as np
 from torch.utils.data import DataLoader, Dataset
 
+from tasks.data.sampling import (
+    ResumableBatchSampler,
+    ResumePoint,
+    SeededRandomSampler,
+    held_out_generator,
+    resumable_loader,
+    run_seed,
+    training_position,
+)
+from tokenizers_mm import BPETokenizer, CLIPTokenizer, Processor, WordPieceTokenizer
+
 Split = Literal["train", "val", "test"]
+
+CACHE_ENV = "UNITOK_CACHE_DIR"
+
+
+def default_cache_dir() -> Path:
+    """Where data modules given no ``cache_dir`` keep what they build once (tokenizers, token
+    files, synthesised corpora, recorded episodes): ``$UNITOK_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/unitok`` (``~/.cache/unitok``).
+    ``unitok fit`` passes ``<run root>/cache`` instead, unless ``$UNITOK_CACHE_DIR`` is set."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "unitok"
 T = TypeVar("T")
 
 
@@ -36,8 +65,8 @@ class SplitDataModule(L.LightningDataModule):
 
     Subclasses fill ``train_set`` / ``val_set`` (and ``test_set``) in ``setup`` — or override
     `dataset` — and may override `collate_fn` (per split) or `loader` (a batch sampler, a
-    seeded generator). Without test data the held-out "val" split is the test set too (most
-    built-in data has no third split).
+    seeded generator). Every built-in module has a third, disjoint test split; without test
+    data (a user's data given no test file) the held-out "val" split is the test set too.
 
     Class attribute ``drop_last_train``: drop the last partial training batch (default True).
     """
@@ -52,12 +81,26 @@ class SplitDataModule(L.LightningDataModule):
         self.train_set: Dataset | None = None
         self.val_set: Dataset | None = None
         self.test_set: Dataset | None = None
+        self.shuffle_seed: int | None = None  # see `train_seed`
+        self.resume_point: ResumePoint | None = None  # set from a checkpoint (`load_state_dict`)
 
     def dataset(self, split: Split) -> Dataset | None:
         """The items of ``split`` ("train", "val" or "test"; None: no such split), set up on first use."""
         if self.train_set is None:
             self.setup("fit")
         return {"train": self.train_set, "val": self.val_set, "test": self.test_set}[split]
+
+    def processor(self) -> Processor | None:
+        """What a model trained on this data needs besides its config to read raw input: the
+        data's text tokenizer and class names (saved with the model by `tasks.ExportPretrained`)."""
+        parts: dict[str, Any] = {}
+        tokenizer = getattr(self, "tokenizer", None)
+        if isinstance(tokenizer, (BPETokenizer, WordPieceTokenizer, CLIPTokenizer)):
+            parts["text"] = tokenizer
+        names = getattr(self, "class_names", None) or getattr(self, "label_names", None)
+        if names:
+            parts["labels"] = tuple(str(name) for name in names)
+        return Processor(**parts) if parts else None
 
     def collate_fn(self, split: Split) -> Callable[[Any], Any] | None:
         """How ``split``'s items become a batch (None: PyTorch's default collation)."""
@@ -69,10 +112,45 @@ class SplitDataModule(L.LightningDataModule):
             split, data = "val", self.dataset("val")
         if data is None:
             raise ValueError(f"{type(self).__name__} has no {split} split")
-        train = split == "train"
-        return DataLoader(data, batch_size=self.batch_size, shuffle=train, drop_last=train and self.drop_last_train,
-                          num_workers=self.num_workers, persistent_workers=self.num_workers > 0,
-                          collate_fn=self.collate_fn(split))
+        if split == "train":
+            batches = ResumableBatchSampler(SeededRandomSampler(data, self.train_seed()), self.batch_size,  # type: ignore[arg-type]
+                                            self.drop_last_train, self.train_seed(), self.take_resume_point())
+            return resumable_loader(data, batches, self.collate_fn(split), self.num_workers)
+        return DataLoader(data, batch_size=self.batch_size, num_workers=self.num_workers,
+                          persistent_workers=self.num_workers > 0, collate_fn=self.collate_fn(split),
+                          generator=held_out_generator())
+
+    def train_seed(self) -> int:
+        """The seed of the training order and of each training batch's random numbers: the run's
+        (`seed_everything`), fixed by the first training loader and kept in checkpoints."""
+        if self.shuffle_seed is None:
+            self.shuffle_seed = run_seed()
+        return self.shuffle_seed
+
+    def take_resume_point(self) -> ResumePoint | None:
+        """Where the next training loader starts: the checkpoint's point for the first one built
+        after loading it (the loader a resumed run trains on), the start for any other."""
+        point, self.resume_point = self.resume_point, None
+        return point
+
+    def state_dict(self) -> dict[str, Any]:
+        """Saved in checkpoints: the training seed and where training stands in the data (epoch,
+        batches of it done), from which a resumed run's training loader starts."""
+        trainer = self.trainer
+        if trainer is None or self.shuffle_seed is None or trainer.state.fn != "fit":
+            return {}
+        epoch, batches = training_position(trainer)
+        return {"seed": self.shuffle_seed, "epoch": epoch, "batches": batches}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if state_dict:
+            self.shuffle_seed = int(state_dict["seed"])
+            self.resume_point = ResumePoint(int(state_dict["epoch"]), int(state_dict["batches"]))
+
+    def teardown(self, stage: str) -> None:
+        """A later ``fit`` draws its own seed (or a checkpoint's)."""
+        if stage == "fit":
+            self.shuffle_seed, self.resume_point = None, None
 
     def train_dataloader(self) -> DataLoader:
         return self.loader("train")
@@ -82,4 +160,8 @@ class SplitDataModule(L.LightningDataModule):
 
     def test_dataloader(self) -> DataLoader:
         """The test split, or the held-out (validation) split where there is no third one."""
+        return self.loader("test")
+
+    def predict_dataloader(self) -> DataLoader:
+        """What ``unitok predict`` runs on: the test split (or the held-out one), in order."""
         return self.loader("test")

@@ -22,8 +22,9 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
-from tasks.data.base import Split, SplitDataModule
-from tasks.data.text import read_texts, stdlib_source_files
+from tasks.data.base import Split, SplitDataModule, default_cache_dir
+from tasks.data.text import read_texts, split_test_files, text_file_paths
+from tasks.predictions import prompt_loader
 from tokenizers_mm import WordPieceTokenizer, encode_pair_ids, pad_pairs
 from tokenizers_mm.pairs import pair_lengths
 
@@ -311,7 +312,11 @@ class BERTDataModule(SplitDataModule):
         whole_word_masking: select whole words (all their "##" pieces) together.
         batch_size / num_workers / train_samples / val_samples: loading and epoch sizes.
         val_fraction: the last documents held out for validation.
+        test_fraction / test_files: the test documents, whole files outside the training and
+            validation ones (see `tasks.data.text.split_test_files`; 0: no test split, test =
+            validation), tokenized with the same vocabulary.
         predict_texts: texts with [MASK] tokens that ``unitok predict`` fills in.
+        predict_file: a text file whose non-empty lines are the texts instead (ids ``file:line``).
     """
 
     def __init__(
@@ -333,37 +338,46 @@ class BERTDataModule(SplitDataModule):
         train_samples: int = 20_000,
         val_samples: int = 512,
         val_fraction: float = 0.05,
-        cache_dir: str = "runs/cache",
+        test_fraction: float = 0.1,
+        test_files: list[str] | None = None,
+        cache_dir: str | None = None,
         seed: int = 0,
         predict_texts: list[str] | None = None,
+        predict_file: str | None = None,
     ) -> None:
         super().__init__(batch_size, num_workers)
         check_masking_rates(mlm_probability, mask_ratio, random_ratio)
         if not 0.0 < val_fraction < 1.0:
             raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
+        if not 0.0 <= test_fraction < 1.0:
+            raise ValueError(f"test_fraction must be in [0, 1), got {test_fraction}")
         if train_samples < 1 or val_samples < 1:
             raise ValueError(f"train_samples and val_samples must be ≥ 1, got {train_samples}, {val_samples}")
         if files is not None and len(files) == 0:
             raise ValueError("files is an empty list; leave it unset to use the built-in corpus")
-        self.files = [Path(f) for f in files] if files is not None else None
-        if self.files is not None:
-            missing = [str(f) for f in self.files if not f.is_file()]
-            if missing:
-                raise FileNotFoundError(f"text files not found: {missing[:5]}")
+        self.files, self.test_files = text_file_paths(files, test_files)
+        self.test_fraction = test_fraction
         self.builtin_max_bytes, self.tokenizer_path = builtin_max_bytes, tokenizer
         self.requested_vocab_size, self.lowercase = vocab_size, lowercase
         self.context_length, self.nsp, self.random_next = context_length, nsp, random_next
         self.mlm_probability, self.mask_ratio, self.random_ratio = mlm_probability, mask_ratio, random_ratio
         self.whole_word_masking = whole_word_masking
         self.train_samples, self.val_samples, self.val_fraction = train_samples, val_samples, val_fraction
-        self.cache_dir, self.seed = Path(cache_dir), seed
+        self.cache_dir, self.seed = Path(cache_dir) if cache_dir is not None else default_cache_dir(), seed
         self.predict_texts = predict_texts or ["def [MASK](self, other):", "import [MASK]",
                                                "for key, value in [MASK].items():"]
+        self.predict_file = predict_file
         self._tokenizer: WordPieceTokenizer | None = None
         self._corpus: LineCorpus | None = None
+        self._test_corpus: LineCorpus | None = None
 
     def source_files(self) -> list[Path]:
-        return self.files if self.files is not None else stdlib_source_files(self.builtin_max_bytes)
+        """The training and validation documents' files (the vocabulary's text too)."""
+        return split_test_files(self.files, self.builtin_max_bytes, self.test_fraction, self.test_files)[0]
+
+    def test_source_files(self) -> list[Path]:
+        """The test documents' files, disjoint from `source_files` (empty: no test split)."""
+        return split_test_files(self.files, self.builtin_max_bytes, self.test_fraction, self.test_files)[1]
 
     def _prepare(self) -> None:
         self._tokenizer, self._corpus = prepare_wordpiece_corpus(
@@ -419,12 +433,24 @@ class BERTDataModule(SplitDataModule):
     def val_dataset(self) -> SentencePairs:
         return self._dataset(train=False)
 
+    def test_dataset(self) -> SentencePairs | None:
+        """``val_samples`` examples from the test files' documents, drawn as validation's are."""
+        files = self.test_source_files()
+        if not files:
+            return None
+        if self._test_corpus is None:  # a few hundred kB: tokenized in memory, not cached
+            self._test_corpus = LineCorpus.build(read_texts(files), self.tokenizer)
+        tok = self.tokenizer
+        return SentencePairs(self._test_corpus, 0, self._test_corpus.n_docs, self.context_length, tok.cls_id,
+                             tok.sep_id, self.val_samples, self.nsp, self.random_next, seed=self.seed + 1)
+
     def dataset(self, split: Split) -> SentencePairs | None:
-        return {"train": self.train_dataset, "val": self.val_dataset}.get(split, lambda: None)()
+        return {"train": self.train_dataset, "val": self.val_dataset, "test": self.test_dataset}[split]()
 
     def collate_fn(self, split: Split) -> MaskingCollator:
         # Validation masks the same positions every time: scores are comparable across epochs.
         return self.collator() if split == "train" else self.collator(seed=self.seed + 2)
 
     def predict_dataloader(self) -> DataLoader:
-        return DataLoader(self.predict_texts, batch_size=len(self.predict_texts), collate_fn=list)
+        """The predict texts (or the predict file's lines), as lists of strings."""
+        return prompt_loader(self.predict_texts, self.predict_file, self.batch_size)

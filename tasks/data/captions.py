@@ -79,6 +79,11 @@ class Captioned(Dataset):
     def __len__(self) -> int:
         return len(self.captions)
 
+    def item_id(self, index: int) -> str | int:
+        """The image file of item ``index``, or its index for in-memory images (`tasks.PredictionWriter`)."""
+        image = self.images[index]
+        return str(image) if isinstance(image, Path) else index
+
     def caption(self, index: int) -> str:
         caption = self.captions[index]
         if isinstance(caption, str):
@@ -145,10 +150,12 @@ class CaptionedDigitsDataModule(CaptionDataModule):
     Training images get a random training template each time they are read; the held-out
     images (never trained on) are captioned with ``held_out_templates``, which are also the
     zero-shot prompts — so zero-shot accuracy measures held-out images *and* unseen wording.
+    The held-out scans are `DigitsDataModule`'s validation and test parts (180 + 180 by
+    default): ``unitok test`` scores the test scans, which checkpoint selection never saw.
 
     Args:
-        image_size / interpolation / mean / std / test_fraction / split_seed / augment /
-            degrees / translate: as in `DigitsDataModule`.
+        image_size / interpolation / mean / std / test_fraction / val_share / split_seed /
+            augment / degrees / translate: as in `DigitsDataModule`.
         templates / held_out_templates: caption templates with ``{}`` for the class.
         class_names / class_numerals: the words and the numerals for 0–9.
         numerals: the probability that a training caption writes its class as a numeral
@@ -176,6 +183,7 @@ class CaptionedDigitsDataModule(CaptionDataModule):
         translate: float = 0.1,
         context_length: int = 77,
         truncation: str = "error",
+        val_share: float = 0.5,
     ) -> None:
         super().__init__(batch_size, num_workers, context_length, truncation)
         for t in (*templates, *held_out_templates):
@@ -190,7 +198,7 @@ class CaptionedDigitsDataModule(CaptionDataModule):
             raise ValueError(f"numerals is a probability, got {numerals}")
         self.digits = DigitsDataModule(image_size=image_size, interpolation=interpolation, mean=mean, std=std,
                                        test_fraction=test_fraction, split_seed=split_seed, augment=augment,
-                                       degrees=degrees, translate=translate)
+                                       degrees=degrees, translate=translate, val_share=val_share)
         self.templates, self.held_out_templates = tuple(templates), tuple(held_out_templates)
         self.class_names, self.class_numerals, self.numerals = list(class_names), list(class_numerals), numerals
         self.zero_shot_templates = self.held_out_templates
@@ -203,7 +211,7 @@ class CaptionedDigitsDataModule(CaptionDataModule):
             return
         self.digits.setup(stage)
         images, labels = self.digits.images()
-        train, held = self.digits.train_indices, self.digits.held_out_indices
+        train = self.digits.train_indices
         normalize = v2.Normalize(self.mean, self.std)
         train_transform = (v2.Compose([augmentation(self.digits.degrees, self.digits.translate), normalize])
                            if self.digits.augment else normalize)
@@ -212,13 +220,17 @@ class CaptionedDigitsDataModule(CaptionDataModule):
                                    train_labels, train_transform, self.class_names, seed=self.split_seed,
                                    class_numerals=self.class_numerals, numerals=self.numerals)
         # Held-out captions are fixed (template i mod T; numeral every other one when numerals are
-        # used), so validation loss is deterministic.
-        held_labels = labels[torch.from_numpy(held)].tolist()
+        # used), so validation and test losses are deterministic.
         T = len(self.held_out_templates)
-        captions = [self.held_out_templates[i % T].format(
-                        self.class_numerals[y] if self.numerals > 0 and (i // T) % 2 else self.class_names[y])
-                    for i, y in enumerate(held_labels)]
-        self.val_set = Captioned(images[torch.from_numpy(held)], captions, held_labels, normalize, self.class_names)
+        for name, held in (("val_set", self.digits.val_indices), ("test_set", self.digits.test_indices)):
+            if not len(held):  # val_share=1.0: no test part
+                continue
+            held_labels = labels[torch.from_numpy(held)].tolist()
+            captions = [self.held_out_templates[i % T].format(
+                            self.class_numerals[y] if self.numerals > 0 and (i // T) % 2 else self.class_names[y])
+                        for i, y in enumerate(held_labels)]
+            setattr(self, name, Captioned(images[torch.from_numpy(held)], captions, held_labels, normalize,
+                                          self.class_names))
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
@@ -291,7 +303,8 @@ class ImageCaptionDataModule(CaptionDataModule):
 
     Images are converted to ``channels``, resized (short side) and centre-cropped to
     ``image_size``, then normalised (``mean`` / ``std``: CLIP's for RGB, 0.5 for grey by default). Validation is ``val_file`` / ``val_folder`` or a seeded
-    ``val_fraction`` of the training pairs.
+    ``val_fraction`` of the training pairs; ``test_file`` / ``test_folder`` (same formats), when
+    given, is the test set (else ``unitok test`` scores the validation pairs).
     """
 
     def __init__(
@@ -313,6 +326,8 @@ class ImageCaptionDataModule(CaptionDataModule):
         num_workers: int = 0,
         context_length: int = 77,
         truncation: str = "error",
+        test_file: str | None = None,
+        test_folder: str | None = None,
     ) -> None:
         super().__init__(batch_size, num_workers, context_length, truncation)
         if (train_file is None) == (train_folder is None):
@@ -335,7 +350,8 @@ class ImageCaptionDataModule(CaptionDataModule):
         self.val_pairs = load(val_file, val_folder)
         if self.val_pairs is None:
             self.train_pairs, self.val_pairs = hold_out(self.train_pairs, val_fraction, split_seed)
-        for pairs in (self.train_pairs, self.val_pairs):  # fail now, not in a worker mid-epoch
+        self.test_pairs = load(test_file, test_folder)
+        for pairs in (self.train_pairs, self.val_pairs, self.test_pairs or []):  # fail now, not in a worker mid-epoch
             for _, caption in pairs:
                 self.tokenizer.encode(caption)
 
@@ -349,6 +365,8 @@ class ImageCaptionDataModule(CaptionDataModule):
         if self.train_set is not None:
             return
         mode = "L" if self.channels == 1 else "RGB"
-        for name, pairs in (("train_set", self.train_pairs), ("val_set", self.val_pairs)):
+        for name, pairs in (("train_set", self.train_pairs), ("val_set", self.val_pairs), ("test_set", self.test_pairs)):
+            if pairs is None:
+                continue
             images, captions = [p for p, _ in pairs], [c for _, c in pairs]
             setattr(self, name, Captioned(images, captions, [-1] * len(pairs), self._transform(), mode=mode))

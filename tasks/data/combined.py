@@ -4,10 +4,14 @@ in turn (``dataloader_idx`` follows the task order)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Literal
 
 import lightning as L
 from lightning.pytorch.utilities import CombinedLoader
+
+from tasks.data.sampling import mix_seed, run_seed
+from tokenizers_mm import Processor
 
 CombineMode = Literal["max_size_cycle", "min_size", "max_size"]
 
@@ -34,6 +38,16 @@ class MultiTaskDataModule(L.LightningDataModule):
     def names(self) -> list[str]:
         return list(self.tasks)
 
+    def processor(self) -> Processor | None:
+        """The tasks' text tokenizer (class names are per task, so none are kept); one model
+        reads one text vocabulary, so two tasks with different tokenizers are an error."""
+        texts = {name: p.text for name, d in self.tasks.items()
+                 if (p := getattr(d, "processor", lambda: None)()) is not None and p.text is not None}
+        kinds = {type(t).__name__ for t in texts.values()}
+        if len(kinds) > 1:
+            raise ValueError(f"the tasks' text tokenizers differ ({texts}); a model saves one")
+        return Processor(text=next(iter(texts.values()))) if texts else None
+
     def __str__(self) -> str:  # Lightning's would build every loader to describe them
         return f"MultiTaskDataModule({', '.join(f'{n}: {type(d).__name__}' for n, d in self.tasks.items())})"
 
@@ -47,11 +61,37 @@ class MultiTaskDataModule(L.LightningDataModule):
             data.setup(stage)
 
     def train_dataloader(self) -> CombinedLoader:
+        """Every task's training loader; each task draws its order and random numbers from its
+        own seed (derived from the run's)."""
+        seed = run_seed()
+        for i, data in enumerate(self.tasks.values()):
+            if hasattr(data, "shuffle_seed") and data.shuffle_seed is None:
+                data.shuffle_seed = mix_seed(seed, i)
         return CombinedLoader({name: data.train_dataloader() for name, data in self.tasks.items()}, self.mode)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Every task's data state (training seed and position) for checkpoints."""
+        return {name: data.state_dict() for name, data in self.tasks.items()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        for name, data in self.tasks.items():
+            data.load_state_dict(state_dict.get(name, {}))
+            point = getattr(data, "resume_point", None)
+            if point is not None and self.mode == "max_size":  # an exhausted loader waits for the next epoch
+                data.resume_point = replace(point, cycle=False)
+
+    def teardown(self, stage: str) -> None:
+        for data in self.tasks.values():
+            data.teardown(stage)
 
     def val_dataloader(self) -> list[Any]:
         """One held-out loader per task, in task order (``dataloader_idx`` tells them apart)."""
         return [data.val_dataloader() for data in self.tasks.values()]
 
     def test_dataloader(self) -> list[Any]:
+        return [data.test_dataloader() for data in self.tasks.values()]
+
+    def predict_dataloader(self) -> list[Any]:
+        """Every task's held-out (test) loader in task order, as in ``test``: ``unitok predict``
+        names each record's task by its ``dataloader_idx``."""
         return [data.test_dataloader() for data in self.tasks.values()]

@@ -19,13 +19,13 @@ from PIL import Image, UnidentifiedImageError
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 from torchvision.transforms import InterpolationMode, v2
 
 from tasks.data.base import SplitDataModule
+from tokenizers_mm.image import IMAGE_SUFFIXES
 
 Interpolation = Literal["bilinear", "bicubic", "nearest"]
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
 
 
 def augmentation(degrees: float, translate: float, hflip: bool = False) -> v2.Transform:
@@ -62,6 +62,20 @@ def _split(labels: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray, 
     return np.sort(train), np.sort(held)
 
 
+def split_held_out(labels: np.ndarray, held: np.ndarray, val_share: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """The held-out indices ``held`` cut into (validation, test), stratified by ``labels[held]``
+    and seeded, ``val_share`` of them validating; each sorted. ``val_share`` 1: all validate
+    (an empty test part)."""
+    if val_share >= 1.0:
+        return np.sort(held), held[:0]
+    try:
+        val, test = train_test_split(held, train_size=val_share, stratify=labels[held], random_state=seed)
+    except ValueError as error:
+        raise ValueError(f"cannot cut {len(held)} held-out items into stratified validation and test parts "
+                         f"(val_share={val_share}): {error}; hold out more (or val_share=1.0: no test split)") from None
+    return np.sort(val), np.sort(test)
+
+
 class ImageTensors(Dataset):
     """In-memory [0, 1] images (N, C, H, W) and labels; ``transform`` runs per sample."""
 
@@ -86,6 +100,10 @@ class ImageFiles(Dataset):
     def __len__(self) -> int:
         return len(self.files)
 
+    def item_id(self, index: int) -> str:
+        """The file of item ``index`` (how `tasks.PredictionWriter` names it)."""
+        return str(self.files[index])
+
     def __getitem__(self, index: int) -> dict[str, Tensor]:
         path = self.files[index]
         try:
@@ -107,9 +125,6 @@ class ImageDataModule(SplitDataModule):
     mean: tuple[float, ...]
     std: tuple[float, ...]
 
-    def predict_dataloader(self) -> DataLoader:
-        return self.loader("val")
-
 
 class DigitsDataModule(ImageDataModule):
     """scikit-learn's handwritten digits (1,797 real 8×8 scans, 10 classes; ships with
@@ -117,15 +132,18 @@ class DigitsDataModule(ImageDataModule):
     normalised: one channel, values in [(0 - mean) / std, (1 - mean) / std] = [-1, 1] by default.
 
     The split is fixed: stratified by class and seeded by ``split_seed``, ``test_fraction`` of
-    the scans held out (20 %: 1,437 train / 360 held out). The held-out split is both the
-    validation and the test set — there is no third split, so the numbers reported on it are
-    held-out accuracy, not an untouched test after model selection.
+    the scans held out (20 %: 1,437 train / 360 held out), and the held-out scans cut again,
+    stratified and seeded, into validation (``val_share`` of them: 180) and test (the other
+    180). The three splits share no scan: checkpoints are chosen on validation, and
+    ``unitok test`` (and ``predict``) reads only the test scans. ``val_share=1.0`` keeps all
+    held-out scans for validation; the test loader then serves them again (no third split).
 
     Args:
         image_size: side of the square images (8 keeps the scans' own resolution).
         interpolation: upsampling filter (bicubic overshoots and is clamped to [0, 1]).
         mean / std: normalisation of the [0, 1] pixels.
-        test_fraction / split_seed: the held-out split.
+        test_fraction / split_seed: the held-out share of the scans (validation and test together).
+        val_share: the share of the held-out scans that validate; the rest are the test set.
         batch_size / num_workers: data loading.
         augment: a small random affine (``degrees``, ``translate``) on training images only.
     """
@@ -143,24 +161,29 @@ class DigitsDataModule(ImageDataModule):
         augment: bool = False,
         degrees: float = 10.0,
         translate: float = 0.1,
+        val_share: float = 0.5,
     ) -> None:
         super().__init__(batch_size, num_workers)
         if image_size < 8:
             raise ValueError(f"image_size must be ≥ 8 (the scans are 8×8), got {image_size}")
         if not 0.0 < test_fraction < 1.0:
             raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
+        if not 0.0 < val_share <= 1.0:
+            raise ValueError(f"val_share must be in (0, 1], got {val_share}")
         self.image_size = (image_size, image_size)
         self.interpolation = interpolation
         self.channels = 1
         self.mean, self.std = _stats(mean, 1, "mean"), _stats(std, 1, "std")
         if any(s <= 0 for s in self.std):
             raise ValueError(f"std must be positive, got {self.std}")
-        self.test_fraction, self.split_seed = test_fraction, split_seed
+        self.test_fraction, self.split_seed, self.val_share = test_fraction, split_seed, val_share
         self.augment, self.degrees, self.translate = augment, degrees, translate
         self.num_classes = 10
         self.class_names = [str(d) for d in range(10)]
         self.train_indices: np.ndarray | None = None
-        self.held_out_indices: np.ndarray | None = None
+        self.held_out_indices: np.ndarray | None = None  # validation and test scans together
+        self.val_indices: np.ndarray | None = None
+        self.test_indices: np.ndarray | None = None
 
     def images(self) -> tuple[Tensor, Tensor]:
         """All 1,797 scans as [0, 1] floats (N, 1, H, W) at ``image_size``, and their labels (N,)."""
@@ -175,12 +198,22 @@ class DigitsDataModule(ImageDataModule):
         if self.train_set is not None:
             return
         images, labels = self.images()
-        self.train_indices, self.held_out_indices = _split(labels.numpy(), self.test_fraction, self.split_seed)
+        self.split_indices(labels.numpy())
         normalize = v2.Normalize(self.mean, self.std)
         train_transform = v2.Compose([augmentation(self.degrees, self.translate), normalize]) if self.augment else normalize
-        train, held = torch.from_numpy(self.train_indices), torch.from_numpy(self.held_out_indices)
+        train, val = torch.from_numpy(self.train_indices), torch.from_numpy(self.val_indices)  # type: ignore[arg-type]
         self.train_set = ImageTensors(images[train], labels[train], train_transform)
-        self.val_set = ImageTensors(images[held], labels[held], normalize)
+        self.val_set = ImageTensors(images[val], labels[val], normalize)
+        if len(self.test_indices):  # type: ignore[arg-type]
+            test = torch.from_numpy(self.test_indices)  # type: ignore[arg-type]
+            self.test_set = ImageTensors(images[test], labels[test], normalize)
+
+    def split_indices(self, labels: np.ndarray) -> None:
+        """Set ``train_indices``, ``held_out_indices`` and its two parts ``val_indices`` /
+        ``test_indices`` (sorted indices into the 1,797 scans) from the scans' ``labels``."""
+        self.train_indices, self.held_out_indices = _split(labels, self.test_fraction, self.split_seed)
+        self.val_indices, self.test_indices = split_held_out(labels, self.held_out_indices, self.val_share,
+                                                             self.split_seed)
 
 
 def _class_folders(folder: Path) -> list[Path]:
@@ -223,9 +256,10 @@ def scan_image_folder(folder: Path, class_names: list[str] | None = None) -> tup
 class ImageFolderDataModule(ImageDataModule):
     """Users' images, one folder per class, read with PIL.
 
-    Layouts: ``root/train/<class>/*.png|jpg`` with ``root/val/<class>/…`` (the validation and
-    test set), or ``root/<class>/…`` alone (or ``root/train`` without ``val``), from which a
-    stratified, seeded ``val_fraction`` is held out. Images are converted to ``channels``
+    Layouts: ``root/train/<class>/*.png|jpg`` with ``root/val/<class>/…`` (validation), or
+    ``root/<class>/…`` alone (or ``root/train`` without ``val``), from which a stratified, seeded
+    ``val_fraction`` is held out; ``root/test/<class>/…``, when there, is the test set (else
+    ``unitok test`` scores the validation images). Images are converted to ``channels``
     (1: grey, 3: RGB), resized to ``image_size`` and normalised with ``mean`` / ``std``.
 
     Args:
@@ -282,6 +316,10 @@ class ImageFolderDataModule(ImageDataModule):
             train, held = _split(labels, val_fraction, split_seed)
             self.train_files, self.train_labels = list(files[train]), labels[train].tolist()
             self.val_files, self.val_labels = list(files[held]), labels[held].tolist()
+        self.test_files: list[Path] = []
+        self.test_labels: list[int] = []
+        if train_dir != self.root and (self.root / "test").is_dir():
+            _, self.test_files, self.test_labels = scan_image_folder(self.root / "test", self.class_names)
         self.num_classes = len(self.class_names)
         if self.num_classes < 2:
             raise ValueError(f"{train_dir} has one class ({self.class_names[0]}); classification needs ≥ 2")
@@ -301,3 +339,5 @@ class ImageFolderDataModule(ImageDataModule):
         mode = "L" if self.channels == 1 else "RGB"
         self.train_set = ImageFiles(self.train_files, self.train_labels, mode, self._transform(train=True))
         self.val_set = ImageFiles(self.val_files, self.val_labels, mode, self._transform(train=False))
+        if self.test_files:
+            self.test_set = ImageFiles(self.test_files, self.test_labels, mode, self._transform(train=False))

@@ -6,7 +6,10 @@ same digit (label 1), the rest a different one (label 0): with 0.5 the "same dig
 balanced; with 1.0 every pair is a positive (audio, image) pair for contrastive binding.
 Training pairs come from the training scans and training voices; held-out pairs from the
 held-out scans and the held-out voices only, so accuracy measures unseen speakers and unseen
-handwriting.
+handwriting. The held-out scans and utterances are each cut into a validation and a test part
+(`DigitsDataModule`'s scan split; the utterances of each digit alternately): validation pairs
+are drawn from the validation parts, test pairs from the test parts, so ``unitok test`` never
+scores a scan or an utterance that checkpoint selection saw.
 
 Batches: ``{"pixel_values": (B, 1, H, W), "features": (B, N, F) log-mel frames padded with 0,
 "feature_lengths": (B,), "labels": (B,) 1 = same digit, "image_digits": (B,), "audio_digits":
@@ -36,6 +39,7 @@ from tasks.data.speech import (
     DigitsCorpusSpec,
     read_manifest,
     spoken_digits_corpus,
+    validation_rows,
 )
 from tokenizers_mm import SpecAugment, SpectrogramConfig, SpectrogramTokenizer
 
@@ -104,9 +108,13 @@ class ImageAudioPairsDataModule(SplitDataModule):
     Args:
         same_fraction: share of same-digit pairs (0.5: the balanced "same digit?" task; 1.0:
             positive pairs for contrastive training).
-        train_pairs / held_out_pairs: pairs per training epoch / in the held-out set.
+        train_pairs / held_out_pairs: pairs per training epoch / in the validation set (and
+            as many in the test set).
         image_size / test_fraction / split_seed / augment_images / degrees / translate: the
             scans, as in `DigitsDataModule` (the same stratified split).
+        val_share: the share of the held-out scans, and of each digit's held-out utterances
+            (`tasks.data.speech.validation_rows`), that validate; the rest are for test pairs.
+            1.0: no test split (the test loader serves the validation pairs).
         train_utterances / held_out_utterances / train_voices / held_out_voices / speeds /
             pitches / corpus_seed / cache_dir: the single-digit spoken corpus
             (`DigitsCorpusSpec` with one digit per utterance).
@@ -140,12 +148,15 @@ class ImageAudioPairsDataModule(SplitDataModule):
         seed: int = 0,
         batch_size: int = 64,
         num_workers: int = 0,
+        val_share: float = 0.5,
     ) -> None:
         super().__init__(batch_size, num_workers)
         if train_pairs < 2 or held_out_pairs < 2:
             raise ValueError(f"need at least 2 training and 2 held-out pairs, got {train_pairs}, {held_out_pairs}")
         self.digits = DigitsDataModule(image_size=image_size, test_fraction=test_fraction, split_seed=split_seed,
-                                       augment=augment_images, degrees=degrees, translate=translate)
+                                       augment=augment_images, degrees=degrees, translate=translate,
+                                       val_share=val_share)
+        self.val_share = val_share
         self.image_size, self.channels = self.digits.image_size, self.digits.channels
         self.mean, self.std = self.digits.mean, self.digits.std
         self.class_names = list(DIGIT_WORDS)
@@ -170,12 +181,22 @@ class ImageAudioPairsDataModule(SplitDataModule):
         return ([tokenizer.features(u.audio_filepath) for u in rows], [DIGIT_WORDS.index(u.text) for u in rows],
                 [str(u.audio_filepath) for u in rows])
 
+    def held_out_utterance_parts(self, digits: Sequence[int]) -> tuple[list[int], list[int]]:
+        """(validation, test) row indices of the held-out utterances: each digit's utterances
+        alternately (`validation_rows` with ``val_share``), so both parts hold every digit."""
+        val, test = [], []
+        for d in range(10):
+            rows = [i for i, digit in enumerate(digits) if digit == d]
+            for i, validates in zip(rows, validation_rows(len(rows), self.val_share)):
+                (val if validates else test).append(i)
+        return sorted(val), sorted(test)
+
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is not None:
             return
         self.digits.setup(stage)
         images, labels = self.digits.images()
-        train, held = (torch.from_numpy(i) for i in (self.digits.train_indices, self.digits.held_out_indices))
+        train = torch.from_numpy(self.digits.train_indices)  # type: ignore[arg-type]
         normalize = v2.Normalize(self.mean, self.std)
         train_transform = (v2.Compose([augmentation(self.digits.degrees, self.digits.translate), normalize])
                            if self.digits.augment else normalize)
@@ -184,9 +205,18 @@ class ImageAudioPairsDataModule(SplitDataModule):
         self.train_set = ImageAudioPairs(images[train], labels[train], train_frames, train_digits, self.train_pairs,
                                          self.same_fraction, self.seed, train_transform,
                                          SpecAugment() if self.augment_audio else None)
-        # The held-out set: normalised once, pairs fixed by a seed of their own.
-        self.val_set = ImageAudioPairs(normalize(images[held]), labels[held], held_frames, held_digits,
-                                       self.held_out_pairs, self.same_fraction, self.seed + 1)
+        # The held-out sets: normalised once, pairs fixed by seeds of their own; validation and
+        # test pairs share no scan and no utterance.
+        val_rows, test_rows = self.held_out_utterance_parts(held_digits)
+        parts = (("val_set", self.digits.val_indices, val_rows, self.seed + 1),
+                 ("test_set", self.digits.test_indices, test_rows, self.seed + 2))
+        for name, scans, rows, seed in parts:
+            if not len(scans) or not rows:  # val_share=1.0: no test part
+                continue
+            held = torch.from_numpy(scans)
+            setattr(self, name, ImageAudioPairs(normalize(images[held]), labels[held], [held_frames[i] for i in rows],
+                                                [held_digits[i] for i in rows], self.held_out_pairs,
+                                                self.same_fraction, seed))
 
     def collate_fn(self, split: str) -> Any:
         return collate_pairs
@@ -231,7 +261,8 @@ class AudioImageManifestDataModule(SplitDataModule):
     ``{"audio": path, "image": path}`` per line. Images are converted to ``channels``, resized
     (short side) and centre-cropped to ``image_size`` and normalised; audio becomes log-mel
     frames with ``spectrogram`` settings. Validation: ``val_manifest`` or a seeded
-    ``val_fraction`` of the training rows.
+    ``val_fraction`` of the training rows. Test: ``test_manifest`` when given (else
+    ``unitok test`` scores the validation pairs).
     """
 
     def __init__(
@@ -249,6 +280,7 @@ class AudioImageManifestDataModule(SplitDataModule):
         split_seed: int = 0,
         batch_size: int = 64,
         num_workers: int = 0,
+        test_manifest: str | None = None,
     ) -> None:
         if batch_size < 2:
             raise ValueError(f"contrastive training needs batch_size ≥ 2 (negatives), got {batch_size}")
@@ -265,6 +297,8 @@ class AudioImageManifestDataModule(SplitDataModule):
             self.val_pairs = read_audio_image_pairs(Path(val_manifest), audio_key, image_key)
         else:
             self.train_pairs, self.val_pairs = hold_out(self.train_pairs, val_fraction, split_seed)
+        self.test_pairs = (read_audio_image_pairs(Path(test_manifest), audio_key, image_key)
+                           if test_manifest is not None else None)
 
     def _dataset(self, pairs: Sequence[tuple[Path, Path]]) -> AudioImageFiles:
         transform = v2.Compose([v2.Resize(min(self.image_size), antialias=True), v2.CenterCrop(self.image_size),
@@ -275,6 +309,8 @@ class AudioImageManifestDataModule(SplitDataModule):
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is None:
             self.train_set, self.val_set = self._dataset(self.train_pairs), self._dataset(self.val_pairs)
+            if self.test_pairs is not None:
+                self.test_set = self._dataset(self.test_pairs)
 
     def collate_fn(self, split: str) -> Any:
         return collate_pairs

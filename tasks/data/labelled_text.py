@@ -33,8 +33,9 @@ from typing import Any, Literal
 import numpy as np
 import torch
 from torch import Tensor
+from torch.utils.data import DataLoader
 
-from tasks.data.base import Split, SplitDataModule
+from tasks.data.base import Split, SplitDataModule, default_cache_dir
 from tasks.data.bert import prepare_wordpiece_corpus
 from tasks.data.text import stdlib_source_files
 from tokenizers_mm import WordPieceTokenizer, align_word_labels, pad_pairs
@@ -120,16 +121,19 @@ class _LabelledTextModule(SplitDataModule):
 
     def __init__(self, tokenizer: str | None, vocab_size: int, context_length: int, batch_size: int,
                  num_workers: int, train_per_class: int | None, val_per_class: int, seed: int,
-                 cache_dir: str) -> None:
+                 cache_dir: str | None, test_per_class: int | None = None) -> None:
         super().__init__(batch_size, num_workers)
         if context_length < 8 or val_per_class < 1:
             raise ValueError(f"need context_length ≥ 8 and val_per_class ≥ 1; got {context_length}, {val_per_class}")
         if train_per_class is not None and train_per_class < 1:
             raise ValueError(f"train_per_class must be ≥ 1 or None (all), got {train_per_class}")
+        if test_per_class is not None and test_per_class < 0:
+            raise ValueError(f"test_per_class must be ≥ 0 or None (as many as val_per_class), got {test_per_class}")
         self.tokenizer_path, self.requested_vocab_size = tokenizer, vocab_size
         self.context_length = context_length
         self.train_per_class, self.val_per_class, self.seed = train_per_class, val_per_class, seed
-        self.cache_dir = Path(cache_dir)
+        self.test_per_class = val_per_class if test_per_class is None else test_per_class
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         self._tokenizer: WordPieceTokenizer | None = None
         self._splits: dict[str, list[dict[str, Any]]] | None = None
 
@@ -171,27 +175,41 @@ class _LabelledTextModule(SplitDataModule):
         self.splits()
 
     def splits(self) -> dict[str, list[dict[str, Any]]]:
-        """{"train", "val"}: per class, a seeded shuffle; the first ``val_per_class`` examples
-        validate, the next ``train_per_class`` (default: all the rest) train — a label budget."""
+        """{"train", "val", "test"}: per class, a seeded shuffle; the first ``val_per_class``
+        examples validate, the next ``train_per_class`` (default: all the rest but the test
+        ones) train — a label budget — and the last ``test_per_class`` test, from those that
+        neither validation nor the budget took (fewer when a class runs short). The training
+        examples are the same with or without a test split, unless ``train_per_class`` is None;
+        the test examples are the same whatever the budget, while the class has room. No test
+        example at all (``test_per_class=0``): no "test" split (the test loader serves "val")."""
         if self._splits is None:
             examples = self._examples()
             by_class: dict[int, list[dict[str, Any]]] = {}
             for ex in examples:
                 by_class.setdefault(ex["label"], []).append(ex)
             rng = np.random.default_rng(self.seed)
-            train, val = [], []
+            train, val, test = [], [], []
+            n_val, n_test = self.val_per_class, self.test_per_class
             for label in sorted(by_class):
                 group = by_class[label]
                 order = rng.permutation(len(group))
-                if len(group) <= self.val_per_class:
+                if self.train_per_class is None and len(group) <= n_val + n_test:
                     raise ValueError(f"class {self.label_names[label]!r} has {len(group)} examples, not more than "
-                                     f"val_per_class={self.val_per_class}")
-                val += [group[i] for i in order[: self.val_per_class]]
-                rest = order[self.val_per_class:]
-                if self.train_per_class is not None:
-                    rest = rest[: self.train_per_class]
-                train += [group[i] for i in rest]
+                                     f"val_per_class={n_val} + test_per_class={n_test}")
+                if len(group) <= n_val:
+                    raise ValueError(f"class {self.label_names[label]!r} has {len(group)} examples, not more than "
+                                     f"val_per_class={n_val}")
+                val += [group[i] for i in order[:n_val]]
+                rest = order[n_val:]
+                if self.train_per_class is None:
+                    kept, left = rest[: len(rest) - n_test], rest[len(rest) - n_test:]
+                else:
+                    kept, left = rest[: self.train_per_class], rest[self.train_per_class:]
+                train += [group[i] for i in kept]
+                test += [group[i] for i in left[len(left) - min(n_test, len(left)):]]
             self._splits = {"train": train, "val": val}
+            if test:
+                self._splits["test"] = test
         return self._splits
 
     def collate(self, items: Sequence[dict[str, Any]]) -> dict[str, Tensor]:
@@ -214,6 +232,17 @@ class _LabelledTextModule(SplitDataModule):
     def collate_fn(self, split: Split) -> Any:
         return self.collate
 
+    def predict_collate(self, items: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        """A held-out batch that also carries its raw ``examples`` (texts, words) for the records."""
+        return {**self.collate(items), "examples": list(items)}
+
+    def predict_dataloader(self) -> DataLoader:
+        """The test examples (the validation ones when there are none), in order, each batch
+        with its ``examples``."""
+        splits = self.splits()
+        return DataLoader(splits.get("test") or splits["val"], batch_size=self.batch_size,
+                          num_workers=self.num_workers, collate_fn=self.predict_collate)
+
 
 class DocstringDataModule(_LabelledTextModule):
     """Docstrings of standard-library packages, labelled by their source.
@@ -226,8 +255,12 @@ class DocstringDataModule(_LabelledTextModule):
         tokenizer: a saved BERT-family tokenizer (use the pretrained checkpoint's); None
             trains a WordPiece vocabulary of ``vocab_size`` on the packages' source.
         context_length: tokens per example, special tokens included (longer ones are cut).
-        train_per_class: labelled training examples per class (the label budget); None = all.
-        val_per_class: held-out examples per class.
+        train_per_class: labelled training examples per class (the label budget); None = all
+            but the validation and test ones.
+        val_per_class: validation examples per class (checkpoint selection).
+        test_per_class: test examples per class (``unitok test``), shared with neither
+            training nor validation (`_LabelledTextModule.splits`); None: as many as
+            ``val_per_class``; 0: no test split.
     """
 
     def __init__(
@@ -242,10 +275,11 @@ class DocstringDataModule(_LabelledTextModule):
         train_per_class: int | None = None,
         val_per_class: int = 50,
         seed: int = 0,
-        cache_dir: str = "runs/cache",
+        cache_dir: str | None = None,
+        test_per_class: int | None = None,
     ) -> None:
         super().__init__(tokenizer, vocab_size, context_length, batch_size, num_workers, train_per_class,
-                         val_per_class, seed, cache_dir)
+                         val_per_class, seed, cache_dir, test_per_class)
         if task not in ("package", "match"):
             raise ValueError(f"task must be 'package' or 'match', got {task!r}")
         if len(set(packages)) < (2 if task == "package" else 1):
@@ -325,8 +359,8 @@ class CodeTokensDataModule(_LabelledTextModule):
     (keyword, builtin, name, operator, number, string, comment). Words are split into
     WordPiece sub-tokens; each word's label sits on its first sub-token, the rest are -100.
 
-    ``train_per_class`` / ``val_per_class`` count lines here (one "class" holds them all);
-    ``packages`` choose the source files.
+    ``train_per_class`` / ``val_per_class`` / ``test_per_class`` count lines here (one "class"
+    holds them all; the splits as in `DocstringDataModule`); ``packages`` choose the source files.
     """
 
     def __init__(
@@ -341,10 +375,11 @@ class CodeTokensDataModule(_LabelledTextModule):
         val_per_class: int = 200,
         max_lines: int = 20_000,
         seed: int = 0,
-        cache_dir: str = "runs/cache",
+        cache_dir: str | None = None,
+        test_per_class: int | None = None,
     ) -> None:
         super().__init__(tokenizer, vocab_size, context_length, batch_size, num_workers, train_per_class,
-                         val_per_class, seed, cache_dir)
+                         val_per_class, seed, cache_dir, test_per_class)
         self.packages, self.max_lines = tuple(packages), max_lines
         self.label_names = TOKEN_CLASSES
 
@@ -371,7 +406,9 @@ class DocstringQADataModule(_LabelledTextModule):
     """Extractive QA: ``[CLS] docstring [SEP] def a(...): def b(...): … [SEP]`` — the answer
     is the span of the documented function's name among ``n_candidates`` definitions of the
     same module. Labels are token positions (``start_positions``, ``end_positions``);
-    ``labels`` holds the index of the right candidate."""
+    ``labels`` holds the index of the right candidate. ``train_per_class`` /
+    ``val_per_class`` / ``test_per_class`` count questions (one "class"; the splits as in
+    `DocstringDataModule`)."""
 
     def __init__(
         self,
@@ -385,10 +422,11 @@ class DocstringQADataModule(_LabelledTextModule):
         train_per_class: int | None = None,
         val_per_class: int = 200,
         seed: int = 0,
-        cache_dir: str = "runs/cache",
+        cache_dir: str | None = None,
+        test_per_class: int | None = None,
     ) -> None:
         super().__init__(tokenizer, vocab_size, context_length, batch_size, num_workers, train_per_class,
-                         val_per_class, seed, cache_dir)
+                         val_per_class, seed, cache_dir, test_per_class)
         if n_candidates < 2:
             raise ValueError(f"n_candidates must be ≥ 2, got {n_candidates}")
         self.packages, self.n_candidates = tuple(packages), n_candidates

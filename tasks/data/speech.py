@@ -26,16 +26,16 @@ import numpy as np
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
-from torch.utils.data import (
-    BatchSampler,
-    DataLoader,
-    Dataset,
-    RandomSampler,
-    Sampler,
-    SequentialSampler,
-)
+from torch.utils.data import DataLoader, Dataset, Sampler, SequentialSampler
 
-from tasks.data.base import Split, SplitDataModule
+from tasks.data.base import Split, SplitDataModule, default_cache_dir
+from tasks.data.sampling import (
+    ResumableBatchSampler,
+    ResumePoint,
+    SeededRandomSampler,
+    held_out_generator,
+    resumable_loader,
+)
 from tokenizers_mm import CharacterVocabulary, SpecAugment, SpectrogramConfig, SpectrogramTokenizer
 
 DIGIT_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
@@ -132,6 +132,10 @@ class SpeechDataset(Dataset):
     def durations(self) -> list[float]:
         return [u.duration for u in self.utterances]
 
+    def item_id(self, index: int) -> str:
+        """The audio file of item ``index`` (how `tasks.PredictionWriter` names it)."""
+        return str(self.utterances[index].audio_filepath)
+
     def __getitem__(self, index: int) -> dict[str, Any]:
         utterance = self.utterances[index]
         key = str(utterance.audio_filepath)
@@ -158,23 +162,25 @@ def collate_speech(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-class BucketBatchSampler(BatchSampler):
+class BucketBatchSampler(ResumableBatchSampler):
     """Batches of utterances of similar length: indices from ``sampler`` are taken in pools of
     ``pool_batches`` batches, each pool sorted by length and cut into batches, and (with
-    ``shuffle``) the batches are served in random order.
+    ``shuffle``) the batches are served in an order drawn from (seed, epoch, pass).
 
     A `BatchSampler` with a ``sampler`` argument, so Lightning can put a `DistributedSampler`
-    in its place (each device then buckets its own share).
+    in its place (each device then buckets its own share); a `ResumableBatchSampler`, so a
+    resumed run reads on from its ``resume`` point.
     """
 
     def __init__(self, sampler: Sampler[int] | Sequence[int], batch_size: int, drop_last: bool,
-                 lengths: Sequence[float], pool_batches: int = 32, shuffle: bool = True) -> None:
-        super().__init__(sampler, batch_size, drop_last)
+                 lengths: Sequence[float], pool_batches: int = 32, shuffle: bool = True, seed: int = 0,
+                 resume: ResumePoint | None = None) -> None:
+        super().__init__(sampler, batch_size, drop_last, seed, resume)
         if pool_batches < 1:
             raise ValueError(f"pool_batches must be ≥ 1, got {pool_batches}")
         self.lengths, self.pool_batches, self.shuffle = list(lengths), pool_batches, shuffle
 
-    def __iter__(self) -> Iterator[list[int]]:
+    def pass_batches(self, generator: torch.Generator) -> Iterator[list[int]]:
         indices = list(self.sampler)
         pool = self.batch_size * self.pool_batches
         batches = []
@@ -184,7 +190,7 @@ class BucketBatchSampler(BatchSampler):
         if self.drop_last:
             batches = [b for b in batches if len(b) == self.batch_size]
         if self.shuffle:
-            order = torch.randperm(len(batches)).tolist()
+            order = torch.randperm(len(batches), generator=generator).tolist()
             batches = [batches[i] for i in order]
         yield from batches
 
@@ -260,12 +266,18 @@ class SpeechDataModule(SplitDataModule):
         if not self.bucketing:
             return super().loader(split)
         dataset = self.dataset(split) or self.dataset("val")
-        train = split == "train"
-        sampler = RandomSampler(dataset) if train else SequentialSampler(dataset)  # type: ignore[arg-type]
-        batches = BucketBatchSampler(sampler, self.batch_size, drop_last=train, lengths=dataset.durations,  # type: ignore[union-attr]
-                                     pool_batches=self.pool_batches, shuffle=train)
+        lengths = dataset.durations  # type: ignore[union-attr]
+        if split == "train":
+            seed = self.train_seed()
+            batches = BucketBatchSampler(SeededRandomSampler(dataset, seed), self.batch_size, drop_last=True,  # type: ignore[arg-type]
+                                         lengths=lengths, pool_batches=self.pool_batches, seed=seed,
+                                         resume=self.take_resume_point())
+            return resumable_loader(dataset, batches, collate_speech, self.num_workers)  # type: ignore[arg-type]
+        batches = BucketBatchSampler(SequentialSampler(dataset), self.batch_size, drop_last=False,  # type: ignore[arg-type]
+                                     lengths=lengths, pool_batches=self.pool_batches, shuffle=False)
         return DataLoader(dataset, batch_sampler=batches, num_workers=self.num_workers,  # type: ignore[arg-type]
-                          persistent_workers=self.num_workers > 0, collate_fn=collate_speech)
+                          persistent_workers=self.num_workers > 0, collate_fn=collate_speech,
+                          generator=held_out_generator())
 
     def predict_dataloader(self) -> DataLoader:
         return self.loader("test")
@@ -373,12 +385,23 @@ class ManifestDataModule(SpeechDataModule):
 # ---------------------------------------------------------------------------- spoken digits
 
 
-def default_cache_dir() -> Path:
-    """``$UNITOK_SPOKEN_DIGITS_DIR``, else ``$XDG_CACHE_HOME/unitok/spoken_digits`` (~/.cache/…)."""
+def validation_rows(count: int, val_share: float) -> list[bool]:
+    """Which of ``count`` held-out rows validate (True) and which are test rows (False): row k
+    validates when it brings the running count of validation rows up to ⌈(k + 1)·val_share⌉ —
+    alternate rows, starting with a validation row, for 0.5; every row for 1.0."""
+    def quota(k: int) -> int:
+        return math.ceil(k * val_share - 1e-9)
+    return [quota(k + 1) > quota(k) for k in range(count)]
+
+
+def spoken_digits_dir(cache_dir: str | Path | None = None) -> Path:
+    """``<cache_dir>/spoken_digits``; with no ``cache_dir``, ``$UNITOK_SPOKEN_DIGITS_DIR`` or the
+    shared cache's (`tasks.data.base.default_cache_dir`)."""
+    if cache_dir is not None:
+        return Path(cache_dir) / "spoken_digits"
     if os.environ.get(CACHE_ENV):
         return Path(os.environ[CACHE_ENV])
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "unitok" / "spoken_digits"
+    return default_cache_dir() / "spoken_digits"
 
 
 def synthesize(text: str, voice: str, speed: int, pitch: int, sample_rate: int = 16000,
@@ -460,12 +483,11 @@ class DigitsCorpusSpec:
 def spoken_digits_corpus(spec: DigitsCorpusSpec | None = None, cache_dir: str | Path | None = None) -> Path:
     """The corpus folder (``train.jsonl``, ``held_out.jsonl`` and 16-bit wavs), synthesised on
     first use (about 8 ms an utterance) and cached under ``cache_dir`` (default
-    `default_cache_dir`) in a folder named by the spec's hash."""
+    `spoken_digits_dir`) in a folder named by the spec's hash."""
     import soundfile
 
     spec = spec or DigitsCorpusSpec()
-    folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    final = folder / f"digits-{spec.key()}"
+    final = spoken_digits_dir(cache_dir) / f"digits-{spec.key()}"
     if (final / "held_out.jsonl").is_file():
         return final
     from tasks.data import espeak
@@ -473,7 +495,7 @@ def spoken_digits_corpus(spec: DigitsCorpusSpec | None = None, cache_dir: str | 
     espeak.check_voices(spec.train_voices + spec.held_out_voices)
     rows = spec.rows()
     rank_zero_info(f"synthesising {len(rows)} spoken-digit utterances with espeak-ng into {final} (once)")
-    staging = folder / f".{final.name}.{os.getpid()}"
+    staging = final.parent / f".{final.name}.{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     for split in ("train", "held_out"):
         (staging / split).mkdir(parents=True)
@@ -509,16 +531,22 @@ class SpokenDigitsDataModule(SpeechDataModule):
     16 kHz, synthesised once and cached on disk.
 
     Training voices are five English accents × seven voice variants; the held-out utterances
-    (the validation and test set) are spoken by voices whose variants never occur in training,
-    so CER on them measures recognition of unseen speakers. The vocabulary is the characters of
-    the ten digit words and the space.
+    are spoken by voices whose variants never occur in training, so CER on them measures
+    recognition of unseen speakers. They are cut into validation and test rows (alternate rows
+    of ``held_out.jsonl`` by default: 100 + 100, every held-out voice in both), so
+    ``unitok test`` scores utterances that checkpoint selection never heard; the corpus itself
+    (and its cache) is the same whatever the cut. The vocabulary is the characters of the ten
+    digit words and the space.
 
     Args:
-        cache_dir: where the corpus is kept (default: ``$UNITOK_SPOKEN_DIGITS_DIR`` or
-            ``~/.cache/unitok/spoken_digits``).
+        cache_dir: the corpus is kept in ``<cache_dir>/spoken_digits`` (default: ``unitok fit``'s
+            ``<run root>/cache``; in Python ``$UNITOK_SPOKEN_DIGITS_DIR`` or ``~/.cache/unitok/spoken_digits``).
         train_utterances / held_out_utterances: corpus size. min_digits / max_digits: digits per
             utterance. speeds / pitches: espeak-ng ranges. max_word_gap: pauses (10 ms units).
         train_voices / held_out_voices: espeak-ng voices ("en-us+m3"). seed: the corpus draw.
+        val_share: the share of the held-out utterances that validate (`validation_rows`: 0.5
+            alternates rows); the rest are the test set. 1.0: all validate, and the test loader
+            serves them again (no third split).
         spectrogram / batch_size / num_workers / bucketing / pool_batches / augment / freq_masks /
             freq_width / time_masks / time_width: as in `ManifestDataModule`.
         cache_features: keep each utterance's frames in memory once computed (about 100 MB).
@@ -548,9 +576,13 @@ class SpokenDigitsDataModule(SpeechDataModule):
         time_masks: int = 2,
         time_width: int = 25,
         cache_features: bool = True,
+        val_share: float = 0.5,
     ) -> None:
         super().__init__(spectrogram, batch_size, num_workers, augment, freq_masks, freq_width, time_masks,
                          time_width, bucketing, pool_batches, cache_features)
+        if not 0.0 < val_share <= 1.0:
+            raise ValueError(f"val_share must be in (0, 1], got {val_share}")
+        self.val_share = val_share
         self.spec = DigitsCorpusSpec(
             train_voices=tuple(train_voices), held_out_voices=tuple(held_out_voices),
             train_utterances=train_utterances, held_out_utterances=held_out_utterances, min_digits=min_digits,
@@ -570,5 +602,8 @@ class SpokenDigitsDataModule(SpeechDataModule):
             return
         self.corpus = spoken_digits_corpus(self.spec, self.cache_dir)
         self.train_utterances = read_manifest(self.corpus / "train.jsonl")
-        self.val_utterances = read_manifest(self.corpus / "held_out.jsonl")
+        held = read_manifest(self.corpus / "held_out.jsonl")
+        validates = validation_rows(len(held), self.val_share)
+        self.val_utterances = [u for u, v in zip(held, validates) if v]
+        self.test_utterances = [u for u, v in zip(held, validates) if not v] or None
         self._finish_setup()

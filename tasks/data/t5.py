@@ -14,7 +14,9 @@ Built-in text-to-text tasks, read off the Python standard library with `ast`:
   ``return``, ``import from``, …: a classification, written as text the way T5 does).
 
 Held-out examples come from held-out files (chosen by a hash of the file's path), so no
-validation example shares a file with a training one.
+validation example shares a file with a training one; test examples come from the
+standard-library files after ``builtin_max_bytes`` (`tasks.data.text.stdlib_test_files`), which
+neither the tokenizer nor training nor validation reads, less any pair seen in those splits.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import numpy as np
 from torch import Tensor
 from torch.utils.data import DataLoader
 
-from tasks.data.base import Split, SplitDataModule
+from tasks.data.base import Split, SplitDataModule, default_cache_dir
 from tasks.data.span_corruption import (
     IGNORE,
     SpanCorruptionCollator,
@@ -44,7 +46,8 @@ from tasks.data.span_corruption import (
     sentinel_ids,
     sentinel_tokens,
 )
-from tasks.data.text import TextDataModule, read_texts, stdlib_source_files
+from tasks.data.text import TextDataModule, read_texts, stdlib_source_files, stdlib_test_files
+from tasks.predictions import prompt_loader
 from tokenizers_mm import BPETokenizer, collate
 
 PAD_TOKEN = "<pad>"
@@ -96,7 +99,8 @@ class SpanCorruptionDataModule(TextDataModule):
     batch in training, fixed per window in validation).
 
     Takes `TextDataModule`'s arguments (``files``, ``builtin_max_bytes``, ``vocab_size``,
-    ``context_length``, ``batch_size``, ``train_samples``, ``cache_dir``, …), plus:
+    ``context_length``, ``batch_size``, ``train_samples``, ``cache_dir``, ``test_fraction`` /
+    ``test_files`` for the held-out test files, …), plus:
 
     Args:
         tokenizer: a saved `BPETokenizer` folder with ``<extra_id_*>`` sentinels; None trains
@@ -104,6 +108,7 @@ class SpanCorruptionDataModule(TextDataModule):
         num_sentinels: sentinels added when training the tokenizer (T5: 100).
         noise_density / mean_noise_span_length: T5's 0.15 and 3.
         predict_prompts: texts with sentinels for ``unitok predict`` to fill in.
+        predict_file: a text file whose non-empty lines are the prompts instead (ids ``file:line``).
     """
 
     def __init__(
@@ -119,17 +124,22 @@ class SpanCorruptionDataModule(TextDataModule):
         batch_size: int = 32,
         num_workers: int = 0,
         val_fraction: float = 0.05,
+        test_fraction: float = 0.1,
+        test_files: list[str] | None = None,
         train_samples: int = 20_000,
-        cache_dir: str = "runs/cache",
+        cache_dir: str | None = None,
         seed: int = 0,
         predict_prompts: list[str] | None = None,
+        predict_file: str | None = None,
     ) -> None:
         super().__init__(files=files, builtin_max_bytes=builtin_max_bytes, tokenizer=tokenizer,
                          vocab_size=vocab_size, context_length=context_length, batch_size=batch_size,
-                         num_workers=num_workers, val_fraction=val_fraction, train_samples=train_samples,
+                         num_workers=num_workers, val_fraction=val_fraction, test_fraction=test_fraction,
+                         test_files=test_files, train_samples=train_samples,
                          cache_dir=cache_dir, seed=seed,
                          predict_prompts=predict_prompts or ["def <extra_id_0>(self, name):\n    self.<extra_id_1> = name\n",
-                                                             "import <extra_id_0>\n"])
+                                                             "import <extra_id_0>\n"],
+                         predict_file=predict_file)
         check_noise_rates(noise_density, mean_noise_span_length)  # now, not after building the tokenizer
         if context_length < 2:
             raise ValueError(f"context_length={context_length} is too short for span corruption: need at least 2")
@@ -159,7 +169,7 @@ class SpanCorruptionDataModule(TextDataModule):
                                                      mean_noise_span_length=self.mean_noise_span_length, seed=seed)
 
     def collate_fn(self, split: Split) -> SpanCorruptionCollator:
-        """Fresh noise every training batch; the same spans in every validation pass."""
+        """Fresh noise every training batch; the same spans in every validation and test pass."""
         return self.collator() if split == "train" else self.collator(seed=self.seed)
 
 
@@ -268,18 +278,23 @@ def held_out_files(files: Sequence[Path], val_fraction: float = 0.1) -> set[Path
 
 def builtin_text_to_text_examples(
     files: Sequence[Path], tasks: Sequence[str] = tuple(BUILTIN_TASKS), max_chars: int = 80,
-    val_fraction: float = 0.1,
+    val_fraction: float = 0.1, test_files: Sequence[Path] = (),
 ) -> dict[str, list[Example]]:
-    """{"train", "val"} built-in examples of ``tasks`` from ``files``, split by file (see
-    `held_out_files`), each ``{"input": "<task>: …", "target": …, "source": "path:line"}``, duplicates removed."""
+    """{"train", "val", "test"} built-in examples of ``tasks``: train and val from ``files``, split
+    by file (see `held_out_files`), test from ``test_files`` (none without them), each
+    ``{"input": "<task>: …", "target": …, "source": "path:line"}``; a pair is kept in the first
+    split it occurs in (train or val before test), so no test pair was trained or validated on."""
     unknown = [t for t in tasks if t not in BUILTIN_TASKS]
     if unknown:
         raise ValueError(f"unknown built-in tasks {unknown}; expected some of {list(BUILTIN_TASKS)}")
     root = Path(sysconfig.get_paths()["stdlib"])
     val_files = held_out_files(files, val_fraction)
-    splits: dict[str, list[Example]] = {"train": [], "val": []}
-    seen: set[tuple[str, str]] = set()  # a pair seen in one split is not repeated in the other
-    for path in files:
+    test_set = set(test_files)
+    if test_set & set(files):
+        raise ValueError(f"test files are training or validation files too: {sorted(map(str, test_set & set(files)))[:5]}")
+    splits: dict[str, list[Example]] = {"train": [], "val": [], "test": []}
+    seen: set[tuple[str, str]] = set()  # a pair seen in one split is not repeated in another
+    for path in [*files, *test_files]:
         source = path.read_text(encoding="utf-8", errors="replace")
         try:
             tree = ast.parse(source)
@@ -287,7 +302,7 @@ def builtin_text_to_text_examples(
             continue
         lines = source.splitlines()
         relative = str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
-        split = "val" if path in val_files else "train"
+        split = "test" if path in test_set else "val" if path in val_files else "train"
         for task in tasks:
             for text, target in BUILTIN_TASKS[task](tree, lines, max_chars):
                 pair = (f"{task}: {text}", target)
@@ -358,6 +373,11 @@ class TextToTextDataModule(SplitDataModule):
             or none when ``jsonl`` is given.
         jsonl / val_jsonl: users' JSONL files (``{"input": …, "target": …}`` per line); without
             ``val_jsonl`` a ``val_fraction`` of them is held out by a hash of the input.
+        test_jsonl: users' test examples (same format), scored by ``unitok test``.
+        test_fraction: built-in test examples come from the standard-library files after
+            ``builtin_max_bytes``, ``test_fraction`` of that many bytes (0, or
+            ``builtin_max_bytes`` None: none). Without any test example ``unitok test``
+            scores the validation split.
         allowed_prefixes: when given, every example's prefix must be one of them (else an error).
         builtin_max_bytes: how much of the standard library to read (built-in tasks and tokenizer).
         tokenizer: a saved BPE folder with T5's specials (a span-corruption run's ``pretrained``
@@ -366,8 +386,10 @@ class TextToTextDataModule(SplitDataModule):
         max_input_length / max_target_length: tokens, EOS included. A user's example that is
             longer is an error naming it unless ``truncation``; built-in ones are left out.
         max_chars: longest built-in input text (characters).
-        train_per_task / val_per_task: examples per task after a seeded shuffle (None = all).
+        train_per_task / val_per_task: examples per task after a seeded shuffle (None = all);
+            the test split takes ``val_per_task`` too.
         predict_inputs: inputs answered by ``unitok predict``.
+        predict_file: a text file whose non-empty lines are the inputs instead (ids ``file:line``).
     """
 
     drop_last_train = False  # every example trains, the last batch too
@@ -377,6 +399,7 @@ class TextToTextDataModule(SplitDataModule):
         tasks: list[str] | None = None,
         jsonl: list[str] | None = None,
         val_jsonl: list[str] | None = None,
+        test_jsonl: list[str] | None = None,
         allowed_prefixes: list[str] | None = None,
         builtin_max_bytes: int | None = 2_000_000,
         tokenizer: str | None = None,
@@ -389,11 +412,13 @@ class TextToTextDataModule(SplitDataModule):
         train_per_task: int | None = None,
         val_per_task: int | None = 100,
         val_fraction: float = 0.1,
+        test_fraction: float = 0.1,
         batch_size: int = 32,
         num_workers: int = 0,
         seed: int = 0,
-        cache_dir: str = "runs/cache",
+        cache_dir: str | None = None,
         predict_inputs: list[str] | None = None,
+        predict_file: str | None = None,
     ) -> None:
         super().__init__(batch_size, num_workers)
         if tasks is None:
@@ -415,22 +440,26 @@ class TextToTextDataModule(SplitDataModule):
                              f"{max_input_length}, {max_target_length}")
         if not 0.0 < val_fraction < 1.0:
             raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
+        if not 0.0 <= test_fraction < 1.0:
+            raise ValueError(f"test_fraction must be in [0, 1), got {test_fraction}")
         for name, value in (("train_per_task", train_per_task), ("val_per_task", val_per_task)):
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be ≥ 1 or None (all), got {value}")
         self.tasks, self.jsonl, self.val_jsonl = list(tasks), list(jsonl or []), list(val_jsonl or [])
+        self.test_jsonl, self.test_fraction = list(test_jsonl or []), test_fraction
         self.allowed_prefixes = list(allowed_prefixes) if allowed_prefixes is not None else None
         self.builtin_max_bytes, self.tokenizer_path = builtin_max_bytes, tokenizer
         self.requested_vocab_size, self.num_sentinels = vocab_size, num_sentinels
         self.max_input_length, self.max_target_length, self.truncation = max_input_length, max_target_length, truncation
         self.max_chars, self.train_per_task, self.val_per_task = max_chars, train_per_task, val_per_task
         self.val_fraction, self.seed = val_fraction, seed
-        self.cache_dir = Path(cache_dir)
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         self.predict_inputs = predict_inputs or [
             "name: Return the number of items in the queue.",
             "identifiers: self.assertEqual(result, expected)",
             "params: def send(self, data, flags=0):",
         ]
+        self.predict_file = predict_file
         self._tokenizer: BPETokenizer | None = None
         self._examples: dict[str, list[Example]] | None = None
         self._encoded: dict[str, list[dict[str, Any]]] = {}
@@ -438,6 +467,11 @@ class TextToTextDataModule(SplitDataModule):
     # ------------------------------------------------------------------ tokenizer
     def _corpus_files(self) -> list[Path]:
         return stdlib_source_files(self.builtin_max_bytes)
+
+    def _test_files(self) -> list[Path]:
+        """The standard-library files the built-in test examples come from (see `stdlib_test_files`)."""
+        budget = int(self.test_fraction * self.builtin_max_bytes) if self.builtin_max_bytes is not None else 0
+        return stdlib_test_files(self.builtin_max_bytes, budget)
 
     @property
     def tokenizer(self) -> BPETokenizer:
@@ -470,15 +504,17 @@ class TextToTextDataModule(SplitDataModule):
         return prefix
 
     def examples(self) -> dict[str, list[Example]]:
-        """{"train", "val"} examples (texts), built once and cached under ``cache_dir``."""
+        """{"train", "val", "test"} examples (texts; test may be empty), built once and cached
+        under ``cache_dir``."""
         if self._examples is None:
-            splits: dict[str, list[Example]] = {"train": [], "val": []}
+            splits: dict[str, list[Example]] = {"train": [], "val": [], "test": []}
             if self.tasks:
-                files = self._corpus_files()
-                key = _files_key(files, sorted(self.tasks), self.max_chars, self.val_fraction, "v2")
+                files, test_files = self._corpus_files(), self._test_files()
+                key = _files_key([*files, *test_files], len(files), sorted(self.tasks), self.max_chars,
+                                 self.val_fraction, "v3")
                 built = _json_cache(self.cache_dir, f"text-to-text-{key}",
                                     lambda: builtin_text_to_text_examples(files, self.tasks, self.max_chars,
-                                                                          self.val_fraction))
+                                                                          self.val_fraction, test_files))
                 for split in splits:
                     splits[split] += built[split]
             if self.jsonl:
@@ -489,13 +525,14 @@ class TextToTextDataModule(SplitDataModule):
                 else:
                     for ex in users:
                         splits["val" if _hash_unit(ex["input"]) < self.val_fraction else "train"].append(ex)
+            splits["test"] += load_jsonl_examples(self.test_jsonl)
             for split in splits:
                 for ex in splits[split]:
                     self.check_prefix(ex["input"], f"example {ex['source']}")
             splits = {split: self._per_task(rows, self.train_per_task if split == "train" else self.val_per_task)
                       for split, rows in splits.items()}
-            for split, rows in splits.items():
-                if not rows:
+            for split in ("train", "val"):
+                if not splits[split]:
                     raise ValueError(f"the {split} split has no examples; use more data or a larger val_fraction")
             self._examples = splits
         return self._examples
@@ -556,15 +593,18 @@ class TextToTextDataModule(SplitDataModule):
         self.encoded("val")
 
     def dataset(self, split: Split) -> list[dict[str, Any]] | None:
-        return self.encoded(split) if split != "test" else None
+        """The split's encoded examples (test: None when there are no test examples)."""
+        return self.encoded(split) if split != "test" or self.examples()["test"] else None
 
     def collate_fn(self, split: Split) -> TextToTextCollator:
         return TextToTextCollator(self.pad_token_id)
 
     def predict_dataloader(self) -> DataLoader:
-        for text in self.predict_inputs:
-            self.check_prefix(text, "predict input")
-        return DataLoader(self.predict_inputs, batch_size=len(self.predict_inputs), collate_fn=list)
+        """The predict inputs (or the predict file's lines), as lists of strings; prefixes checked."""
+        loader = prompt_loader(self.predict_inputs, self.predict_file, self.batch_size)
+        for i, text in enumerate(loader.dataset.texts):  # type: ignore[attr-defined]
+            self.check_prefix(text, f"predict input {loader.dataset.item_id(i)}")  # type: ignore[attr-defined]
+        return loader
 
 
 def encode_inputs(tokenizer: BPETokenizer, texts: Sequence[str]) -> dict[str, Tensor]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -13,16 +14,17 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from tasks.data.base import Split, SplitDataModule
+from tasks.data.base import Split, SplitDataModule, default_cache_dir
+from tasks.predictions import prompt_loader
 from tokenizers_mm import BPETokenizer
 
 # Parts of the standard library that are tests, vendored code or generated tables, not prose-like code.
 _SKIP_PARTS = {"site-packages", "dist-packages", "test", "tests", "idlelib", "lib2to3", "__pycache__", "encodings"}
 
 
-def stdlib_source_files(max_bytes: int | None = None) -> list[Path]:
-    """The Python standard library's own ``.py`` files (found through `sysconfig`), in a fixed
-    order, up to ``max_bytes`` in total: the built-in text corpus, on every Python install."""
+@functools.cache
+def _stdlib_files() -> tuple[Path, ...]:
+    """Every corpus file of the standard library, sorted (scanned once per process)."""
     root = Path(sysconfig.get_paths()["stdlib"])
     files = sorted(
         p for p in root.rglob("*.py")
@@ -30,14 +32,87 @@ def stdlib_source_files(max_bytes: int | None = None) -> list[Path]:
     )
     if not files:
         raise FileNotFoundError(f"no Python source files under the standard library at {root}")
+    return tuple(files)
+
+
+def stdlib_source_files(max_bytes: int | None = None) -> list[Path]:
+    """The Python standard library's own ``.py`` files (found through `sysconfig`), in a fixed
+    order, up to ``max_bytes`` in total: the built-in text corpus, on every Python install."""
     chosen, total = [], 0
-    for path in files:
+    for path in _stdlib_files():
         size = path.stat().st_size
         if max_bytes is not None and total + size > max_bytes and chosen:
             break
         chosen.append(path)
         total += size
     return chosen
+
+
+def stdlib_test_files(max_bytes: int | None, test_bytes: int) -> list[Path]:
+    """The built-in corpus's test files: of the standard-library files that follow the first
+    ``max_bytes`` of them (`stdlib_source_files`), in order, each (non-empty) one that still fits
+    in ``test_bytes`` — never read for training or validation. Empty when ``max_bytes`` is None
+    (every file is read already)."""
+    if max_bytes is None or test_bytes <= 0:
+        return []
+    files = _stdlib_files()
+    chosen, total = [], 0
+    for path in files[len(stdlib_source_files(max_bytes)):]:
+        size = path.stat().st_size
+        if 0 < size <= test_bytes - total:
+            chosen.append(path)
+            total += size
+    return chosen
+
+
+def split_test_files(
+    files: Sequence[Path] | None, builtin_max_bytes: int | None, test_fraction: float,
+    test_files: Sequence[Path] | None = None,
+) -> tuple[list[Path], list[Path]]:
+    """(training-and-validation files, test files) of a text corpus, disjoint by file.
+
+    ``test_files`` given: those are the test set and ``files`` stay whole. The built-in corpus
+    (``files`` None): the `stdlib_test_files` after ``builtin_max_bytes``, ``test_fraction`` of
+    that many bytes — the training and validation text is the same with or without them.
+    Users' ``files``: the last of them, as many as hold at most ``test_fraction`` of the bytes
+    (none when even the last file holds more, and never all of them). An empty test list means
+    no test split (``unitok test`` then scores the validation split).
+    """
+    if not 0.0 <= test_fraction < 1.0:
+        raise ValueError(f"test_fraction must be in [0, 1), got {test_fraction}")
+    if files is None:
+        source = stdlib_source_files(builtin_max_bytes)
+        if test_files is None:
+            budget = int(test_fraction * builtin_max_bytes) if builtin_max_bytes is not None else 0
+            return source, stdlib_test_files(builtin_max_bytes, budget)
+    elif test_files is not None:
+        source = list(files)
+    else:
+        sizes = [f.stat().st_size for f in files]
+        budget, held, n_test = test_fraction * sum(sizes), 0, 0
+        while n_test < len(files) - 1 and held + sizes[-n_test - 1] <= budget:
+            held += sizes[-n_test - 1]
+            n_test += 1
+        return list(files[: len(files) - n_test]), list(files[len(files) - n_test:])
+    shared = {f.resolve() for f in source} & {Path(f).resolve() for f in test_files}
+    if shared:
+        raise ValueError(f"test_files must not be training or validation files too: {sorted(map(str, shared))[:5]}")
+    return source, list(test_files)
+
+
+def text_file_paths(files: Sequence[str | Path] | None,
+                    test_files: Sequence[str | Path] | None) -> tuple[list[Path] | None, list[Path] | None]:
+    """``files`` and ``test_files`` as paths (None stays None), every one an existing file."""
+    paths = [Path(f) for f in files] if files is not None else None
+    tests = [Path(f) for f in test_files] if test_files is not None else None
+    missing = [str(f) for f in paths or [] if not f.is_file()]
+    if missing:
+        raise FileNotFoundError(f"text files not found: {missing[:5]}")
+    missing = [str(f) for f in tests or [] if not f.is_file()]
+    if missing or tests == []:
+        raise FileNotFoundError(f"test files not found: {missing[:5]}" if missing else
+                                "test_files is an empty list; leave it unset for the default test split")
+    return paths, tests
 
 
 def read_texts(files: Sequence[Path]) -> list[str]:
@@ -87,6 +162,11 @@ class TokenWindows(Dataset):
 class TextDataModule(SplitDataModule):
     """Language-modelling windows from text files, or from the built-in corpus when none are given.
 
+    Three splits: training windows and the validation tail come from one token stream; the test
+    split is whole files outside that stream (`split_test_files`: the standard-library files
+    after ``builtin_max_bytes``, or the last of users' files, or ``test_files``), tokenized with
+    the same tokenizer — ``unitok test`` scores text the run never trained or validated on.
+
     The tokenizer (trained here, or loaded from ``tokenizer``) and the token file are cached
     under ``cache_dir`` by a hash of the inputs, so a second run starts at once.
 
@@ -97,9 +177,12 @@ class TextDataModule(SplitDataModule):
         vocab_size: BPE vocabulary to train. context_length: tokens per window.
         batch_size / num_workers: data loading.
         val_fraction: the tail of the token stream held out for validation.
+        test_fraction: the test files' share (see `split_test_files`; 0: no test split, test =
+            validation). test_files: users' test files instead (then ``files`` stay whole).
         train_samples: random windows per training epoch.
         cache_dir: where tokenizer and token files are kept. seed: window sampling seed.
         predict_prompts: prompts continued by ``unitok predict``.
+        predict_file: a text file whose non-empty lines are the prompts instead (ids ``file:line``).
     """
 
     def __init__(
@@ -112,32 +195,35 @@ class TextDataModule(SplitDataModule):
         batch_size: int = 32,
         num_workers: int = 0,
         val_fraction: float = 0.05,
+        test_fraction: float = 0.1,
+        test_files: list[str] | None = None,
         train_samples: int = 20_000,
-        cache_dir: str = "runs/cache",
+        cache_dir: str | None = None,
         seed: int = 0,
         predict_prompts: list[str] | None = None,
+        predict_file: str | None = None,
     ) -> None:
         super().__init__(batch_size, num_workers)
+        if not 0.0 <= test_fraction < 1.0:
+            raise ValueError(f"test_fraction must be in [0, 1), got {test_fraction}")
         if not 0.0 < val_fraction < 1.0:
             raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
         if context_length < 1:
             raise ValueError(f"context_length must be ≥ 1, got {context_length}")
         if files is not None and len(files) == 0:
             raise ValueError("files is an empty list; leave it unset to use the built-in corpus")
-        self.files = [Path(f) for f in files] if files is not None else None
-        if self.files is not None:
-            missing = [str(f) for f in self.files if not f.is_file()]
-            if missing:
-                raise FileNotFoundError(f"text files not found: {missing[:5]}")
+        self.files, self.test_files = text_file_paths(files, test_files)
         self.builtin_max_bytes = builtin_max_bytes
+        self.test_fraction = test_fraction
         self.tokenizer_path = tokenizer
         self.requested_vocab_size = vocab_size
         self.context_length = context_length
         self.val_fraction = val_fraction
         self.train_samples = train_samples
-        self.cache_dir = Path(cache_dir)
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         self.seed = seed
         self.predict_prompts = predict_prompts or ["def ", "class ", "import "]
+        self.predict_file = predict_file
         self._tokenizer: BPETokenizer | None = None
         self._token_file: Path | None = None
         self._dtype = "uint16"
@@ -145,7 +231,12 @@ class TextDataModule(SplitDataModule):
 
     # ------------------------------------------------------------------ sources and cache
     def source_files(self) -> list[Path]:
-        return self.files if self.files is not None else stdlib_source_files(self.builtin_max_bytes)
+        """The files of the training and validation token stream (the tokenizer's text too)."""
+        return split_test_files(self.files, self.builtin_max_bytes, self.test_fraction, self.test_files)[0]
+
+    def test_source_files(self) -> list[Path]:
+        """The held-out test files, disjoint from `source_files` (empty: no test split)."""
+        return split_test_files(self.files, self.builtin_max_bytes, self.test_fraction, self.test_files)[1]
 
     def _cache_key(self, files: list[Path]) -> str:
         h = hashlib.sha1()
@@ -218,9 +309,29 @@ class TextDataModule(SplitDataModule):
         cut, end = self._split()
         return TokenWindows(self._token_file, self._dtype, cut, end, self.context_length)  # type: ignore[arg-type]
 
+    def test_dataset(self) -> TokenWindows | None:
+        """Consecutive windows of the test files, tokenized once and cached beside the token
+        file (None without test files)."""
+        files = self.test_source_files()
+        if not files:
+            return None
+        self.tokenizer  # noqa: B018  (the training stream's tokenizer and cache folder)
+        path = self._token_file.with_name(f"test-{self._cache_key(files)}.bin")  # type: ignore[union-attr]
+        if not path.is_file():
+            ids = np.fromiter((i for row in self.tokenizer.iter_ids(read_texts(files)) for i in row), dtype=self._dtype)
+            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # several processes may build it
+            ids.tofile(tmp)
+            tmp.replace(path)
+        n_tokens = path.stat().st_size // np.dtype(self._dtype).itemsize
+        if n_tokens < self.context_length + 1:
+            raise ValueError(f"the test files {[str(f) for f in files[:5]]} hold {n_tokens} tokens, fewer than "
+                             f"context_length + 1 = {self.context_length + 1}; pass test_files or test_fraction")
+        return TokenWindows(path, self._dtype, 0, n_tokens, self.context_length)
+
     def dataset(self, split: Split) -> TokenWindows | None:
-        """Random training windows, consecutive held-out windows (the tail; test: the same)."""
-        return {"train": self.train_dataset, "val": self.val_dataset}.get(split, lambda: None)()
+        """Random training windows, consecutive windows of the validation tail and of the test files."""
+        return {"train": self.train_dataset, "val": self.val_dataset, "test": self.test_dataset}[split]()
 
     def predict_dataloader(self) -> DataLoader:
-        return DataLoader(self.predict_prompts, batch_size=len(self.predict_prompts), collate_fn=list)
+        """The prompts (or the predict file's lines), as lists of strings."""
+        return prompt_loader(self.predict_prompts, self.predict_file, self.batch_size)

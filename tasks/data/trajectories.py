@@ -25,7 +25,13 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from tasks.data.base import Split, SplitDataModule
+from tasks.data.base import Split, SplitDataModule, default_cache_dir
+from tasks.data.sampling import (
+    ResumableBatchSampler,
+    SeededRandomSampler,
+    held_out_generator,
+    resumable_loader,
+)
 from tokenizers_mm.trajectory import (
     EncodedEpisodes,
     Episode,
@@ -34,7 +40,6 @@ from tokenizers_mm.trajectory import (
     episodes_to_arrays,
 )
 
-CACHE_ENV_VAR = "UNITOK_CACHE_DIR"
 GENERATOR_VERSION = 1  # bump when recording changes, so old caches are not reused
 QUALITIES = ("expert", "noisy", "random")
 
@@ -104,11 +109,6 @@ def record_episodes(
     finally:
         env.close()
     return episodes
-
-
-def default_cache_dir() -> Path:
-    """``$UNITOK_CACHE_DIR`` if set, else ``~/.cache/unitok``."""
-    return Path(os.environ.get(CACHE_ENV_VAR) or Path.home() / ".cache" / "unitok")
 
 
 def builtin_trajectories(
@@ -250,7 +250,16 @@ class TrajectoryDataModule(SplitDataModule):
 
     After ``setup`` (or on first use) it exposes ``tokenizer`` (statistics fitted on the
     training episodes), ``state_dim``, ``act_dim``, ``discrete``, ``max_episode_length``,
-    ``train_episodes`` / ``val_episodes``, and ``env_id`` for evaluation rollouts.
+    ``train_episodes`` / ``val_episodes`` / ``test_episodes``, and ``env_id`` for evaluation
+    rollouts.
+
+    Whole episodes are split, seeded: ``val_fraction`` of them are held out (the training
+    episodes are the rest), and the held-out episodes are cut into validation (``val_share`` of
+    them) and test episodes, so ``unitok test``'s loss and accuracy read episodes that neither
+    training nor checkpoint selection saw (built-in CartPole: 216 train / 12 val / 12 test).
+    With one held-out episode (or ``val_share=1.0``) there is no test split and the test loader
+    serves the validation episodes. The rollout return (the task's main test metric) plays
+    fresh episodes in the environment and reads none of these.
     Batches are dicts with ``states``, ``actions``, ``returns_to_go``, ``timesteps``,
     ``attention_mask`` (Hugging Face's names), ``rewards`` and ``terminals``.
 
@@ -261,10 +270,13 @@ class TrajectoryDataModule(SplitDataModule):
         context_length: K, steps per window.
         expert_episodes / noisy_episodes / random_episodes / noise_range: the built-in mix.
         return_scale: divide returns-to-go by this (default: the largest |episode return|).
-        val_fraction: held-out episodes (seeded split; at least one when there are two).
+        val_fraction: held-out episodes, validation and test together (seeded split; at least
+            one when there are two).
+        val_share: the share of the held-out episodes that validate (at least one); the rest
+            are the test episodes.
         batch_size / num_workers: data loading. seed: split and recording seed.
-        cache_dir: where built-in recordings are cached (default ``$UNITOK_CACHE_DIR`` or
-            ``~/.cache/unitok``).
+        cache_dir: where built-in recordings are cached (default: ``unitok fit``'s ``<run root>/cache``;
+            in Python ``$UNITOK_CACHE_DIR`` or ``~/.cache/unitok``).
     """
 
     def __init__(
@@ -282,6 +294,7 @@ class TrajectoryDataModule(SplitDataModule):
         num_workers: int = 0,
         seed: int = 0,
         cache_dir: str | None = None,
+        val_share: float = 0.5,
     ) -> None:
         super().__init__(batch_size, num_workers)
         if path is None and env_id is None:
@@ -292,16 +305,19 @@ class TrajectoryDataModule(SplitDataModule):
                              "give your own trajectories with path: my_data.npz")
         if not 0.0 <= val_fraction < 1.0:
             raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+        if not 0.0 < val_share <= 1.0:
+            raise ValueError(f"val_share must be in (0, 1], got {val_share}")
         if context_length < 1:
             raise ValueError(f"need context_length ≥ 1, got {context_length}")
         self.path, self.env_id, self.context_length = path, env_id, context_length
         self.mix = dict(expert_episodes=expert_episodes, noisy_episodes=noisy_episodes,
                         random_episodes=random_episodes, noise_range=tuple(noise_range))
-        self.return_scale, self.val_fraction = return_scale, val_fraction
+        self.return_scale, self.val_fraction, self.val_share = return_scale, val_fraction, val_share
         self.seed, self.cache_dir = seed, cache_dir
         self._tokenizer: TrajectoryTokenizer | None = None
         self._train: list[Episode] = []
         self._val: list[Episode] = []
+        self._test: list[Episode] = []
 
     # ------------------------------------------------------------------ data
     def episodes(self) -> list[Episode]:
@@ -320,7 +336,12 @@ class TrajectoryDataModule(SplitDataModule):
             n_val = min(max(n_val, 1), len(episodes) - 1)
         else:
             n_val = 0
-        self._val = [episodes[i] for i in sorted(order[:n_val])]
+        # The held-out episodes are the first n_val of the permutation (the training episodes do
+        # not depend on val_share); the first val_share of those validate, the rest test.
+        held = order[:n_val]
+        n_validate = min(max(1, round(self.val_share * n_val)), n_val)
+        self._val = [episodes[i] for i in sorted(held[:n_validate])]
+        self._test = [episodes[i] for i in sorted(held[n_validate:])]
         self._train = [episodes[i] for i in sorted(order[n_val:])]
         all_discrete = episodes[0].discrete
         act_dim = None
@@ -338,6 +359,12 @@ class TrajectoryDataModule(SplitDataModule):
     def val_episodes(self) -> list[Episode]:
         self.setup()
         return self._val
+
+    @property
+    def test_episodes(self) -> list[Episode]:
+        """The held-out episodes kept for ``unitok test`` (empty: the test loader serves validation's)."""
+        self.setup()
+        return self._test
 
     @property
     def tokenizer(self) -> TrajectoryTokenizer:
@@ -361,29 +388,42 @@ class TrajectoryDataModule(SplitDataModule):
     @property
     def max_episode_length(self) -> int:
         self.setup()
-        return max(ep.length for ep in self.train_episodes + self.val_episodes)
+        return max(ep.length for ep in self.train_episodes + self.val_episodes + self.test_episodes)
 
     def episode_returns(self) -> np.ndarray:
         """The return of every episode (training and held out)."""
         self.setup()
-        return np.array([ep.total_return for ep in self.train_episodes + self.val_episodes])
+        return np.array([ep.total_return for ep in self.train_episodes + self.val_episodes + self.test_episodes])
 
     # ------------------------------------------------------------------ loaders
     def dataset(self, split: Split) -> TrajectoryWindowDataset | None:
-        """One window per step of the split's episodes (test: the held-out episodes again)."""
-        episodes = self.train_episodes if split == "train" else self.val_episodes
+        """One window per step of the split's episodes (None: the split has no episodes)."""
+        episodes = {"train": self.train_episodes, "val": self.val_episodes, "test": self.test_episodes}[split]
         return TrajectoryWindowDataset(episodes, self.tokenizer) if episodes else None
 
     def collate_fn(self, split: Split) -> Any:
         return collate_windows
 
     def loader(self, split: Split) -> DataLoader:
-        """Training windows in a seeded order; no held-out episodes: an empty validation."""
-        dataset = self.dataset("train" if split == "train" else "val")
+        """Training windows in a seeded order; no held-out episodes: an empty validation; no
+        test episodes: the validation windows."""
+        dataset = self.dataset(split)
+        if dataset is None and split == "test":
+            dataset = self.dataset("val")
         if dataset is None:
             return []  # type: ignore[return-value]
-        train = split == "train"
-        generator = torch.Generator().manual_seed(self.seed) if train else None
-        return DataLoader(dataset, batch_size=self.batch_size, shuffle=train,
-                          drop_last=train and len(dataset) >= self.batch_size, collate_fn=collate_windows,
-                          num_workers=self.num_workers, persistent_workers=self.num_workers > 0, generator=generator)
+        if split == "train":
+            seed = self.train_seed()
+            batches = ResumableBatchSampler(SeededRandomSampler(dataset, seed), self.batch_size,
+                                            len(dataset) >= self.batch_size, seed, self.take_resume_point())
+            return resumable_loader(dataset, batches, collate_windows, self.num_workers)
+        return DataLoader(dataset, batch_size=self.batch_size, collate_fn=collate_windows, num_workers=self.num_workers,
+                          persistent_workers=self.num_workers > 0, generator=held_out_generator())
+
+    def predict_dataloader(self) -> DataLoader:
+        """One window per step of the test episodes (else the validation episodes, else every
+        episode when none is held out), in order."""
+        episodes = self.test_episodes or self.val_episodes or self.train_episodes
+        dataset = TrajectoryWindowDataset(episodes, self.tokenizer)
+        return DataLoader(dataset, batch_size=self.batch_size, collate_fn=collate_windows,
+                          num_workers=self.num_workers, persistent_workers=self.num_workers > 0)

@@ -37,32 +37,34 @@ def test_recipe_parses_and_says_what_it_shows(name, capsys):
 def test_pretrain_predict_and_fine_tune_from_bert_and_electra(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     main(["fit", "--config", str(RECIPES["mlm_tiny"]), *PRETRAIN])
-    bert = tmp_path / "runs" / "bert_mlm_tiny" / "pretrained"
+    bert = tmp_path / "runs" / "bert_mlm_tiny" / "latest" / "pretrained"
     assert {"model.safetensors", "config.json", "tokenizer.json", "vocab.txt"} <= {p.name for p in bert.iterdir()}
     assert list((tmp_path / "runs" / "bert_mlm_tiny").glob("version_*/metrics.csv"))
 
     main(["predict", "--config", str(RECIPES["mlm_tiny"]), *PRETRAIN,
-          "--ckpt_path", str(tmp_path / "runs" / "bert_mlm_tiny" / "checkpoints" / "last.ckpt"),
+          "--ckpt_path", str(tmp_path / "runs" / "bert_mlm_tiny" / "latest" / "checkpoints" / "last.ckpt"),
           "--data.predict_texts", "['import [MASK]']"])
     assert "import [MASK]  ->  import" in capsys.readouterr().out
 
     main(["fit", "--config", str(RECIPES["finetune_cls"]), *FINETUNE])
-    assert (tmp_path / "runs" / "bert_finetune_cls" / "pretrained" / "model.safetensors").is_file()
+    assert (tmp_path / "runs" / "bert_finetune_cls" / "latest" / "pretrained" / "model.safetensors").is_file()
     main(["fit", "--config", str(RECIPES["finetune_cls"]), *FINETUNE, "--model.mode", "features"])
     main(["fit", "--config", str(RECIPES["finetune_tokens"]), *FINETUNE])
-    assert (tmp_path / "runs" / "bert_finetune_tokens" / "pretrained" / "model.safetensors").is_file()
+    assert (tmp_path / "runs" / "bert_finetune_tokens" / "latest" / "pretrained" / "model.safetensors").is_file()
 
     main(["fit", "--config", str(RECIPES["electra_tiny"]), *PRETRAIN])
-    electra = tmp_path / "runs" / "electra_tiny" / "pretrained"
+    electra = tmp_path / "runs" / "electra_tiny" / "latest" / "pretrained"
     assert '"family": "ELECTRA"' in (electra / "config.json").read_text()
     main(["fit", "--config", str(RECIPES["finetune_cls"]), *FINETUNE, "--model.pretrained", str(electra),
           "--data.tokenizer", str(electra), "--model.mode", "frozen"])
 
 
-def test_fine_tuning_without_the_pretrained_folder_is_a_clear_error(tmp_path, monkeypatch):
+def test_fine_tuning_without_the_pretrained_folder_is_a_clear_error(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(FileNotFoundError, match="bert_mlm_tiny/pretrained"):
+    with pytest.raises(SystemExit) as error:
         main(["fit", "--config", str(RECIPES["finetune_cls"]), *FINETUNE])
+    assert error.value.code == 2
+    assert "runs/bert_mlm_tiny/latest/pretrained does not exist" in capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -1,6 +1,6 @@
 """BERT pretraining data: the masking statistics (15 % selected; 80 / 10 / 10 of them), special
-tokens and padding never selected, whole-word masking, NSP pairs (50 % real next lines), and
-the built-in labelled data (real labels, splits, first-sub-token alignment)."""
+tokens and padding never selected, whole-word masking, NSP pairs (50 % real next lines), test
+documents from files outside training and validation, and the built-in labelled data (real labels, splits, first-sub-token alignment)."""
 
 from __future__ import annotations
 
@@ -156,6 +156,20 @@ def test_collated_batch_never_masks_special_tokens_or_padding(data):
     val_a = next(iter(data.val_dataloader()))
     val_b = next(iter(data.val_dataloader()))
     assert torch.equal(val_a["input_ids"], val_b["input_ids"])  # validation masks are fixed
+
+
+def test_test_documents_are_files_outside_training_and_validation(data):
+    source, test = data.source_files(), data.test_source_files()
+    assert test and not set(source) & set(test)  # disjoint by file (a document is a file)
+    assert test == BERTDataModule(builtin_max_bytes=300_000).test_source_files()  # the same every time
+    ds = data.dataset("test")
+    assert len(ds) == 64 and ds.corpus is not data.corpus  # val_samples examples from the test documents
+    first = next(line for line in test[0].read_text().splitlines() if line.strip())
+    assert ds.corpus.span(0, 1).tolist() == data.tokenizer.encode_batch_ids([first.strip()])[0]
+    # `unitok test` reads them (with fixed masks), not the validation documents.
+    a, b = next(iter(data.test_dataloader())), next(iter(data.test_dataloader()))
+    assert torch.equal(a["input_ids"], b["input_ids"])
+    assert not torch.equal(a["input_ids"], next(iter(data.val_dataloader()))["input_ids"])
 
 
 def test_single_segment_mode_for_electra(tmp_path):

@@ -121,3 +121,7 @@ def test_question_answering_learns_to_point_at_spans(tmp_path):
     run.fit(task, datamodule=dm)
     assert float(run.callback_metrics["train_loss"]) < first
     assert 0.0 <= float(run.callback_metrics["val_exact_match"]) <= 1.0
+    # predict: each held-out question's answer span as text, p(start)·p(end), the documented name
+    records = [r for batch in run.predict(task, datamodule=dm) for r in batch]
+    assert len(records) == 8 and all(isinstance(r["prediction"], str) and 0.0 <= r["score"] <= 1.0 for r in records)
+    assert all(r["target"] and r["input"] for r in records)

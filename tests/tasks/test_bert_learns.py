@@ -53,7 +53,7 @@ def pretrained(tmp_path_factory):
                         warmup_steps=30, dropout=0.0)
     run = trainer(PRETRAIN_STEPS)
     run.fit(task, datamodule=dm)
-    folder = root / "pretrained"
+    folder = root / "latest" / "pretrained"
     task.model.save_pretrained(folder)
     dm.tokenizer.save(folder)
     metrics = {k: float(v) for k, v in run.callback_metrics.items()}

@@ -143,10 +143,10 @@ def test_bind_recipe_fits_exports_and_tests(tmp_path, monkeypatch, cache, capsys
              "--data.init_args.tasks.audio_image.init_args.held_out_utterances", "60"]
     main(["fit", "--config", str(recipe), *quick])
     run = tmp_path / "runs" / "clip_bind_audio"
-    model = CLIP.from_pretrained(run / "pretrained")
+    model = CLIP.from_pretrained(run / "latest" / "pretrained")
     assert model.config.audio is not None and model.config.audio.spectrogram["n_mels"] == 80
     capsys.readouterr()
-    main(["test", "--config", str(recipe), "--ckpt_path", str(run / "checkpoints" / "last.ckpt"), *quick])
+    main(["test", "--config", str(recipe), "--ckpt_path", str(run / "latest" / "checkpoints" / "last.ckpt"), *quick])
     printed = "".join(capsys.readouterr())
     for line in ("image zero-shot accuracy", "audio zero-shot accuracy", "recall@1 audio→image"):
         assert line in printed, printed[-2000:]

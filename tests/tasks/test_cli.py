@@ -43,9 +43,9 @@ def test_fit_subprocess_then_predict_test_and_sample(tmp_path, monkeypatch, caps
                "--trainer.val_check_interval", "5", "--model.generate_max_new_tokens", "5", *QUICK]
     run = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
-    checkpoints = tmp_path / "runs" / "gpt_tiny" / "checkpoints"
+    checkpoints = tmp_path / "runs" / "gpt_tiny" / "latest" / "checkpoints"
     assert (checkpoints / "last.ckpt").is_file()
-    pretrained = tmp_path / "runs" / "gpt_tiny" / "pretrained"
+    pretrained = tmp_path / "runs" / "gpt_tiny" / "latest" / "pretrained"
     assert {"model.safetensors", "config.json", "tokenizer.json"} <= {p.name for p in pretrained.iterdir()}
     assert list((tmp_path / "runs" / "gpt_tiny").glob("version_*/metrics.csv"))
 

@@ -24,20 +24,20 @@ def test_digits_recipe_fits_exports_and_tests_zero_shot(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     main(["fit", "--config", str(DIGITS), *QUICK])
     run = tmp_path / "runs" / "clip_digits"
-    model = CLIP.from_pretrained(run / "pretrained")
+    model = CLIP.from_pretrained(run / "latest" / "pretrained")
     assert model.config.vision.image_size == (32, 32)
     assert "val_zero_shot_acc" in (run / "version_0" / "metrics.csv").read_text()
-    main(["test", "--config", str(DIGITS), "--ckpt_path", str(run / "checkpoints" / "last.ckpt"), *QUICK])
+    main(["test", "--config", str(DIGITS), "--ckpt_path", str(run / "latest" / "checkpoints" / "last.ckpt"), *QUICK])
     assert "test_zero_shot_acc" in (run / "version_1" / "metrics.csv").read_text()
 
 
 def test_digits_recipe_with_a_locked_pretrained_vit_and_a_shared_backbone(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     main(["fit", "--config", str(ROOT / "configs" / "vit" / "digits.yaml"), *QUICK])
-    vit = tmp_path / "runs" / "vit_digits" / "pretrained"
+    vit = tmp_path / "runs" / "vit_digits" / "latest" / "pretrained"
     main(["fit", "--config", str(DIGITS), "--model.image_tower", str(vit), "--model.lock_image_tower", "true", *QUICK])
     main(["fit", "--config", str(DIGITS), "--model.preset", "clip-digits-shared", *QUICK])
-    assert CLIP.from_pretrained(tmp_path / "runs" / "clip_digits" / "pretrained").config.shared_backbone
+    assert CLIP.from_pretrained(tmp_path / "runs" / "clip_digits" / "latest" / "pretrained").config.shared_backbone
 
 
 def test_pairs_recipe_reads_a_users_jsonl_file(tmp_path, monkeypatch):
@@ -51,4 +51,4 @@ def test_pairs_recipe_reads_a_users_jsonl_file(tmp_path, monkeypatch):
     main(["fit", "--config", str(PAIRS), "--data.train_file", "captions.jsonl", "--model.preset", "clip-digits",
           "--data.image_size", "32", "--data.channels", "1", "--data.batch_size", "2", "--data.num_workers", "0",
           "--data.val_fraction", "0.25", *QUICK])
-    assert (tmp_path / "runs" / "clip_pairs" / "pretrained" / "model.safetensors").is_file()
+    assert (tmp_path / "runs" / "clip_pairs" / "latest" / "pretrained" / "model.safetensors").is_file()

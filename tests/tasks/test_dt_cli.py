@@ -11,7 +11,7 @@ import pytest
 
 from tasks import record_episodes, save_trajectories
 from tasks.cli import main
-from tokenizers_mm import TrajectoryTokenizer
+from tokenizers_mm import Processor
 from unitok.models import DecisionTransformer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,15 +38,15 @@ def test_cartpole_recipe_fits_then_tests_from_the_checkpoint(tmp_path, monkeypat
              "--data.cache_dir", str(tmp_path / "cache")]
     main(["fit", "--config", str(CARTPOLE), *QUICK, *small])
     run = tmp_path / "runs" / "dt_cartpole"
-    assert (run / "checkpoints" / "last.ckpt").is_file()
-    model = DecisionTransformer.from_pretrained(run / "pretrained")
+    assert (run / "latest" / "checkpoints" / "last.ckpt").is_file()
+    model = DecisionTransformer.from_pretrained(run / "latest" / "pretrained")
     assert model.config.context_length == 10  # linked from the data module
-    assert TrajectoryTokenizer.load(run / "pretrained") == model.tokenizer()
+    assert Processor.load(run / "latest" / "pretrained").trajectory == model.tokenizer()  # in processor_config.json
     metrics = (run / "version_0" / "metrics.csv").read_text()
     assert all(f"eval_return_{t}" in metrics for t in (100, 250, 500))
     assert (run / "version_0" / "returns_vs_target.png").is_file()
 
-    main(["test", "--config", str(CARTPOLE), "--ckpt_path", str(run / "checkpoints" / "last.ckpt"), *QUICK, *small])
+    main(["test", "--config", str(CARTPOLE), "--ckpt_path", str(run / "latest" / "checkpoints" / "last.ckpt"), *QUICK, *small])
     assert "test_loss" in (run / "version_1" / "metrics.csv").read_text()
     assert (run / "version_1" / "returns_vs_target.png").is_file()
 
@@ -56,7 +56,7 @@ def test_offline_recipe_trains_on_a_users_file(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     main(["fit", "--config", str(OFFLINE), "--data.path", str(path), "--data.env_id", "Pendulum-v1", *QUICK])
     run = tmp_path / "runs" / "dt_offline"
-    model = DecisionTransformer.from_pretrained(run / "pretrained")
+    model = DecisionTransformer.from_pretrained(run / "latest" / "pretrained")
     assert (model.config.state_dim, model.config.act_dim, model.config.discrete) == (3, 1, False)
     assert model.config.action_low is not None and model.config.return_scale > 0
     assert "eval_return_top" in (run / "version_0" / "metrics.csv").read_text()

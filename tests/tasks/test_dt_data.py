@@ -16,6 +16,7 @@ from tasks import (
     save_trajectories,
 )
 from tasks.data import trajectories as rl_data
+from tasks.data.base import CACHE_ENV
 from tasks.data.trajectories import TrajectoryWindowDataset, collate_windows
 from tokenizers_mm import Episode, episodes_to_arrays
 
@@ -59,7 +60,7 @@ def test_recording_is_seeded_and_checks_its_arguments():
 
 
 def test_builtin_data_is_cached_in_the_env_var_directory(tmp_path, monkeypatch):
-    monkeypatch.setenv(rl_data.CACHE_ENV_VAR, str(tmp_path))
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
     first = builtin_trajectories("CartPole-v1", **SMALL, seed=1)
     files = list((tmp_path / "trajectories").glob("CartPole-v1-*.npz"))
     assert len(files) == 1 and len(first) == 7
@@ -135,8 +136,8 @@ def test_cartpole_data_module_serves_masked_windows(tmp_path):
     dm = TrajectoryDataModule(env_id="CartPole-v1", context_length=5, batch_size=8, val_fraction=0.3,
                               cache_dir=str(tmp_path), **SMALL)
     assert (dm.state_dim, dm.act_dim, dm.discrete) == (4, 2, True)
-    assert len(dm.train_episodes) == 5 and len(dm.val_episodes) == 2
-    assert {id(e) for e in dm.train_episodes}.isdisjoint(id(e) for e in dm.val_episodes)
+    assert len(dm.train_episodes) == 5 and len(dm.val_episodes) == 1 and len(dm.test_episodes) == 1  # 2 held out
+    assert {id(e) for e in dm.train_episodes}.isdisjoint(id(e) for e in dm.val_episodes + dm.test_episodes)
     batch = next(iter(dm.train_dataloader()))
     assert batch["states"].shape == (8, 5, 4) and batch["actions"].shape == (8, 5)
     assert batch["actions"].dtype == torch.long and batch["returns_to_go"].shape == (8, 5, 1)

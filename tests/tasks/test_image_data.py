@@ -19,8 +19,9 @@ def test_digits_split_is_fixed_disjoint_and_stratified():
     train, held = dm.train_indices, dm.held_out_indices
     assert (len(train), len(held)) == (1437, 360)  # 20 % of 1,797 held out
     assert not set(train) & set(held) and sorted([*train, *held]) == list(range(1797))
-    # Stratified: every digit is held out in its share of the data (20 % of ~180 scans each).
-    counts = np.bincount(dm.val_set.labels.numpy(), minlength=10)
+    # Stratified: every digit is held out in its share of the data (20 % of ~180 scans each),
+    # half of it validating and half testing.
+    counts = np.bincount(dm.val_set.labels.numpy(), minlength=10) + np.bincount(dm.test_set.labels.numpy(), minlength=10)
     assert counts.min() >= 35 and counts.max() <= 37
     # Fixed: another module with the same seed holds out the same scans; another seed does not.
     again = DigitsDataModule()
@@ -29,9 +30,9 @@ def test_digits_split_is_fixed_disjoint_and_stratified():
     other = DigitsDataModule(split_seed=1)
     other.setup("fit")
     assert not np.array_equal(other.held_out_indices, held)
-    # Validation and test are the same held-out split.
-    val, test = next(iter(dm.val_dataloader())), next(iter(dm.test_dataloader()))
-    assert torch.equal(val["pixel_values"], test["pixel_values"])
+    # Validation and test are the two disjoint halves of the held-out scans (tests/tasks/test_test_splits.py).
+    assert (len(dm.val_set), len(dm.test_set)) == (180, 180)
+    assert sorted([*dm.val_indices, *dm.test_indices]) == held.tolist()
 
 
 def test_digits_are_one_channel_images_normalised_to_minus_one_one():
@@ -115,6 +116,17 @@ def test_train_and_val_folders_become_batches(tmp_path):
     assert means.argmax(dim=1).tolist() == batch["labels"].tolist()
     train = next(iter(dm.train_dataloader()))  # shuffled, whole batches only
     assert train["pixel_values"].shape == (5, 3, 16, 16)
+
+
+def test_a_test_folder_is_the_test_split(tmp_path):
+    write_images(tmp_path / "train", per_class=4)
+    write_images(tmp_path / "test", per_class=1)
+    dm = ImageFolderDataModule(root=str(tmp_path), image_size=16, batch_size=8, val_fraction=0.25)
+    assert (len(dm.train_files), len(dm.val_files), len(dm.test_files)) == (9, 3, 3)
+    assert not set(dm.test_files) & set(dm.train_files + dm.val_files)  # disjoint by file
+    batch = next(iter(dm.test_dataloader()))
+    assert batch["labels"].tolist() == [0, 1, 2]  # one image of each class from root/test
+    assert dm.dataset("test").item_id(0) == str(tmp_path / "test" / "cat" / "0.png")
 
 
 def test_grey_images_and_a_held_out_fraction_of_one_folder(tmp_path):

@@ -46,13 +46,13 @@ def test_four_task_recipe_fits_one_model_and_tests_from_its_checkpoint(tmp_path,
              "--model.init_args.objectives.cartpole.init_args.eval_episodes", "1"]
     main(["fit", "--config", str(FOUR), *QUICK, *small])
     run = tmp_path / "runs" / "mm_four_tasks"
-    model = MultimodalTransformer.from_pretrained(run / "pretrained")
+    model = MultimodalTransformer.from_pretrained(run / "latest" / "pretrained")
     assert set(model.config.modalities) == {"image", "audio", "text", "trajectory"}
     metrics = (run / "version_0" / "metrics.csv").read_text()
     for column in ("digits/val_acc", "speech/val_cer", "text/val_ppl", "cartpole/val_return", "train_loss"):
         assert column in metrics, column
     capsys.readouterr()
-    main(["test", "--config", str(FOUR), "--ckpt_path", str(run / "checkpoints" / "last.ckpt"), *QUICK, *small])
+    main(["test", "--config", str(FOUR), "--ckpt_path", str(run / "latest" / "checkpoints" / "last.ckpt"), *QUICK, *small])
     assert "test: digits acc" in capsys.readouterr().out
 
 
@@ -64,6 +64,6 @@ def test_match_recipe_fits_an_image_and_an_audio_segment_in_one_sequence(tmp_pat
                            cache_dir=tmp_path / "speech", batch_size=4)]
     main(["fit", "--config", str(MATCH), *QUICK, *small])
     run = tmp_path / "runs" / "mm_match"
-    model = MultimodalTransformer.from_pretrained(run / "pretrained")
+    model = MultimodalTransformer.from_pretrained(run / "latest" / "pretrained")
     assert set(model.config.modalities) == {"image", "audio"} and model.config.heads["match"].segment == "image"
     assert "match/val_acc" in (run / "version_0" / "metrics.csv").read_text()

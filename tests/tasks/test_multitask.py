@@ -158,7 +158,7 @@ def test_the_pairs_are_balanced_and_hold_out_voices_and_scans(caches):
     _, _, train_paths = data.spoken("train")
     _, digits, held_paths = data.spoken("held_out")
     assert not set(train_paths) & set(held_paths) and sorted(set(digits)) == list(range(10))
-    assert len(held) == 16 and held.images.shape[0] == len(data.digits.held_out_indices)
+    assert len(held) == 16 and held.images.shape[0] == len(data.digits.val_indices)  # the validation scans
     batch = next(iter(data.val_dataloader()))
     assert batch["features"].shape[-1] == 80 and batch["feature_lengths"].max() == batch["features"].shape[1]
     assert batch["labels"].tolist() == (batch["image_digits"] == batch["audio_digits"]).long().tolist()
@@ -166,19 +166,26 @@ def test_the_pairs_are_balanced_and_hold_out_voices_and_scans(caches):
 
 @pytest.mark.slow
 def test_a_scan_and_a_spoken_digit_in_one_sequence_learn_same_digit_on_held_out_voices():
-    # mm-tiny (2 layers of width 64) on 1,400 single-digit utterances of the 35 training voices,
-    # with the recipe's helpers: digit scans on the image segment, spoken digit strings (CTC) on
-    # the audio segment — without the speech helper the pairs alone stay at chance this early.
-    # Held out: unseen scans, spoken by the 5 held-out voices. Seed 0: see the assertion message.
+    # mm-tiny (2 layers of width 64), 650 steps, on "same digit?" pairs of training scans and the
+    # 1,400 single-digit utterances of the 35 training voices (40 mel bins, cheaper frames), with
+    # the recipe's helpers: digit scans on the image segment, CTC on the same single-digit
+    # utterances on the audio segment — without the speech helper the pairs alone stay at chance
+    # this early (0.54 at 650 steps). The match loss weighs 3: at 1 the helpers dominate and it
+    # only starts to learn around step 450. Held out: the whole validation split, 720 pairs of
+    # the 180 validation scans and the 5 held-out voices. Measured: seeds 0/1/2 reach
+    # 0.908/0.899/0.917 (all ≥ 0.82 already by step 450).
     L.seed_everything(0)
-    data = MultiTaskDataModule({"match": ImageAudioPairsDataModule(batch_size=32),
-                                "digits": DigitsDataModule(batch_size=32),
-                                "speech": SpokenDigitsDataModule(batch_size=8)})
-    task = MultiTaskTask({"match": ImageAudioMatch(), "digits": ImageClassification(),
+    audio = dict(spectrogram={"n_mels": 40})
+    data = MultiTaskDataModule({
+        "match": ImageAudioPairsDataModule(batch_size=32, **audio),
+        "digits": DigitsDataModule(batch_size=32),
+        "speech": SpokenDigitsDataModule(max_digits=1, train_utterances=1400, held_out_utterances=300,
+                                         batch_size=16, **audio)})  # the pairs' corpus
+    task = MultiTaskTask({"match": ImageAudioMatch(loss_weight=3.0), "digits": ImageClassification(),
                           "speech": SpeechRecognition()}, preset="mm-tiny", learning_rate=2e-3, warmup_steps=30)
-    trainer(450, gradient_clip_val=1.0, limit_val_batches=0).fit(task, datamodule=data)
+    trainer(650, gradient_clip_val=1.0, limit_val_batches=0).fit(task, datamodule=data)
     result = trainer(limit_val_batches=None).validate(task, datamodule=data, verbose=False)[0]
-    assert result["match/val_acc"] >= 0.8, f"held-out match accuracy {result['match/val_acc']:.3f}"
+    assert result["match/val_acc"] >= 0.8, f"held-out match accuracy {result['match/val_acc']:.3f} (chance 0.5)"
 
 
 @pytest.mark.slow

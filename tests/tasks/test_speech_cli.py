@@ -39,14 +39,14 @@ def test_spoken_digits_recipe_fits_exports_and_tests_with_beam_search(tmp_path, 
     main(["fit", "--config", str(DIGITS), *QUICK, *SMALL_CORPUS, *cache])
     run = tmp_path / "runs" / "conformer_digits"
     assert "val_cer" in (run / "version_0" / "metrics.csv").read_text()
-    model = ConformerCTC.from_pretrained(run / "pretrained")
+    model = ConformerCTC.from_pretrained(run / "latest" / "pretrained")
     assert "".join(model.config.vocabulary) == " efghinorstuvwxz" and model.config.spectrogram["n_mels"] == 80
-    corpus = next((tmp_path / "cache").glob("digits-*"))
+    corpus = next((tmp_path / "cache").rglob("digits-*"))
     held_out = read_manifest(corpus / "held_out.jsonl")
     texts = model.transcribe([str(u.audio_filepath) for u in held_out[:2]], decoder="beam", beam_size=4)
     assert len(texts) == 2 and all(isinstance(t, str) for t in texts)
 
-    main(["test", "--config", str(DIGITS), "--ckpt_path", str(run / "checkpoints" / "last.ckpt"),
+    main(["test", "--config", str(DIGITS), "--ckpt_path", str(run / "latest" / "checkpoints" / "last.ckpt"),
           "--model.decoder", "beam", "--model.beam_size", "4", *QUICK, *SMALL_CORPUS, *cache])
     metrics = (run / "version_1" / "metrics.csv").read_text()
     assert "test_cer" in metrics and "test_wer" in metrics
@@ -70,6 +70,6 @@ def test_manifest_recipe_reads_a_users_jsonl_manifest(tmp_path, monkeypatch):
           "conformer-digits", "--data.batch_size", "2", "--data.num_workers", "0", "--data.val_fraction", "0.34",
           "--trainer.max_epochs", "1", "--trainer.devices", "1", "--trainer.enable_progress_bar", "false",
           "--trainer.enable_model_summary", "false", "--trainer.log_every_n_steps", "1"])
-    model = ConformerCTC.from_pretrained(tmp_path / "runs" / "conformer_manifest" / "pretrained")
+    model = ConformerCTC.from_pretrained(tmp_path / "runs" / "conformer_manifest" / "latest" / "pretrained")
     assert "".join(model.config.vocabulary) == " enosy"
     assert len(model.transcribe(str(tmp_path / "0.flac"))) == 1

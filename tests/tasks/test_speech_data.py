@@ -26,6 +26,7 @@ from tasks.data.speech import (
     DigitsCorpusSpec,
     read_manifest,
     spoken_digits_corpus,
+    validation_rows,
 )
 from tokenizers_mm import CharacterVocabulary
 
@@ -91,8 +92,8 @@ def test_the_corpus_is_cached_and_not_synthesised_again(tiny_corpus, monkeypatch
     corpus, cache = tiny_corpus
     monkeypatch.setattr(speech_data, "synthesize", lambda *a, **k: pytest.fail("synthesised again"))
     assert spoken_digits_corpus(DigitsCorpusSpec(**TINY), cache) == corpus
-    monkeypatch.setenv(CACHE_ENV, str(cache))
-    assert spoken_digits_corpus(DigitsCorpusSpec(**TINY)) == corpus  # the env var names the cache
+    monkeypatch.setenv(CACHE_ENV, str(corpus.parent))
+    assert spoken_digits_corpus(DigitsCorpusSpec(**TINY)) == corpus  # the env var names the corpora's folder
 
 
 def test_synthesis_runs_the_wheels_library_even_with_a_broken_espeak_ng_on_path(tmp_path, monkeypatch):
@@ -142,7 +143,7 @@ def test_spoken_digit_batches_pad_frames_and_targets_and_keep_lengths(tiny_corpu
     batch = next(iter(dm.val_dataloader()))
     assert set(batch) == {"features", "feature_lengths", "targets", "target_lengths", "texts"}
     B, N, F = batch["features"].shape
-    assert B == 3 and F == 80 and int(batch["feature_lengths"].max()) == N
+    assert B == 2 and F == 80 and int(batch["feature_lengths"].max()) == N  # 2 of the 3 held-out rows validate
     for i in range(B):
         n, length = int(batch["feature_lengths"][i]), int(batch["target_lengths"][i])
         assert torch.all(batch["features"][i, n:] == 0) and torch.all(batch["targets"][i, length:] == 0)
@@ -154,9 +155,9 @@ def test_specaugment_applies_to_training_batches_only(tiny_corpus):
     _, cache = tiny_corpus
     dm = SpokenDigitsDataModule(cache_dir=str(cache), batch_size=2, freq_masks=2, freq_width=20, **TINY)
     train = dm.train_dataloader().dataset  # no explicit setup: the loaders set up on first use
-    val = dm.val_dataloader().dataset
-    assert len(train) == 6 and len(val) == 3
-    assert train.augment is dm.spec_augment and val.augment is None
+    val, test = dm.val_dataloader().dataset, dm.test_dataloader().dataset
+    assert len(train) == 6 and len(val) == 2 and len(test) == 1
+    assert train.augment is dm.spec_augment and val.augment is None and test.augment is None
     torch.manual_seed(0)
     masked = train[0]["features"]
     clean = dm.tokenizer.features(dm.train_utterances[0].audio_filepath)
@@ -169,6 +170,43 @@ def test_worker_processes_load_the_same_batches(tiny_corpus):
     batches = [next(iter(SpokenDigitsDataModule(cache_dir=str(cache), batch_size=3, num_workers=workers,
                                                 **TINY).val_dataloader())) for workers in (0, 2)]
     assert torch.equal(batches[0]["features"], batches[1]["features"]) and batches[0]["texts"] == batches[1]["texts"]
+
+
+def test_held_out_rows_are_cut_into_validation_and_test_without_a_new_corpus(tiny_corpus, monkeypatch):
+    corpus, cache = tiny_corpus
+    monkeypatch.setattr(speech_data, "synthesize", lambda *a, **k: pytest.fail("synthesised again"))
+    dm = SpokenDigitsDataModule(cache_dir=str(cache), batch_size=3, augment=False, **TINY)
+    dm.setup("fit")
+    assert dm.corpus == corpus  # the same spec, the same cached corpus
+    assert dm.train_utterances == read_manifest(corpus / "train.jsonl")  # training: every training row, as before
+    held = read_manifest(corpus / "held_out.jsonl")
+    assert dm.val_utterances == held[0::2] and dm.test_utterances == held[1::2]  # alternate rows
+    files = {name: {u.audio_filepath for u in rows}
+             for name, rows in (("train", dm.train_utterances), ("val", dm.val_utterances),
+                                ("test", dm.test_utterances))}
+    assert not files["train"] & files["val"] and not files["train"] & files["test"]
+    assert not files["val"] & files["test"]
+    tested = dm.test_dataloader()
+    assert [u.audio_filepath for u in tested.dataset.utterances] == [u.audio_filepath for u in held[1::2]]
+    assert sorted(t for batch in tested for t in batch["texts"]) == sorted(u.text for u in held[1::2])
+    assert {u.audio_filepath for u in dm.predict_dataloader().dataset.utterances} == files["test"]
+    # val_share=1.0: every held-out row validates, and the test loader serves them again.
+    whole = SpokenDigitsDataModule(cache_dir=str(cache), batch_size=3, augment=False, val_share=1.0, **TINY)
+    whole.setup("fit")
+    assert whole.val_utterances == held and whole.test_utterances is None
+    assert [u.audio_filepath for u in whole.test_dataloader().dataset.utterances] == [u.audio_filepath for u in held]
+    with pytest.raises(ValueError, match="val_share"):
+        SpokenDigitsDataModule(cache_dir=str(cache), val_share=0.0, **TINY)
+
+
+def test_the_default_cut_gives_every_held_out_voice_to_both_parts():
+    rows = [r for r in DigitsCorpusSpec().rows() if r["split"] == "held_out"]
+    validates = validation_rows(len(rows), 0.5)
+    assert sum(validates) == 100 and len(rows) - sum(validates) == 100
+    val_voices = {r["voice"] for r, v in zip(rows, validates) if v}
+    test_voices = {r["voice"] for r, v in zip(rows, validates) if not v}
+    assert val_voices == test_voices == set(HELD_OUT_VOICES)
+    assert validation_rows(5, 1.0) == [True] * 5 and validation_rows(4, 0.25) == [True, False, False, False]
 
 
 # --------------------------------------------------------------------------- users' manifests

@@ -81,8 +81,10 @@ def test_validation_logs_cer_and_wer_and_predict_returns_transcripts(tiny_cache)
     metrics = trainer().validate(task, datamodule=dm, verbose=False)[0]
     assert {"val_loss", "val_cer", "val_wer"} <= set(metrics)
     assert metrics["val_cer"] >= 0.5  # an untrained model transcribes nothing useful
-    texts = [t for batch in trainer().predict(task, datamodule=dm) for t in batch]
-    assert len(texts) == 4 and all(set(t) <= set(dm.vocabulary.chars) for t in texts)
+    records = [r for batch in trainer().predict(task, datamodule=dm) for r in batch]
+    texts = [r["prediction"] for r in records]
+    assert len(texts) == 2 and all(set(t) <= set(dm.vocabulary.chars) for t in texts)  # the 2 test rows of 4 held out
+    assert all(r["score"] <= 0 and r["target"] for r in records)  # log P(text | audio); the true transcript
 
 
 def test_a_pretrained_model_must_match_the_datas_vocabulary(tiny_cache, tmp_path):

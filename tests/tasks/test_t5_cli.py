@@ -27,9 +27,9 @@ FINETUNE_QUICK = ["--data.builtin_max_bytes", "150000", "--data.batch_size", "4"
 def test_pretrain_then_fine_tune_then_predict(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     main(["fit", "--config", PRETRAIN, *STEPS, *PRETRAIN_QUICK])
-    pretrained = tmp_path / "runs" / "t5_span_corruption_tiny" / "pretrained"
+    pretrained = tmp_path / "runs" / "t5_span_corruption_tiny" / "latest" / "pretrained"
     assert {"model.safetensors", "config.json", "tokenizer.json"} <= {p.name for p in pretrained.iterdir()}
-    assert (tmp_path / "runs" / "t5_span_corruption_tiny" / "checkpoints" / "last.ckpt").is_file()
+    assert (tmp_path / "runs" / "t5_span_corruption_tiny" / "latest" / "checkpoints" / "last.ckpt").is_file()
 
     main(["fit", "--config", FINETUNE, *STEPS, *FINETUNE_QUICK])
     run = tmp_path / "runs" / "t5_text_to_text"
@@ -39,7 +39,7 @@ def test_pretrain_then_fine_tune_then_predict(tmp_path, monkeypatch, capsys):
     assert any(c.startswith("val_exact_match_") and c != "val_exact_match_beam" for c in columns)  # per task
 
     capsys.readouterr()
-    main(["predict", "--config", FINETUNE, "--ckpt_path", str(run / "checkpoints" / "last.ckpt"),
+    main(["predict", "--config", FINETUNE, "--ckpt_path", str(run / "latest" / "checkpoints" / "last.ckpt"),
           *FINETUNE_QUICK, "--data.predict_inputs", "['params: def f(x, y):', 'statement: return x']"])
     printed = capsys.readouterr().out
     assert "params: def f(x, y):\n→ " in printed and "statement: return x\n→ " in printed

@@ -1,5 +1,6 @@
 """T5 data: the tokenizer's special tokens, span-corruption batches from the built-in corpus,
-the built-in text-to-text tasks (right answers, held out by file), users' JSONL, and clear
+the built-in text-to-text tasks (right answers, held out by file, a test split from files
+outside the corpus), users' JSONL, and clear
 errors for unknown prefixes, targets that are too long and tokenizers without sentinels."""
 
 from __future__ import annotations
@@ -73,6 +74,13 @@ def test_span_corruption_batches_from_the_builtin_corpus(cache):
     inputs = a["input_ids"][0][a["attention_mask"][0].bool()].tolist()
     targets = [t for t in a["labels"][0].tolist() if t != -100]
     assert restore_spans(inputs, targets, sentinel_ids(dm.tokenizer), eos=1) == window
+    # The test split: windows of the standard-library files after the corpus, masked the same way every time.
+    assert dm.test_source_files() and not set(dm.test_source_files()) & set(dm.source_files())
+    t1, t2 = next(iter(dm.test_dataloader())), next(iter(dm.test_dataloader()))
+    assert all(torch.equal(t1[k], t2[k]) for k in t1) and not torch.equal(t1["input_ids"], a["input_ids"])
+    inputs = t1["input_ids"][0][t1["attention_mask"][0].bool()].tolist()
+    targets = [t for t in t1["labels"][0].tolist() if t != -100]
+    assert restore_spans(inputs, targets, sentinel_ids(dm.tokenizer), eos=1) == dm.dataset("test")[0]["input_ids"].tolist()
 
 
 def test_span_corruption_refuses_a_tokenizer_without_sentinels(tmp_path, cache):
@@ -125,6 +133,26 @@ def test_held_out_examples_come_from_held_out_files(cache):
     assert held_out_files(files) == held_out_files(list(reversed(files)))  # by hash, not by order
 
 
+def test_test_examples_come_from_files_outside_the_corpus(cache, tmp_path):
+    dm = TextToTextDataModule(**SMALL, cache_dir=cache, val_per_task=None)
+    examples = dm.examples()
+    root = dm._corpus_files()[0].parent
+    test_files = {str(f.relative_to(root)) for f in dm._test_files()}
+    sources = {split: {ex["source"] for ex in rows} for split, rows in examples.items()}
+    assert sources["test"] and sources["test"] <= test_files  # non-empty, from the test files only
+    assert not sources["test"] & (sources["train"] | sources["val"])  # disjoint by file
+    seen = {(ex["input"], ex["target"]) for split in ("train", "val") for ex in examples[split]}
+    assert not any((ex["input"], ex["target"]) in seen for ex in examples["test"])  # no trained pair
+    again = TextToTextDataModule(**SMALL, cache_dir=str(tmp_path), val_per_task=None).examples()["test"]
+    assert [ex["input"] for ex in again] == [ex["input"] for ex in examples["test"]]  # the same every time
+    batch = next(iter(dm.test_dataloader()))
+    assert batch["input_ids"].shape[0] == min(32, len(examples["test"]))
+    assert torch.equal(batch["input_ids"][0][batch["attention_mask"][0].bool()],
+                       torch.tensor(dm.encoded("test")[0]["input_ids"]))
+    # Without a test split (test_fraction 0), `unitok test` scores the validation examples.
+    assert TextToTextDataModule(**SMALL, cache_dir=cache, test_fraction=0.0).dataset("test") is None
+
+
 def test_text_to_text_mixes_tasks_by_prefix(cache):
     dm = TextToTextDataModule(**SMALL, cache_dir=cache, batch_size=64, train_per_task=40, val_per_task=5)
     dm.prepare_data()
@@ -151,6 +179,10 @@ def test_users_jsonl_examples(tmp_path, cache):
     val = write_jsonl(tmp_path / "val.jsonl", [{"input": "double: 100", "target": "200"}])
     dm = TextToTextDataModule(jsonl=[str(tmp_path / "train.jsonl")], val_jsonl=[val], **SMALL, cache_dir=cache)
     assert [ex["target"] for ex in dm.examples()["val"]] == ["200"]
+    assert dm.dataset("test") is None  # users' examples only: no test split unless test_jsonl
+    test = write_jsonl(tmp_path / "test.jsonl", [{"input": "negate: 100", "target": "-100"}])
+    dm = TextToTextDataModule(jsonl=[str(tmp_path / "train.jsonl")], test_jsonl=[test], **SMALL, cache_dir=cache)
+    assert [ex["target"] for ex in dm.examples()["test"]] == ["-100"] and len(dm.dataset("test")) == 1
 
 
 def test_bad_jsonl_lines_are_errors_naming_the_line(tmp_path):

@@ -1,4 +1,5 @@
-"""TextDataModule: built-in corpus, cached token file, windows, held-out split, bad input."""
+"""TextDataModule: built-in corpus, cached token file, windows, held-out splits (validation
+tail, test files), bad input."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import pytest
 import torch
 
 from tasks import TextDataModule, stdlib_source_files
+from tasks.data.text import split_test_files, stdlib_test_files
 
 
 def test_builtin_corpus_is_the_standard_library_source():
@@ -50,6 +52,61 @@ def test_validation_is_a_held_out_tail(tmp_path, corpus):
     assert np.all(np.diff(val.offsets) == 16)
 
 
+def test_builtin_test_split_is_the_files_after_the_corpus(tmp_path):
+    dm = TextDataModule(builtin_max_bytes=60_000, vocab_size=300, context_length=16, batch_size=4,
+                        cache_dir=str(tmp_path / "cache"))
+    source, test = dm.source_files(), dm.test_source_files()
+    assert source == stdlib_source_files(60_000)  # training and validation text: as without a test split
+    assert test and not set(source) & set(test)  # disjoint by file
+    assert 0 < sum(f.stat().st_size for f in test) <= 6_000  # test_fraction (0.1) of builtin_max_bytes
+    assert test == stdlib_test_files(60_000, 6_000) == TextDataModule(builtin_max_bytes=60_000).test_source_files()
+    # The test windows are the test files' tokens, consecutive, in their own token file.
+    windows = dm.dataset("test")
+    assert len(windows) > 0 and windows.path != dm.val_dataset().path == dm.train_dataset().path
+    first_file = next(dm.tokenizer.iter_ids([test[0].read_text(encoding="utf-8", errors="replace")]))
+    assert windows[0]["input_ids"].tolist() == first_file[:16]
+    # `unitok test` reads them, and validation still reads the tail of the training stream.
+    assert torch.equal(next(iter(dm.test_dataloader()))["input_ids"][0], windows[0]["input_ids"])
+    assert not torch.equal(next(iter(dm.val_dataloader()))["input_ids"][0], windows[0]["input_ids"])
+
+
+def write_files(folder, n):
+    folder.mkdir()
+    paths = []
+    for k in range(n):
+        path = folder / f"part{k:02d}.txt"
+        path.write_text("".join(f"def f_{k}_{i}(x):\n    return x * {i} + {k}\n\n" for i in range(150)))
+        paths.append(path)
+    return paths
+
+
+def test_users_last_files_are_the_test_split(tmp_path):
+    files = write_files(tmp_path / "text", 12)  # equal sizes: 1 of 12 is at most 10 %
+    dm = TextDataModule(files=list(map(str, files)), vocab_size=300, context_length=16, batch_size=4,
+                        cache_dir=str(tmp_path / "cache"))
+    assert dm.source_files() == files[:11] and dm.test_source_files() == files[11:]
+    assert split_test_files(files, None, 0.1) == (files[:11], files[11:])  # the same every time
+    assert split_test_files(files, None, 0.3) == (files[:9], files[9:])
+    assert split_test_files(files, None, 0.0) == (files, [])  # 0: no test split
+    assert split_test_files(files[:1], None, 0.5) == (files[:1], [])  # one file: never all of it
+    stream = dm.tokenizer.decode(np.fromfile(dm.train_dataset().path, dtype=dm._dtype).tolist())
+    assert "def f_10_" in stream and "def f_11_" not in stream  # the test file is not in the training stream
+    assert "def f_11_" in dm.tokenizer.decode(next(iter(dm.test_dataloader()))["input_ids"][0])
+    # Explicit test files leave `files` whole; a file in both is an error.
+    own = TextDataModule(files=list(map(str, files[:3])), test_files=[str(files[5])], vocab_size=300,
+                         context_length=16, cache_dir=str(tmp_path / "cache"))
+    assert own.source_files() == files[:3] and own.test_source_files() == [files[5]]
+    with pytest.raises(ValueError, match="must not be training"):
+        TextDataModule(files=[str(files[0])], test_files=[str(files[0])]).source_files()
+
+
+def test_one_user_file_has_no_test_split_and_tests_on_validation(tmp_path, corpus):
+    dm = TextDataModule(files=[str(corpus)], vocab_size=300, context_length=16, batch_size=4,
+                        cache_dir=str(tmp_path / "cache"))
+    assert dm.dataset("test") is None
+    assert torch.equal(next(iter(dm.test_dataloader()))["input_ids"], next(iter(dm.val_dataloader()))["input_ids"])
+
+
 def test_bad_data_arguments_are_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="not found"):
         TextDataModule(files=[str(tmp_path / "missing.txt")])
@@ -57,6 +114,10 @@ def test_bad_data_arguments_are_named(tmp_path):
         TextDataModule(files=[])
     with pytest.raises(ValueError, match="val_fraction"):
         TextDataModule(val_fraction=1.5)
+    with pytest.raises(ValueError, match="test_fraction"):
+        TextDataModule(test_fraction=1.0)
+    with pytest.raises(FileNotFoundError, match="test files not found"):
+        TextDataModule(test_files=[str(tmp_path / "missing.txt")])
     tiny = tmp_path / "tiny.txt"
     tiny.write_text("x = 1\n")
     dm = TextDataModule(files=[str(tiny)], vocab_size=270, context_length=64, cache_dir=str(tmp_path / "c"))

@@ -26,11 +26,11 @@ def test_vit_recipe_fits_then_tests_from_the_checkpoint(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     main(["fit", "--config", str(VIT), *QUICK])
     run = tmp_path / "runs" / "vit_digits"
-    assert (run / "checkpoints" / "last.ckpt").is_file()
-    assert {"model.safetensors", "config.json"} <= {p.name for p in (run / "pretrained").iterdir()}
+    assert (run / "latest" / "checkpoints" / "last.ckpt").is_file()
+    assert {"model.safetensors", "config.json"} <= {p.name for p in (run / "latest" / "pretrained").iterdir()}
     assert list(run.glob("version_0/metrics.csv"))
 
-    main(["test", "--config", str(VIT), "--ckpt_path", str(run / "checkpoints" / "last.ckpt"), *QUICK])
+    main(["test", "--config", str(VIT), "--ckpt_path", str(run / "latest" / "checkpoints" / "last.ckpt"), *QUICK])
     assert (run / "version_1" / "confusion_matrix.png").is_file()
     assert "test_acc" in (run / "version_1" / "metrics.csv").read_text()
 
@@ -41,7 +41,7 @@ def test_distillation_recipe_trains_its_cnn_teacher_first_and_keeps_it_out_of_th
     run = tmp_path / "runs" / "deit_digits_distill"
     teacher = run / "version_0" / "teacher_cnn.pt"
     assert teacher.is_file()
-    checkpoint = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    checkpoint = torch.load(run / "latest" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     assert checkpoint["state_dict"] and all(k.startswith("model.") for k in checkpoint["state_dict"])
     # The saved teacher is a path the recipe accepts instead of training a new one.
     main(["fit", "--config", str(DEIT), "--model.teacher", str(teacher), "--model.distillation", "hard", *QUICK])
@@ -58,6 +58,11 @@ def test_image_folder_recipe_reads_a_users_folder_tree(tmp_path, monkeypatch):
                 pixels[..., c] = 255
                 Image.fromarray(pixels).save(tmp_path / "images" / split / name / f"{i}.png")
     monkeypatch.chdir(tmp_path)
-    main(["fit", "--config", str(FOLDER), "--data.root", str(tmp_path / "images"), "--model.num_classes", "3",
+    main(["fit", "--config", str(FOLDER), "--data.root", str(tmp_path / "images"),  # 3 classes: linked from the data
           "--data.batch_size", "4", "--data.num_workers", "0", *QUICK])
-    assert (tmp_path / "runs" / "vit_imagefolder" / "checkpoints" / "last.ckpt").is_file()
+    assert (tmp_path / "runs" / "vit_imagefolder" / "latest" / "checkpoints" / "last.ckpt").is_file()
+    import unitok
+
+    model = unitok.load(tmp_path / "runs" / "vit_imagefolder" / "latest" / "pretrained")
+    assert model.config.num_classes == 3  # no --model.num_classes: the folder's classes reached the model
+    assert model.processor.labels == ("circle", "square", "star")

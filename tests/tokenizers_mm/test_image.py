@@ -297,8 +297,10 @@ def test_other_bad_inputs_say_what_is_wrong():
         tok.encode([])
     with pytest.raises(ValueError, match="different sizes .* need resize=True"):
         tok.encode([torch.rand(3, 8, 8), torch.rand(3, 8, 12)])
-    with pytest.raises(TypeError, match="unsupported image type str"):
-        tok.encode("cat.png")
+    with pytest.raises(FileNotFoundError, match="no image file at cat.png"):
+        tok.encode("cat.png")  # a path is read as an image file, so a missing one says so
+    with pytest.raises(TypeError, match="unsupported image type int; give PIL images, image file paths"):
+        tok.encode(3)
     with pytest.raises(ValueError, match=r"\(C, H, W\) or \(B, C, H, W\)"):
         tok.encode(torch.rand(8, 8))
     with pytest.raises(ValueError, match="features and a grid"):

@@ -1,10 +1,11 @@
-"""BERT and ELECTRA (Hugging Face) -> unitok `BERT`.
+"""BERT and ELECTRA (Hugging Face) <-> unitok `BERT`.
 
 `BertModel`, `BertForPreTraining`, `BertForMaskedLM`, `BertForSequenceClassification`,
 `BertForTokenClassification`, `BertForQuestionAnswering`, `ElectraModel`,
 `ElectraForPreTraining` (the discriminator) and `ElectraForMaskedLM` (the generator) become
 one `BERT` class whose ``heads`` say which heads came along. Separate query / key / value
-projections are packed into the backbone's fused ``qkv``.
+projections are packed into the backbone's fused ``qkv``. The same key maps
+(`bert_encoder_rules`, `LAYOUTS`) take a `BERT` back to the class its heads fit (`export_bert`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,20 @@ import torch
 from safetensors.torch import load_file
 from torch import Tensor
 
-from unitok.convert.transformers import register_transformers_converter
+from unitok.convert.keymap import (
+    KeyRule,
+    invert,
+    leaves,
+    load_reference,
+    placed_like,
+    renames,
+    to_ours,
+    to_theirs,
+)
+from unitok.convert.transformers import (
+    register_transformers_converter,
+    register_transformers_exporter,
+)
 from unitok.models.base import load_state_dict_strict
 from unitok.models.bert import BERT, BERTConfig
 
@@ -68,30 +82,26 @@ def bert_config(hf_config: Any, heads: tuple[str, ...], num_labels: int = 0) -> 
     )
 
 
+def bert_encoder_rules(n_layers: int, prefix: str = "") -> list[KeyRule]:
+    """The key map of a `BertModel` / `ElectraModel` (reference keys under ``prefix``, e.g. "bert.")."""
+    emb = f"{prefix}embeddings."
+    rules = [KeyRule(f"{emb}word_embeddings.weight", "embeddings.tok_embed.weight"),
+             KeyRule(f"{emb}position_embeddings.weight", "embeddings.pos_embed.weight"),
+             KeyRule(f"{emb}token_type_embeddings.weight", "embeddings.seg_embed.weight"),
+             *leaves(f"{emb}LayerNorm", "embeddings.norm"),
+             *leaves(f"{prefix}embeddings_project", "embeddings.proj")]
+    for i in range(n_layers):
+        src, dst = f"{prefix}encoder.layer.{i}.", f"backbone.blocks.{i}.sublayers."
+        for leaf in ("weight", "bias"):
+            rules.append(KeyRule(tuple(f"{src}attention.self.{name}.{leaf}" for name in ("query", "key", "value")),
+                                 f"{dst}attn.qkv.{leaf}"))
+        rules += renames(_LAYER_KEYS, src, dst)
+    return rules + leaves(f"{prefix}pooler.dense", "pooler.dense")
+
+
 def _encoder_state(state: dict[str, Tensor], n_layers: int) -> dict[str, Tensor]:
     """Embeddings and layers of a `BertModel` / `ElectraModel` state dict (prefix removed)."""
-    out = {
-        "embeddings.tok_embed.weight": state["embeddings.word_embeddings.weight"],
-        "embeddings.pos_embed.weight": state["embeddings.position_embeddings.weight"],
-        "embeddings.norm.weight": state["embeddings.LayerNorm.weight"],
-        "embeddings.norm.bias": state["embeddings.LayerNorm.bias"],
-    }
-    if "embeddings.token_type_embeddings.weight" in state:
-        out["embeddings.seg_embed.weight"] = state["embeddings.token_type_embeddings.weight"]
-    for leaf in ("weight", "bias"):
-        if f"embeddings_project.{leaf}" in state:
-            out[f"embeddings.proj.{leaf}"] = state[f"embeddings_project.{leaf}"]
-    for i in range(n_layers):
-        src, dst = f"encoder.layer.{i}.", f"backbone.blocks.{i}.sublayers."
-        for leaf in ("weight", "bias"):
-            out[f"{dst}attn.qkv.{leaf}"] = torch.cat(
-                [state[f"{src}attention.self.{name}.{leaf}"] for name in ("query", "key", "value")], dim=0)
-            for theirs, ours in _LAYER_KEYS.items():
-                out[f"{dst}{ours}.{leaf}"] = state[f"{src}{theirs}.{leaf}"]
-    for leaf in ("weight", "bias"):
-        if f"pooler.dense.{leaf}" in state:
-            out[f"pooler.dense.{leaf}"] = state[f"pooler.dense.{leaf}"]
-    return out
+    return to_ours(bert_encoder_rules(n_layers), state, {})
 
 
 def _split(state: dict[str, Tensor], prefix: str) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
@@ -158,10 +168,7 @@ def convert_bert_state(hf_config: Any, hf_state: dict[str, Tensor], architecture
         heads = tuple(h for h in heads if h != "pooler")
     model = BERT(bert_config(hf_config, heads, hf_config.num_labels if layout.labelled else 0))
     state = _encoder_state(encoder, model.config.n_layers)
-    for theirs, ours in layout.head_keys.items():
-        for leaf in ("weight", "bias"):
-            if f"{theirs}.{leaf}" in head_state:
-                state[f"{ours}.{leaf}"] = head_state[f"{theirs}.{leaf}"]
+    state.update(to_ours(renames(layout.head_keys), head_state, {}))
     if layout.mlm is not None:
         bias_key, decoder_key = layout.mlm
         _check_tied(head_state.get(decoder_key), state["embeddings.tok_embed.weight"], architecture)
@@ -178,6 +185,84 @@ def convert_bert_state(hf_config: Any, hf_state: dict[str, Tensor], architecture
 def convert_bert(hf_model: Any) -> BERT:
     """Any class in `LAYOUTS`: the same encoder, the heads that class has."""
     return convert_bert_state(hf_model.config, hf_model.state_dict(), type(hf_model).__name__)
+
+
+def bert_architecture(config: BERTConfig) -> str:
+    """The Hugging Face class (a `LAYOUTS` name) whose heads are exactly ``config.heads``."""
+    factorised = config.embed_dim != config.d_model
+    heads = set(config.heads)
+    if not heads and not factorised:
+        return "BertModel"  # without its pooler (add_pooling_layer=False)
+    for name, layout in LAYOUTS.items():
+        if set(layout.heads) == heads and (name.startswith("Electra") or not factorised):
+            return name
+    held = "; ".join(f"{name}: {layout.heads}" for name, layout in LAYOUTS.items())
+    why = " with factorised embeddings (only ELECTRA classes hold embedding_size ≠ d_model)" if factorised else ""
+    raise ValueError(f"BERTConfig.heads={config.heads}{why} fit no single Hugging Face class ({held}); "
+                     "pass architecture= one whose heads the model has (the others are left out)")
+
+
+def bert_hf_config(config: BERTConfig, architecture: str) -> Any:
+    """A `BertConfig` / `ElectraConfig` for a unitok `BERTConfig`; ValueError naming a field the
+    class cannot express."""
+    import transformers
+
+    electra = architecture.startswith("Electra")
+    if config.embed_dim != config.d_model and not electra:
+        raise ValueError(f"BERTConfig.embedding_size={config.embedding_size} (≠ d_model) has no {architecture} "
+                         "equivalent; only ELECTRA classes factorise their embeddings")
+    if architecture == "ElectraForMaskedLM" and config.activation != "gelu":
+        raise ValueError(f"BERTConfig.activation={config.activation!r}: ELECTRA's generator head always uses "
+                         "GELU, so only activation='gelu' exports to ElectraForMaskedLM")
+    layout = LAYOUTS[architecture]
+    fields = dict(
+        vocab_size=config.vocab_size, hidden_size=config.d_model, num_hidden_layers=config.n_layers,
+        num_attention_heads=config.n_heads, intermediate_size=config.backbone_config().hidden_dim,
+        hidden_act=invert(_ACTIVATIONS)[config.activation], hidden_dropout_prob=config.dropout,
+        attention_probs_dropout_prob=config.attn_dropout, max_position_embeddings=config.context_length,
+        # No segment embeddings here: one all-zero segment row adds nothing, as unitok does.
+        type_vocab_size=max(config.type_vocab_size, 1), layer_norm_eps=config.norm_eps,
+        pad_token_id=config.pad_token_id, classifier_dropout=config.classifier_dropout,
+        num_labels=config.num_labels if layout.labelled else 2,
+    )
+    if electra:
+        return transformers.ElectraConfig(embedding_size=config.embed_dim, **fields)
+    return transformers.BertConfig(**fields)
+
+
+@register_transformers_exporter(BERT)
+def export_bert(model: BERT, architecture: str | None = None) -> Any:
+    """unitok `BERT` -> the Hugging Face BERT / ELECTRA class of its heads (eval mode, the same
+    outputs). ``architecture``: a `LAYOUTS` name whose heads the model has; others are dropped."""
+    import transformers
+
+    config = model.config
+    if architecture is None:
+        architecture = bert_architecture(config)
+    elif architecture not in LAYOUTS:
+        raise ValueError(f"no BERT layout for {architecture!r}; supported: {', '.join(sorted(LAYOUTS))}")
+    layout = LAYOUTS[architecture]
+    optional = ("pooler",) if architecture == "BertModel" else ()  # add_pooling_layer
+    missing = [h for h in layout.heads if h not in config.heads and h not in optional]
+    if missing:
+        raise ValueError(f"{architecture} holds heads {layout.heads}, but this model lacks {missing} "
+                         f"(BERTConfig.heads={config.heads})")
+    hf_config = bert_hf_config(config, architecture)
+    cls = getattr(transformers, architecture)
+    hf_model = cls(hf_config, add_pooling_layer=model.pooler is not None) if architecture == "BertModel" \
+        else cls(hf_config)
+    ours = dict(model.state_dict())
+    if config.type_vocab_size == 0:
+        ours["embeddings.seg_embed.weight"] = ours["embeddings.tok_embed.weight"].new_zeros(1, config.embed_dim)
+    target = hf_model.state_dict()
+    rules = bert_encoder_rules(config.n_layers, layout.prefix) + renames(layout.head_keys)
+    if layout.mlm is not None:
+        bias_key, decoder_key = layout.mlm
+        rules += [KeyRule(key, "mlm_head.decoder.bias")
+                  for key in (bias_key, decoder_key.removesuffix("weight") + "bias") if key in target]
+    state = {k: v for k, v in to_theirs(rules, ours, target).items() if k in target}  # heads left out
+    load_reference(hf_model, state, ignore=tuple(k for k in target if k.endswith(("position_ids", "token_type_ids"))))
+    return placed_like(hf_model, model)
 
 
 # Hugging Face BertConfig defaults, for config.json files that leave fields out.

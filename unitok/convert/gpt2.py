@@ -1,7 +1,8 @@
-"""GPT-2 (`GPT2LMHeadModel`, `GPT2Model`) -> unitok `GPT`.
+"""GPT-2 (`GPT2LMHeadModel`, `GPT2Model`) <-> unitok `GPT`.
 
 GPT-2 stores its linear layers as ``Conv1D`` with weights (in, out): they are transposed.
-Its fused ``c_attn`` already packs q, k, v in our order.
+Its fused ``c_attn`` already packs q, k, v in our order. One key map (`gpt2_rules`) serves
+both directions: `convert_gpt2` imports, `export_gpt` builds a ``GPT2LMHeadModel``.
 """
 
 from __future__ import annotations
@@ -10,7 +11,19 @@ from typing import Any
 
 import torch
 
-from unitok.convert.transformers import register_transformers_converter
+from unitok.convert.keymap import (
+    KeyRule,
+    invert,
+    leaves,
+    load_reference,
+    placed_like,
+    to_ours,
+    to_theirs,
+)
+from unitok.convert.transformers import (
+    register_transformers_converter,
+    register_transformers_exporter,
+)
 from unitok.models.base import load_state_dict_strict
 from unitok.models.gpt import GPT, GPTConfig
 
@@ -43,42 +56,82 @@ def gpt2_config(hf_config: Any) -> GPTConfig:
         d_ff=hf_config.n_inner,
         activation=_ACTIVATIONS[act],  # type: ignore[arg-type]
         norm_eps=hf_config.layer_norm_epsilon,
-        dropout=0.0,
+        dropout=float(hf_config.resid_pdrop),  # the reference's own (one rate: GPT-2 sets all three alike)
         eos_token_id=eos if eos is not None and eos < hf_config.vocab_size else None,
         pad_token_id=pad if pad is not None and pad < hf_config.vocab_size else None,
     )
 
 
+# Per-layer names: Hugging Face sub-path -> unitok sub-path under backbone.blocks.{i}.sublayers.
+_LAYER_KEYS = {
+    "ln_1": "attn.norm", "attn.c_attn": "attn.qkv", "attn.c_proj": "attn.proj",
+    "ln_2": "mlp.norm", "mlp.c_fc": "mlp.fc_in", "mlp.c_proj": "mlp.fc_out",
+}
+_CONV1D = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")  # weights stored (in, out)
+
+
+def gpt2_rules(n_layers: int, prefix: str = "", embeddings: bool = True) -> list[KeyRule]:
+    """The GPT-2 key map (reference keys under ``prefix``, e.g. "transformer."); ``embeddings``
+    includes the token and position tables."""
+    rules = [KeyRule(f"{prefix}wte.weight", "tok_embed.weight"),
+             KeyRule(f"{prefix}wpe.weight", "pos_embed.weight")] if embeddings else []
+    rules += leaves(f"{prefix}ln_f", "backbone.norm")
+    for i in range(n_layers):
+        for theirs, ours in _LAYER_KEYS.items():
+            src, dst = f"{prefix}h.{i}.{theirs}", f"backbone.blocks.{i}.sublayers.{ours}"
+            # Conv1D weights are (in, out); nn.Linear wants (out, in). LayerNorm weights are 1-D.
+            rules += [KeyRule(f"{src}.weight", f"{dst}.weight", transpose=theirs in _CONV1D),
+                      KeyRule(f"{src}.bias", f"{dst}.bias")]
+    return rules
+
+
 def gpt2_state_dict(hf_state: dict[str, torch.Tensor], n_layers: int) -> dict[str, torch.Tensor]:
     """Rename (and transpose) GPT-2 weights into unitok's key layout."""
     state = {k.removeprefix("transformer."): v for k, v in hf_state.items()}
-    out = {
-        "tok_embed.weight": state["wte.weight"],
-        "pos_embed.weight": state["wpe.weight"],
-        "backbone.norm.weight": state["ln_f.weight"],
-        "backbone.norm.bias": state["ln_f.bias"],
-    }
-    for i in range(n_layers):
-        src, dst = f"h.{i}.", f"backbone.blocks.{i}.sublayers."
-        pairs = {
-            "ln_1": "attn.norm", "attn.c_attn": "attn.qkv", "attn.c_proj": "attn.proj",
-            "ln_2": "mlp.norm", "mlp.c_fc": "mlp.fc_in", "mlp.c_proj": "mlp.fc_out",
-        }
-        for hf_name, ours in pairs.items():
-            weight = state[f"{src}{hf_name}.weight"]
-            # Conv1D weights are (in, out); nn.Linear wants (out, in). LayerNorm weights are 1-D.
-            out[f"{dst}{ours}.weight"] = weight.t().contiguous() if weight.dim() == 2 else weight
-            out[f"{dst}{ours}.bias"] = state[f"{src}{hf_name}.bias"]
-    return out
+    return to_ours(gpt2_rules(n_layers), state, {})
 
 
 @register_transformers_converter("GPT2LMHeadModel", "GPT2Model")
 def convert_gpt2(hf_model: Any) -> GPT:
     config = gpt2_config(hf_model.config)
-    model = GPT(config)
     state = {k: v for k, v in hf_model.state_dict().items() if not k.endswith((".attn.bias", ".attn.masked_bias"))}
     lm_head = state.pop("lm_head.weight", None)
-    if lm_head is not None and not torch.equal(lm_head, state["transformer.wte.weight"]):
-        raise ValueError("GPT-2 checkpoint has an untied lm_head; unitok GPT ties it to the token embedding")
-    load_state_dict_strict(model, gpt2_state_dict(state, config.n_layers), ignore=model.tied_keys)
+    untied = lm_head is not None and not torch.equal(lm_head, state["transformer.wte.weight"])
+    model = GPT(config.replace(tie_embeddings=not untied))
+    ours = gpt2_state_dict(state, config.n_layers)
+    if untied:
+        ours["lm_head.weight"] = lm_head.detach()
+    load_state_dict_strict(model, ours, ignore=model.tied_keys)
     return model.to(next(hf_model.parameters()).dtype)
+
+
+def gpt2_hf_config(config: GPTConfig) -> Any:
+    """A `GPT2Config` for a unitok `GPTConfig`; ValueError naming a field GPT-2 cannot express."""
+    from transformers import GPT2Config
+
+    if config.positions != "learned":
+        raise ValueError(f"GPTConfig.positions={config.positions!r} has no GPT-2 equivalent (GPT-2 learns "
+                         "its position table: positions='learned')")
+    if not config.bias:
+        raise ValueError("GPTConfig.bias=False has no GPT-2 equivalent (its linears and LayerNorms have biases)")
+    eos, pad = config.eos_token_id, config.pad_token_id
+    return GPT2Config(
+        vocab_size=config.vocab_size, n_positions=config.context_length, n_embd=config.d_model,
+        n_layer=config.n_layers, n_head=config.n_heads, n_inner=config.d_ff,
+        activation_function=invert(_ACTIVATIONS)[config.activation], layer_norm_epsilon=config.norm_eps,
+        resid_pdrop=config.dropout, embd_pdrop=config.dropout, attn_pdrop=config.dropout,
+        bos_token_id=eos, eos_token_id=eos, pad_token_id=pad, tie_word_embeddings=config.tie_embeddings,
+    )
+
+
+@register_transformers_exporter(GPT)
+def export_gpt(model: GPT) -> Any:
+    """unitok `GPT` -> ``transformers.GPT2LMHeadModel`` with the same logits (eval mode)."""
+    from transformers import GPT2LMHeadModel
+
+    hf_model = GPT2LMHeadModel(gpt2_hf_config(model.config))
+    rules = gpt2_rules(model.config.n_layers, prefix="transformer.")
+    if not model.config.tie_embeddings:
+        rules.append(KeyRule("lm_head.weight", "lm_head.weight"))
+    load_reference(hf_model, to_theirs(rules, model.state_dict(), hf_model.state_dict()))
+    return placed_like(hf_model, model)

@@ -1,15 +1,28 @@
-"""open_clip -> unitok: `open_clip.CLIP` with a ViT image tower and its own text transformer.
+"""open_clip <-> unitok: `open_clip.CLIP` with a ViT image tower and its own text transformer.
 
-Like the timm converter, this reads the module tree (and the few attributes open_clip keeps)
-and refuses, by name, the options unitok does not implement instead of dropping them.
+Like the timm converter, the importer reads the module tree (and the few attributes open_clip
+keeps) and refuses, by name, the options unitok does not implement instead of dropping them.
+`to_open_clip` builds an open_clip ``CLIP`` from a unitok config (refusing, by field, what
+open_clip cannot hold: an audio tower, projection biases, ...) and fills it through the same
+key map (`clip_rules`) read backwards.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from torch import Tensor, nn
+from torch import nn
 
+from unitok.convert.keymap import (
+    KeyRule,
+    leaves,
+    load_reference,
+    mlp_ratio,
+    placed_like,
+    renames,
+    to_ours,
+    to_theirs,
+)
 from unitok.models.base import load_state_dict_strict
 from unitok.models.clip import CLIP, CLIP_VISION_DEFAULTS, CLIPConfig, CLIPTextConfig
 from unitok.models.vit import ViTConfig
@@ -41,20 +54,42 @@ def _check_blocks(blocks: nn.ModuleList, where: str) -> dict[str, Any]:
                 d_ff=block.mlp.c_fc.out_features, activation=_ACTIVATIONS[act], norm_eps=block.ln_1.eps)
 
 
-def _blocks_state(blocks: nn.ModuleList, prefix: str) -> dict[str, Tensor]:
-    names = {"ln_1": "attn.norm", "ln_2": "mlp.norm", "mlp.c_fc": "mlp.fc_in", "mlp.c_proj": "mlp.fc_out",
-             "attn.out_proj": "attn.proj"}
-    state: dict[str, Tensor] = {}
-    for i, block in enumerate(blocks):
-        own = block.state_dict()
-        base = f"{prefix}.{i}.sublayers"
+# Per-block names: open_clip sub-path -> unitok sublayer path (besides the fused in_proj).
+_BLOCK_KEYS = {"ln_1": "attn.norm", "ln_2": "mlp.norm", "mlp.c_fc": "mlp.fc_in", "mlp.c_proj": "mlp.fc_out",
+               "attn.out_proj": "attn.proj"}
+
+
+def _block_rules(theirs: str, ours: str, n_layers: int) -> list[KeyRule]:
+    rules: list[KeyRule] = []
+    for i in range(n_layers):
+        src, dst = f"{theirs}.{i}.", f"{ours}.{i}.sublayers."
         # nn.MultiheadAttention keeps q, k, v stacked in one (3D, D) in_proj: our fused qkv layout.
-        state[f"{base}.attn.qkv.weight"] = own["attn.in_proj_weight"]
-        state[f"{base}.attn.qkv.bias"] = own["attn.in_proj_bias"]
-        for theirs, ours in names.items():
-            for leaf in ("weight", "bias"):
-                state[f"{base}.{ours}.{leaf}"] = own[f"{theirs}.{leaf}"]
-    return state
+        rules += [KeyRule(f"{src}attn.in_proj_weight", f"{dst}attn.qkv.weight"),
+                  KeyRule(f"{src}attn.in_proj_bias", f"{dst}attn.qkv.bias"), *renames(_BLOCK_KEYS, src, dst)]
+    return rules
+
+
+def clip_rules(vision_layers: int, text_layers: int, final_ln_after_pool: bool = False,
+               linear_text_projection: bool = False) -> list[KeyRule]:
+    """The key map of an open_clip ``CLIP`` (``linear_text_projection``: its ``text_projection``
+    is a bias-free ``nn.Linear`` rather than a (D, E) parameter)."""
+    post = "visual.fc_norm" if final_ln_after_pool else "visual.backbone.norm"
+    text_proj = KeyRule("text_projection.weight", "text_proj.weight") if linear_text_projection \
+        else KeyRule("text_projection", "text_proj.weight", transpose=True)  # open_clip multiplies x @ proj
+    return [
+        KeyRule("visual.conv1.weight", "visual.patch_embed.weight", reshape=True),  # (D, C·P·P)
+        KeyRule("visual.conv1.bias", "visual.patch_embed.bias"),
+        KeyRule("visual.class_embedding", "visual.cls_token", reshape=True),
+        KeyRule("visual.positional_embedding", "visual.pos_embed", reshape=True),
+        KeyRule("visual.proj", "visual_proj.weight", transpose=True),  # open_clip multiplies x @ proj: (D, E)
+        KeyRule("token_embedding.weight", "text.token_embed.weight"),
+        KeyRule("positional_embedding", "text.pos_embed"),
+        KeyRule("logit_scale", "logit_scale", reshape=True),
+        *leaves("visual.ln_pre", "visual.norm_pre"), *leaves("visual.ln_post", post),
+        *leaves("ln_final", "text.backbone.norm"), text_proj,
+        *_block_rules("visual.transformer.resblocks", "visual.backbone.blocks", vision_layers),
+        *_block_rules("transformer.resblocks", "text.backbone.blocks", text_layers),
+    ]
 
 
 def _vision_config(visual: nn.Module, preprocess: dict[str, Any]) -> ViTConfig:
@@ -116,29 +151,60 @@ def from_open_clip(model: nn.Module) -> CLIP:
     config = CLIPConfig(embed_dim=embed_dim, vision=vision, text=text, init_logit_scale=float(model.logit_scale.detach()))
     ours = CLIP(config)
 
-    visual = model.visual
-    conv = visual.conv1
-    state: dict[str, Tensor] = {
-        "visual.patch_embed.weight": conv.weight.detach().reshape(conv.out_channels, -1),  # (D, C·P·P)
-        "visual.cls_token": visual.class_embedding.detach().reshape(1, 1, -1),
-        "visual.pos_embed": visual.positional_embedding.detach()[None],
-        "visual_proj.weight": visual.proj.detach().T,  # open_clip multiplies x @ proj: (D, E)
-        "text.token_embed.weight": model.token_embedding.weight.detach(),
-        "text.pos_embed": model.positional_embedding.detach(),
-        "logit_scale": model.logit_scale.detach().reshape(()),
-    }
-    if conv.bias is not None:
-        state["visual.patch_embed.bias"] = conv.bias.detach()
-    if not _is_identity(visual.ln_pre):
-        state.update({f"visual.norm_pre.{k}": v for k, v in visual.ln_pre.state_dict().items()})
-    post = "visual.fc_norm" if visual.final_ln_after_pool else "visual.backbone.norm"
-    state.update({f"{post}.{k}": v for k, v in visual.ln_post.state_dict().items()})
-    state.update({f"text.backbone.norm.{k}": v for k, v in model.ln_final.state_dict().items()})
-    if isinstance(text_proj, nn.Linear):
-        state["text_proj.weight"] = text_proj.weight.detach()
-    else:
-        state["text_proj.weight"] = text_proj.detach().T
-    state.update(_blocks_state(visual.transformer.resblocks, "visual.backbone.blocks"))
-    state.update(_blocks_state(model.transformer.resblocks, "text.backbone.blocks"))
-    load_state_dict_strict(ours, state)
-    return ours.to(next(model.parameters()).dtype)
+    rules = clip_rules(vision.n_layers, text.n_layers, bool(model.visual.final_ln_after_pool),
+                       isinstance(text_proj, nn.Linear))
+    load_state_dict_strict(ours, to_ours(rules, model.state_dict(), ours.state_dict()))
+    return ours.to(next(model.parameters()).dtype).eval()
+
+
+def _refuse(condition: bool, field: str, value: Any, why: str) -> None:
+    if condition:
+        raise ValueError(f"CLIPConfig.{field}={value!r}: {why}")
+
+
+def to_open_clip(model: nn.Module) -> nn.Module:
+    """Convert a unitok `CLIP` to an open_clip ``CLIP`` (eval mode) whose ``encode_image`` /
+    ``encode_text`` give the same embeddings. Not carried: dropout (open_clip's towers have
+    none) and the audio tower (open_clip has none: such a model is refused)."""
+    from open_clip.model import CLIP as OpenCLIP
+    from open_clip.model import CLIPTextCfg, CLIPVisionCfg
+
+    if not isinstance(model, CLIP):
+        raise TypeError(f"to_open_clip cannot convert a {type(model).__name__}; supported unitok classes: CLIP")
+    c = model.config
+    v, t = c.vision, c.text
+    _refuse(c.audio is not None, "audio", "(an audio tower)", "open_clip's CLIP holds image and text towers only")
+    _refuse(c.projection_bias, "projection_bias", True, "open_clip's image projection has no bias")
+    _refuse(not v.bias, "vision.bias", v.bias, "open_clip's blocks have biases")
+    _refuse(v.num_registers != 0, "vision.num_registers", v.num_registers, "open_clip's ViT has no registers")
+    _refuse(v.positions != "learned", "vision.positions", v.positions, "open_clip's ViT learns its positions")
+    _refuse(not v.positions_cover_prefix, "vision.positions_cover_prefix", False,
+            "open_clip's positions cover the class token")
+    for name, tower in (("vision", v), ("text", t)):
+        _refuse(tower.activation not in _ACTIVATIONS.values(), f"{name}.activation", tower.activation,
+                f"open_clip's towers use {sorted(set(_ACTIVATIONS.values()))}")
+    _refuse(v.activation != t.activation, "text.activation", t.activation,
+            f"open_clip uses one activation for both towers, and vision.activation={v.activation!r}")
+    vocab, eot = t.vocab_size, t.eot_token_id
+    vision_cfg = CLIPVisionCfg(
+        layers=v.n_layers, width=v.d_model, head_width=v.d_model // v.n_heads,
+        mlp_ratio=mlp_ratio(v.backbone_config().hidden_dim, v.d_model), patch_size=v.patch_size,
+        image_size=v.image_size, no_ln_pre=not v.pre_norm, final_ln_after_pool=v.use_fc_norm,
+        norm_kwargs=dict(eps=v.norm_eps),
+    )
+    text_cfg = CLIPTextCfg(
+        context_length=t.context_length, vocab_size=vocab, width=t.d_model, heads=t.n_heads, layers=t.n_layers,
+        mlp_ratio=mlp_ratio(t.backbone_config().hidden_dim, t.d_model), norm_kwargs=dict(eps=t.norm_eps),
+        # "argmax" pools at the largest id: the end-of-text token when it is the last id (CLIP's BPE).
+        pool_type="argmax" if eot == vocab - 1 else "eos", eos_id=eot,
+    )
+    reference = OpenCLIP(embed_dim=c.embed_dim, vision_cfg=vision_cfg, text_cfg=text_cfg,
+                         quick_gelu=v.activation == "quick_gelu", init_logit_scale=float(model.logit_scale.detach()))
+    visual = reference.visual
+    if v.channels != 3 or v.patch_bias:  # open_clip builds a 3-channel, bias-free patch conv; its forward takes any
+        visual.conv1 = nn.Conv2d(v.channels, v.d_model, v.patch_size, stride=v.patch_size, bias=v.patch_bias)
+    rules = clip_rules(v.n_layers, t.n_layers, v.use_fc_norm)
+    load_reference(reference, to_theirs(rules, model.state_dict(), reference.state_dict()))
+    visual.preprocess_cfg = dict(size=v.image_size, mode="RGB" if v.channels == 3 else "L", mean=v.mean,
+                                 std=v.std, interpolation=v.interpolation, resize_mode="shortest", fill_color=0)
+    return placed_like(reference, model)

@@ -1,20 +1,39 @@
-"""timm -> unitok: `VisionTransformer` (ViT), `VisionTransformerDistilled` (DeiT), `MlpMixer`.
+"""timm <-> unitok: `VisionTransformer` (ViT), `VisionTransformerDistilled` (DeiT), `MlpMixer`.
 
-The converters read the timm module tree (timm keeps no config object) and refuse options
-that unitok does not implement rather than dropping them.
+The importers read the timm module tree (timm keeps no config object) and refuse options
+that unitok does not implement rather than dropping them. `to_timm` builds the timm model
+from a unitok config (refusing, by field, what timm cannot express) and fills it through
+the same key maps (`vit_rules`, `mixer_rules`) read backwards.
 """
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
-from torch import Tensor, nn
+from torch import nn
 
+from unitok.convert.keymap import (
+    KeyRule,
+    load_reference,
+    mlp_ratio,
+    placed_like,
+    renames,
+    to_ours,
+    to_theirs,
+)
 from unitok.models.base import load_state_dict_strict
 from unitok.models.mixer import MixerConfig, MLPMixer
+from unitok.models.vision import ImageConfig
 from unitok.models.vit import DeiT, ViT, ViTConfig
 
 _ACTIVATIONS = {"GELU": "gelu", "QuickGELU": "quick_gelu", "ReLU": "relu", "SiLU": "silu"}
+# Per-block names: timm sub-path -> unitok sublayer path.
+_VIT_BLOCK_KEYS = {"norm1": "attn.norm", "attn.qkv": "attn.qkv", "attn.proj": "attn.proj",
+                   "norm2": "mlp.norm", "mlp.fc1": "mlp.fc_in", "mlp.fc2": "mlp.fc_out"}
+_MIXER_BLOCK_KEYS = {"norm1": "token_mlp.norm", "mlp_tokens.fc1": "token_mlp.fc_in",
+                     "mlp_tokens.fc2": "token_mlp.fc_out", "norm2": "mlp.norm", "mlp_channels.fc1": "mlp.fc_in",
+                     "mlp_channels.fc2": "mlp.fc_out"}
 
 
 def from_timm(model: nn.Module) -> nn.Module:
@@ -24,7 +43,7 @@ def from_timm(model: nn.Module) -> nn.Module:
                   "MlpMixer": _convert_mixer}
     if name not in converters:
         raise ValueError(f"no converter for timm class {name}; supported: {', '.join(sorted(converters))}")
-    return converters[name](model).to(next(model.parameters()).dtype)
+    return converters[name](model).to(next(model.parameters()).dtype).eval()
 
 
 def _require(condition: bool, message: str) -> None:
@@ -56,24 +75,34 @@ def _preprocess(model: nn.Module) -> dict[str, Any]:
     return out
 
 
-def _conv_as_linear(conv: nn.Conv2d) -> tuple[Tensor, Tensor | None]:
+def _check_patch_conv(conv: nn.Conv2d) -> None:
     """A stride-P Conv2d kernel (D, C, P, P) is a Linear (D, C·P·P) on (C, P, P)-flattened patches."""
     _require(conv.kernel_size == conv.stride and conv.padding in (0, (0, 0)), "overlapping patch embedding")
-    weight = conv.weight.detach().reshape(conv.out_channels, -1)
-    return weight, conv.bias.detach() if conv.bias is not None else None
+    _require(conv.kernel_size[0] == conv.kernel_size[1], "non-square patches")
 
 
-def _block_state(blocks: nn.Module, names: dict[str, str], prefix: str = "backbone.blocks") -> dict[str, Tensor]:
-    """Rename per-block timm parameters (``names``: timm sub-path -> unitok sublayer path)."""
-    state = {}
-    for i, block in enumerate(blocks):
-        own = dict(block.state_dict())
-        for theirs, ours in names.items():
-            for leaf in ("weight", "bias"):
-                key = f"{theirs}.{leaf}"
-                if key in own:
-                    state[f"{prefix}.{i}.sublayers.{ours}.{leaf}"] = own[key]
-    return state
+def _block_rules(n_layers: int, names: dict[str, str]) -> list[KeyRule]:
+    """Per-block rules (``names``: timm sub-path -> unitok sublayer path)."""
+    return [rule for i in range(n_layers)
+            for rule in renames(names, f"blocks.{i}.", f"backbone.blocks.{i}.sublayers.")]
+
+
+def vit_rules(n_layers: int) -> list[KeyRule]:
+    """The key map of a timm `VisionTransformer` / `VisionTransformerDistilled`."""
+    rules = [KeyRule("patch_embed.proj.weight", "patch_embed.weight", reshape=True),
+             KeyRule("patch_embed.proj.bias", "patch_embed.bias")]
+    rules += [KeyRule(theirs, ours) for theirs, ours in (("cls_token", "cls_token"), ("dist_token", "dist_token"),
+                                                        ("reg_token", "reg_tokens"), ("pos_embed", "pos_embed"))]
+    rules += renames({"norm_pre": "norm_pre", "norm": "backbone.norm", "fc_norm": "fc_norm", "head": "head",
+                      "head_dist": "head_dist"})
+    return rules + _block_rules(n_layers, _VIT_BLOCK_KEYS)
+
+
+def mixer_rules(n_layers: int) -> list[KeyRule]:
+    """The key map of a timm `MlpMixer`."""
+    return [KeyRule("stem.proj.weight", "patch_embed.weight", reshape=True),
+            KeyRule("stem.proj.bias", "patch_embed.bias"),
+            *renames({"norm": "backbone.norm", "head": "head"}), *_block_rules(n_layers, _MIXER_BLOCK_KEYS)]
 
 
 def _convert_vit(model: nn.Module) -> ViT:
@@ -112,27 +141,9 @@ def _convert_vit(model: nn.Module) -> ViT:
         pre_norm=not _is_identity(model.norm_pre), fc_norm=use_fc_norm, patch_bias=conv.bias is not None,
         **_preprocess(model),
     )
-    _require(conv.kernel_size[0] == conv.kernel_size[1], "non-square patches")
+    _check_patch_conv(conv)
     ours = (DeiT if distilled else ViT)(config)
-    weight, bias = _conv_as_linear(conv)
-    state = {"patch_embed.weight": weight, "patch_embed.bias": bias}
-    for theirs, key in (("cls_token", "cls_token"), ("dist_token", "dist_token"), ("reg_token", "reg_tokens"),
-                        ("pos_embed", "pos_embed")):
-        value = getattr(model, theirs, None)
-        if value is not None:
-            state[key] = value.detach()
-    for theirs, key in (("norm_pre", "norm_pre"), ("norm", "backbone.norm"), ("fc_norm", "fc_norm"),
-                        ("head", "head"), ("head_dist", "head_dist")):
-        module = getattr(model, theirs, None)
-        if module is not None and not _is_identity(module):
-            for leaf, value in module.state_dict().items():
-                state[f"{key}.{leaf}"] = value
-    state.update(_block_state(model.blocks, {
-        "norm1": "attn.norm", "attn.qkv": "attn.qkv", "attn.proj": "attn.proj",
-        "norm2": "mlp.norm", "mlp.fc1": "mlp.fc_in", "mlp.fc2": "mlp.fc_out",
-    }))
-    state = {k: v for k, v in state.items() if v is not None}
-    load_state_dict_strict(ours, state)
+    load_state_dict_strict(ours, to_ours(vit_rules(config.n_layers), model.state_dict(), ours.state_dict()))
     return ours
 
 
@@ -153,18 +164,86 @@ def _convert_mixer(model: nn.Module) -> MLPMixer:
         d_ff=block0.mlp_channels.fc1.out_features, activation=_activation(block0.mlp_channels),  # type: ignore[arg-type]
         norm_eps=block0.norm1.eps, **_preprocess(model),
     )
+    _check_patch_conv(conv)
     ours = MLPMixer(config)
-    weight, bias = _conv_as_linear(conv)
-    state = {"patch_embed.weight": weight, "patch_embed.bias": bias}
-    for leaf, value in model.norm.state_dict().items():
-        state[f"backbone.norm.{leaf}"] = value
-    if head is not None:
-        state.update({f"head.{k}": v for k, v in head.state_dict().items()})
-    state.update(_block_state(model.blocks, {
-        "norm1": "token_mlp.norm", "mlp_tokens.fc1": "token_mlp.fc_in", "mlp_tokens.fc2": "token_mlp.fc_out",
-        "norm2": "mlp.norm", "mlp_channels.fc1": "mlp.fc_in", "mlp_channels.fc2": "mlp.fc_out",
-    }))
-    load_state_dict_strict(ours, {k: v for k, v in state.items() if v is not None})
+    load_state_dict_strict(ours, to_ours(mixer_rules(config.n_layers), model.state_dict(), ours.state_dict()))
     return ours
 
 
+def _act_layer(activation: str) -> Any:
+    """timm's activation layer for one of ours (tanh GELU as ``nn.GELU(approximate="tanh")``,
+    the form `_activation` reads back)."""
+    from timm.layers import get_act_layer
+
+    return partial(nn.GELU, approximate="tanh") if activation == "gelu_tanh" else get_act_layer(activation)
+
+
+def _pretrained_cfg(config: ImageConfig) -> dict[str, Any]:
+    """The preprocessing timm keeps in ``pretrained_cfg`` (what `from_timm` reads back)."""
+    return dict(input_size=(config.channels, *config.image_size), mean=config.mean, std=config.std,
+                interpolation=config.interpolation, crop_pct=config.crop_pct, num_classes=config.num_classes)
+
+
+def _timm_vit(config: ViTConfig) -> nn.Module:
+    """An empty timm ViT / DeiT with ``config``'s shape; ValueError naming a field timm cannot express."""
+    from timm.models.deit import VisionTransformerDistilled
+    from timm.models.vision_transformer import VisionTransformer
+
+    if not config.bias:
+        raise ValueError("ViTConfig.bias=False: timm's ViT keeps biases in its LayerNorms (and unitok's import "
+                         "needs them); only bias=True exports")
+    if config.positions == "sincos":
+        raise ValueError("ViTConfig.positions='sincos' has no timm ViT equivalent (pos_embed is 'learn' or 'none')")
+    if config.distill_token:
+        for name, ok, want in (("pool", config.pool == "cls", "'cls'"), ("num_registers", not config.num_registers, "0"),
+                               ("positions", config.positions == "learned", "'learned'"),
+                               ("positions_cover_prefix", config.positions_cover_prefix, "True")):
+            if not ok:
+                raise ValueError(f"ViTConfig.{name}={getattr(config, name)!r}: timm's distilled ViT needs {name}={want}")
+    cls = VisionTransformerDistilled if config.distill_token else VisionTransformer
+    model = cls(
+        img_size=config.image_size, patch_size=config.patch_size, in_chans=config.channels,
+        num_classes=config.num_classes, global_pool="token" if config.pool == "cls" else "avg",
+        embed_dim=config.d_model, depth=config.n_layers, num_heads=config.n_heads,
+        mlp_ratio=mlp_ratio(config.backbone_config().hidden_dim, config.d_model), qkv_bias=True,
+        class_token=config.class_token, pos_embed="learn" if config.positions == "learned" else "none",
+        no_embed_class=not config.positions_cover_prefix, reg_tokens=config.num_registers,
+        pre_norm=config.pre_norm, fc_norm=config.use_fc_norm, act_layer=_act_layer(config.activation),
+        norm_layer=partial(nn.LayerNorm, eps=config.norm_eps), pos_drop_rate=config.dropout,
+        proj_drop_rate=config.dropout, attn_drop_rate=config.dropout,
+    )
+    conv = model.patch_embed.proj  # timm ties the patch bias to pre_norm; unitok has a field for it
+    if config.patch_bias and conv.bias is None:
+        conv.bias = nn.Parameter(conv.weight.new_zeros(conv.out_channels))
+    elif not config.patch_bias and conv.bias is not None:
+        conv.bias = None
+    return model
+
+
+def _timm_mixer(config: MixerConfig) -> nn.Module:
+    """An empty timm `MlpMixer` with ``config``'s shape."""
+    from timm.models.mlp_mixer import MlpMixer
+
+    ratios = (mlp_ratio(config.token_mlp_dim, config.d_model), mlp_ratio(config.d_ff, config.d_model))
+    return MlpMixer(
+        num_classes=config.num_classes, img_size=config.image_size, in_chans=config.channels,
+        patch_size=config.patch_size, num_blocks=config.n_layers, embed_dim=config.d_model, mlp_ratio=ratios,
+        norm_layer=partial(nn.LayerNorm, eps=config.norm_eps), act_layer=_act_layer(config.activation),
+        proj_drop_rate=config.dropout, global_pool="avg",
+    )
+
+
+def to_timm(model: nn.Module) -> nn.Module:
+    """Convert a unitok `ViT` / `DeiT` / `MLPMixer` to timm's ``VisionTransformer`` /
+    ``VisionTransformerDistilled`` / ``MlpMixer`` with the same logits (eval mode, at the
+    configured image size); the preprocessing goes into ``pretrained_cfg``."""
+    if isinstance(model, ViT):
+        reference, rules = _timm_vit(model.config), vit_rules(model.config.n_layers)
+    elif isinstance(model, MLPMixer):
+        reference, rules = _timm_mixer(model.config), mixer_rules(model.config.n_layers)
+    else:
+        raise TypeError(f"to_timm cannot convert a {type(model).__name__}; supported unitok classes: "
+                        "ViT, DeiT, MLPMixer")
+    load_reference(reference, to_theirs(rules, model.state_dict(), reference.state_dict()))
+    reference.pretrained_cfg = _pretrained_cfg(model.config)
+    return placed_like(reference, model)

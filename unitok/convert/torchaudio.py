@@ -1,17 +1,21 @@
-"""torchaudio -> unitok: `torchaudio.models.Conformer` (plus an optional linear CTC head) ->
+"""torchaudio <-> unitok: `torchaudio.models.Conformer` (plus an optional linear CTC head) <->
 `ConformerCTC`.
 
 torchaudio's Conformer has no subsampling front end (frames come in already D wide) and does
 not mask padded frames inside its convolution module; the converted config says both
 (``subsampling="none"``, ``conv_mask_padding=False``) so outputs match, padding included.
+`to_torchaudio` goes back through the same key map (`conformer_rules`): the Conformer blocks
+and the CTC head as a separate ``nn.Linear`` — exactly the two parts `from_torchaudio` reads.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
-from torch import Tensor, nn
+from torch import nn
 
+from unitok.convert.keymap import KeyRule, load_reference, placed_like, renames, to_ours, to_theirs
 from unitok.models.base import load_state_dict_strict
 from unitok.models.conformer import ConformerConfig, ConformerCTC
 
@@ -50,14 +54,23 @@ def from_torchaudio(model: nn.Module, ctc_head: nn.Linear | None = None,
         vocab_size=ctc_head.out_features if ctc_head is not None else 0,
     )
     ours = ConformerCTC(config)
-    state: dict[str, Tensor] = {}
-    for i, block in enumerate(layers):
-        own = block.state_dict()
+    state = to_ours(conformer_rules(config.n_layers), model.state_dict(), {})
+    if ctc_head is not None:
+        state.update({f"ctc_head.{k}": v.detach() for k, v in ctc_head.state_dict().items()})
+    load_state_dict_strict(ours, state)
+    return ours.to(next(model.parameters()).dtype).eval()
+
+
+_NORM_LEAVES = ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")  # BatchNorm or GroupNorm
+
+
+def conformer_rules(n_layers: int) -> list[KeyRule]:
+    """The key map of a torchaudio ``Conformer`` onto `ConformerCTC`'s backbone (either block order:
+    the sublayers keep their names when ``convolution_first`` reorders them)."""
+    rules: list[KeyRule] = []
+    for i in range(n_layers):
         base = f"backbone.blocks.{i}"
         first, attn, cnv, last = (f"{base}.sublayers.{k}" for k in ("half_mlp0", "attn", "conv", "half_mlp3"))
-        if config.convolution_first:
-            cnv, attn = f"{base}.sublayers.conv", f"{base}.sublayers.attn"
-            first, last = f"{base}.sublayers.half_mlp0", f"{base}.sublayers.half_mlp3"
         names = {
             "ffn1.sequential.0": f"{first}.norm", "ffn1.sequential.1": f"{first}.fc_in",
             "ffn1.sequential.4": f"{first}.fc_out",
@@ -68,16 +81,59 @@ def from_torchaudio(model: nn.Module, ctc_head: nn.Linear | None = None,
             "conv_module.sequential.2": f"{cnv}.depthwise", "conv_module.sequential.5": f"{cnv}.pointwise_out",
             "final_layer_norm": f"{base}.norm",
         }
-        for theirs, key in names.items():
-            for leaf in ("weight", "bias"):
-                state[f"{key}.{leaf}"] = own[f"{theirs}.{leaf}"]
+        src = f"conformer_layers.{i}."
+        rules += renames(names, src)
         # nn.MultiheadAttention stacks q, k, v in one in_proj: our fused qkv.
-        state[f"{attn}.qkv.weight"] = own["self_attn.in_proj_weight"]
-        state[f"{attn}.qkv.bias"] = own["self_attn.in_proj_bias"]
-        for leaf, value in own.items():
-            if leaf.startswith("conv_module.sequential.3."):
-                state[f"{cnv}.conv_norm.{leaf.rsplit('.', 1)[1]}"] = value
-    if ctc_head is not None:
-        state.update({f"ctc_head.{k}": v for k, v in ctc_head.state_dict().items()})
-    load_state_dict_strict(ours, {k: v.detach() for k, v in state.items()})
-    return ours.to(next(model.parameters()).dtype)
+        rules += [KeyRule(f"{src}self_attn.in_proj_weight", f"{attn}.qkv.weight"),
+                  KeyRule(f"{src}self_attn.in_proj_bias", f"{attn}.qkv.bias")]
+        rules += renames({"conv_module.sequential.3": f"{cnv}.conv_norm"}, src, names=_NORM_LEAVES)
+    return rules
+
+
+class TorchaudioConformer(NamedTuple):
+    """What `to_torchaudio` returns: torchaudio's ``Conformer`` (the blocks) and the CTC head
+    over its output (None for an encoder without a head) — the arguments of `from_torchaudio`."""
+
+    conformer: nn.Module
+    ctc_head: nn.Linear | None
+
+
+def to_torchaudio(model: nn.Module, strict: bool = True) -> TorchaudioConformer:
+    """Convert a unitok `ConformerCTC` to ``torchaudio.models.Conformer`` + a ``Linear`` CTC head
+    (eval mode): ``head(conformer(frames, lengths)[0])`` gives the model's logits.
+
+    torchaudio has no subsampling front end and does not mask padded frames in its convolution
+    module. ``strict`` refuses models whose outputs it therefore cannot reproduce
+    (``subsampling="conv2d4"``, ``conv_mask_padding=True``); ``strict=False`` exports the blocks
+    anyway: they then read the front end's (B, N', D) output, and match on unpadded batches.
+    The vocabulary and spectrogram settings stay in ``model.config``.
+    """
+    import torchaudio
+
+    if not isinstance(model, ConformerCTC):
+        raise TypeError(f"to_torchaudio cannot convert a {type(model).__name__}; supported unitok classes: "
+                        "ConformerCTC")
+    c = model.config
+    if c.activation != "silu":
+        raise ValueError(f"ConformerConfig.activation={c.activation!r}: torchaudio's Conformer uses SiLU")
+    if strict and c.subsampling != "none":
+        raise ValueError(f"ConformerConfig.subsampling={c.subsampling!r}: torchaudio's Conformer has no front end; "
+                         "pass strict=False to export the blocks alone (they read the front end's output)")
+    if strict and c.conv_mask_padding:
+        raise ValueError("ConformerConfig.conv_mask_padding=True: torchaudio's convolution module does not mask "
+                         "padded frames; pass strict=False to export anyway (equal outputs on unpadded batches)")
+    conformer = torchaudio.models.Conformer(
+        input_dim=c.d_model, num_heads=c.n_heads, ffn_dim=c.backbone_config().hidden_dim, num_layers=c.n_layers,
+        depthwise_conv_kernel_size=c.conv_kernel_size, dropout=c.dropout, use_group_norm=c.conv_norm == "groupnorm",
+        convolution_first=c.convolution_first,
+    )
+    for module in conformer.modules():  # torchaudio's LayerNorms take the default eps
+        if isinstance(module, nn.LayerNorm):
+            module.eps = c.norm_eps
+    load_reference(conformer, to_theirs(conformer_rules(c.n_layers), model.state_dict(), conformer.state_dict()))
+    head = None
+    if model.ctc_head is not None:
+        head = nn.Linear(c.d_model, model.ctc_head.out_features)
+        head.load_state_dict(model.ctc_head.state_dict())
+        head = placed_like(head, model)
+    return TorchaudioConformer(placed_like(conformer, model), head)

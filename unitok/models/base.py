@@ -10,12 +10,49 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
+from tokenizers_mm.processor import Processor
 from unitok.config import Config
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 
 M = TypeVar("M", bound="PretrainedModel")
+
+
+def read_config(directory: Path) -> tuple[str, dict[str, Any]]:
+    """A saved folder's ``config.json`` -> (family name, config fields); clear errors for a
+    folder that is not a model's."""
+    if not directory.is_dir():
+        raise FileNotFoundError(f"no model folder at {directory} (expected {CONFIG_FILE} and {WEIGHTS_FILE} "
+                                "written by save_pretrained)")
+    for name in (CONFIG_FILE, WEIGHTS_FILE):
+        if not (directory / name).is_file():
+            raise FileNotFoundError(f"{directory} has no {name}; expected a folder written by save_pretrained")
+    path = directory / CONFIG_FILE
+    try:
+        payload = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path} is not valid JSON: {error}") from None
+    if not isinstance(payload, dict):
+        raise ValueError(f"{path} must hold a JSON object, got {type(payload).__name__}")
+    family = payload.pop("family", None)
+    if not isinstance(family, str):
+        raise ValueError(f"{path} names no model family (a \"family\" key such as \"GPT\"); "
+                         "was it written by unitok's save_pretrained?")
+    return family, payload
+
+
+def read_weights(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Tensor]:
+    """A safetensors file -> its tensors; a truncated or corrupt file, or NaN/inf weights, is an
+    error naming the file (and the tensors)."""
+    try:
+        state = load_file(str(path), device=str(map_location))
+    except Exception as error:  # safetensors raises its own SafetensorError (and OSError)
+        raise ValueError(f"cannot read {path}: {error} (a truncated or corrupt safetensors file?)") from None
+    bad = sorted(k for k, v in state.items() if v.is_floating_point() and not bool(torch.isfinite(v).all()))
+    if bad:
+        raise ValueError(f"{path} holds NaN or inf values in {', '.join(bad)}; refusing to load them")
+    return state
 
 
 class CheckpointMismatchError(ValueError):
@@ -51,46 +88,82 @@ def load_state_dict_strict(module: nn.Module, state: dict[str, Tensor], ignore: 
     module.load_state_dict(state, strict=False)
 
 
+FAMILIES: dict[str, type[PretrainedModel]] = {}  # family name (config.json's "family") -> class
+
+
 class PretrainedModel(nn.Module):
     """Base for the families: ``save_pretrained`` / ``from_pretrained`` with safetensors weights.
 
     Subclasses set ``config_class`` and take their config as the only constructor argument;
     ``tied_keys`` lists parameters that share storage with another key and are not saved.
+    Every subclass is registered by name, so `unitok.load` opens any family's folder. A model
+    carries a `Processor` (``model.processor``): what turns raw input into its `Tokens`.
     """
 
     config_class: ClassVar[type[Config]]
     config: Any
+    _processor: Processor | None = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        FAMILIES[cls.__name__] = cls
 
     @property
     def tied_keys(self) -> tuple[str, ...]:
         """Parameters that share storage with another key (tied embeddings); not saved."""
         return ()
 
+    # ------------------------------------------------------------------ raw input
+    @property
+    def processor(self) -> Processor | None:
+        """Raw input -> `Tokens` for this model: the processor saved or set on it, completed by
+        what its config knows (image normalisation, spectrogram settings, statistics…)."""
+        default = self.default_processor()
+        return default if self._processor is None else self._processor.merge(default)
+
+    @processor.setter
+    def processor(self, value: Processor | None) -> None:
+        if value is not None and not isinstance(value, Processor):
+            raise TypeError(f"processor must be a tokenizers_mm.Processor (or None), got {type(value).__name__}")
+        self._processor = value
+
+    def default_processor(self) -> Processor | None:
+        """The processor this family's config alone defines (None: it needs one saved with it)."""
+        return None
+
+    # ------------------------------------------------------------------ files
     def save_pretrained(self, directory: str | Path) -> Path:
-        """Write ``model.safetensors`` and ``config.json`` (with the family name) to ``directory``."""
+        """Write ``model.safetensors``, ``config.json`` (with the family name) and the processor
+        (tokenizer files, ``processor_config.json``) to ``directory``: all a loader needs."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items() if k not in self.tied_keys}
         save_file(state, str(directory / WEIGHTS_FILE), metadata={"format": "pt", "family": type(self).__name__})
         payload = {"family": type(self).__name__, **self.config.to_dict()}
         (directory / CONFIG_FILE).write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+        processor = self.processor
+        if processor is not None:
+            processor.save(directory)
         return directory
 
     @classmethod
     def from_pretrained(cls: type[M], directory: str | Path, map_location: str | torch.device = "cpu") -> M:
-        """Build the model from ``config.json`` and load ``model.safetensors`` strictly."""
+        """Build the model from ``config.json``, load ``model.safetensors`` strictly and the
+        processor; the model comes back in eval mode (call ``.train()`` to fine-tune)."""
         directory = Path(directory)
-        for name in (CONFIG_FILE, WEIGHTS_FILE):
-            if not (directory / name).is_file():
-                raise FileNotFoundError(f"{directory} has no {name}; expected a folder written by save_pretrained")
-        payload = json.loads((directory / CONFIG_FILE).read_text())
-        family = payload.pop("family", cls.__name__)
+        family, payload = read_config(directory)
         if family != cls.__name__:
-            raise ValueError(f"{directory} holds a {family} checkpoint, not a {cls.__name__}")
-        model = cls(cls.config_class.from_dict(payload))  # type: ignore[call-arg]
-        state = load_file(str(directory / WEIGHTS_FILE), device=str(map_location))
+            raise ValueError(f"{directory} holds a {family} checkpoint, not a {cls.__name__}; "
+                             "unitok.load(path) opens any family")
+        try:
+            config = cls.config_class.from_dict(payload)
+        except (TypeError, ValueError) as error:
+            raise type(error)(f"{directory / CONFIG_FILE}: {error}") from None
+        model = cls(config)  # type: ignore[call-arg]
+        state = read_weights(directory / WEIGHTS_FILE, map_location)
         load_state_dict_strict(model, state, ignore=model.tied_keys)
-        return model.to(map_location)
+        model.processor = Processor.load(directory)
+        return model.to(map_location).eval()
 
     def num_parameters(self, trainable_only: bool = False) -> int:
         seen, total = set(), 0

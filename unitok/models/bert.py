@@ -25,6 +25,7 @@ from unitok.embed import LearnedPositions, TokenEmbedding
 from unitok.heads import ClassificationHead, MLMHead, Pooler, ReplacedTokenHead, SpanHead
 from unitok.layers.activations import Activation
 from unitok.layers.attention import Kernel
+from unitok.losses import cross_entropy, sequence_classification_loss
 from unitok.models.base import PretrainedModel
 
 HEADS = ("pooler", "mlm", "nsp", "rtd", "classifier", "token_classifier", "span")
@@ -130,7 +131,8 @@ class BERTOutput:
     ``mlm_logits`` (B, N, V); ``nsp_logits`` (B, 2) (index 0 = "B follows A", as in BERT);
     ``rtd_logits`` (B, N) replaced-token scores; ``logits`` (B, K) sequence or (B, N, K)
     token classification; ``start_logits`` / ``end_logits`` (B, N) QA spans;
-    ``hidden_states``: embeddings then each layer, L + 1 in all; ``attentions``: L × (B, H, N, N).
+    ``hidden_states``: embeddings then each layer, L + 1 in all; ``attentions``: L × (B, H, N, N);
+    ``loss`` when ``labels`` / ``next_sentence_label`` were given (see `BERT.forward`), else None.
     """
 
     last_hidden_state: Tensor
@@ -143,6 +145,7 @@ class BERTOutput:
     end_logits: Tensor | None = None
     hidden_states: tuple[Tensor, ...] | None = None
     attentions: tuple[Tensor, ...] | None = None
+    loss: Tensor | None = None
 
 
 class BERTEmbeddings(nn.Module):
@@ -240,18 +243,34 @@ class BERT(PretrainedModel):
         output_attentions: bool = False,
         compute_heads: bool = True,
         kernel: Kernel = "sdpa",
+        token_type_ids: Tensor | None = None,
+        labels: Tensor | None = None,
+        next_sentence_label: Tensor | None = None,
     ) -> BERTOutput:
-        """Encode a batch and run the heads.
+        """Encode a batch and run the heads (and the loss when labels are given).
 
         Args:
             input_ids: (B, N) ids, or a `Tokens` batch (its mask, segments, positions are used).
             attention_mask: (B, N) 1 for real tokens, 0 for padding.
             segment_ids: (B, N) 0 for sentence A, 1 for sentence B (default all 0).
+                ``token_type_ids`` is the same thing under Hugging Face's name (give one of them).
             position_ids: (B, N); default 0 … N-1 (padding goes on the right).
             compute_heads: False skips the token-level heads (MLM, replaced-token, token
                 classification, spans) and NSP/classifier, e.g. to score masked positions only
                 (``model.mlm_head(hidden[masked])``); the pooler still runs.
+            labels: scored by the model's labelled head, as the matching Hugging Face class does:
+                "classifier": (B,) class ids (cross-entropy), (B,) floats when num_labels = 1
+                (MSE) or (B, K) floats (multi-label BCE); "token_classifier": (B, N) ids;
+                "mlm": (B, N) ids. -100 marks positions that are not scored.
+            next_sentence_label: (B,) NSP targets (0 = "B follows A"); its cross-entropy is
+                added to the MLM loss when ``labels`` are given too (``BertForPreTraining``).
         """
+        if token_type_ids is not None:
+            if segment_ids is not None:
+                raise ValueError("give segment_ids or token_type_ids (Hugging Face's name for them), not both")
+            segment_ids = token_type_ids
+        if (labels is not None or next_sentence_label is not None) and not compute_heads:
+            raise ValueError("labels are scored by the heads: compute_heads=False skips them")
         ids, attention_mask, segment_ids, position_ids = self._inputs(
             input_ids, attention_mask, segment_ids, position_ids)
         x = self.embeddings(ids, segment_ids, position_ids)
@@ -274,7 +293,33 @@ class BERT(PretrainedModel):
             result.logits = self.token_classifier(h)
         if self.span_head is not None:
             result.start_logits, result.end_logits = self.span_head(h)
+        if labels is not None or next_sentence_label is not None:
+            result.loss = self._loss(result, labels, next_sentence_label)
         return result
+
+    def _loss(self, out: BERTOutput, labels: Tensor | None, next_sentence_label: Tensor | None) -> Tensor:
+        """The loss of `forward`'s ``labels`` (on the labelled head) plus ``next_sentence_label`` (NSP)."""
+        losses = []
+        if labels is not None:
+            scored = [h for h in ("mlm", "classifier", "token_classifier") if h in self.config.heads]
+            if not scored:
+                raise ValueError(f"labels given, but this model's heads {self.config.heads} include none that "
+                                 "labels score ('mlm', 'classifier', 'token_classifier')")
+            if len(scored) > 1:
+                raise ValueError(f"labels are ambiguous: this model has both {scored[0]!r} and {scored[1]!r} "
+                                 "heads; compute each loss from its logits")
+            if scored[0] == "classifier":
+                losses.append(sequence_classification_loss(out.logits, labels))  # type: ignore[arg-type]
+            elif scored[0] == "token_classifier":
+                losses.append(cross_entropy(out.logits, labels))  # type: ignore[arg-type]
+            else:
+                losses.append(cross_entropy(out.mlm_logits, labels))  # type: ignore[arg-type]
+        if next_sentence_label is not None:
+            if out.nsp_logits is None:
+                raise ValueError(f"next_sentence_label given, but this model (heads {self.config.heads}) "
+                                 "has no 'nsp' head")
+            losses.append(cross_entropy(out.nsp_logits, next_sentence_label, "next_sentence_label"))
+        return losses[0] if len(losses) == 1 else losses[0] + losses[1]
 
     def _inputs(self, input_ids, attention_mask, segment_ids, position_ids):
         if isinstance(input_ids, Tokens):

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tokenizers_mm import CLIPTokenizer, PatchTokenizer, Tokens
+from tokenizers_mm import CLIPTokenizer, PatchTokenizer, Processor, SpectrogramConfig, Tokens
 from unitok.backbone import Backbone, BackboneConfig, init_weights
 from unitok.checks import check_finite
 from unitok.config import Config
@@ -328,7 +328,7 @@ class CLIP(PretrainedModel):
     def from_vit(cls, vit: ViT, text: CLIPTextConfig | None = None, embed_dim: int = 512,
                  **overrides: Any) -> CLIP:
         """A CLIP whose image tower starts from a trained `ViT` (its classifier head dropped),
-        e.g. ``ViT.from_pretrained("runs/vit_digits/pretrained")``; LiT locks it afterwards."""
+        e.g. ``ViT.from_pretrained("runs/vit_digits/latest/pretrained")``; LiT locks it afterwards."""
         vision = vit.config.replace(num_classes=0)
         if vision.pool != "cls":
             raise ValueError(f"the ViT pools with {vision.pool!r}; a CLIP image tower reads the class token")
@@ -338,9 +338,16 @@ class CLIP(PretrainedModel):
         model = cls(config)
         state = {k: v for k, v in vit.state_dict().items() if not k.startswith(("head.", "head_dist."))}
         load_state_dict_strict(model.visual, state)
-        return model
+        return model.eval()
 
     # ------------------------------------------------------------------ towers
+    def default_processor(self) -> Processor:
+        """CLIP's BPE at the text context, images as the image tower expects, audio settings."""
+        audio = None
+        if self.config.audio is not None:
+            audio = SpectrogramConfig.from_dict(self.config.audio.spectrogram or {"n_mels": self.config.audio.n_mels})
+        return Processor(text=self.text_tokenizer(), image=self.visual.config.preprocess_config(), audio=audio)
+
     def image_tokenizer(self, resize: bool = False) -> PatchTokenizer:
         """Raw images -> patch `Tokens`, with the normalisation stored in the config."""
         return self.visual.image_tokenizer(resize)

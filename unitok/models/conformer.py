@@ -16,12 +16,13 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from tokenizers_mm import Tokens
+from tokenizers_mm import CharacterVocabulary, Processor, SpectrogramConfig, Tokens
 from unitok.backbone import Backbone, BackboneConfig, init_weights
 from unitok.config import Config
 from unitok.embed.frames import ConvSubsampling
 from unitok.layers.activations import Activation
 from unitok.layers.conv_module import ConvNorm
+from unitok.losses import ctc_loss
 from unitok.models.base import PretrainedModel
 from unitok.outputs import CTCOutput
 
@@ -103,6 +104,7 @@ class ConformerCTC(PretrainedModel):
     """Speech recogniser: frames (or audio `Tokens`) -> per-frame character logits for CTC."""
 
     config_class = ConformerConfig
+    blank_id: int = 0  # the CTC blank: output id 0, characters are 1..
 
     def __init__(self, config: ConformerConfig) -> None:
         super().__init__()
@@ -115,8 +117,19 @@ class ConformerCTC(PretrainedModel):
         init_weights(self.backbone, std=0.02)
 
     def forward(self, features: Tensor | Tokens, lengths: Tensor | None = None,
-                output_hidden_states: bool = False) -> CTCOutput:
-        """(B, N, F) frames and (B,) valid lengths (or audio `Tokens`) -> `CTCOutput`."""
+                output_hidden_states: bool = False, labels: Tensor | None = None,
+                label_lengths: Tensor | None = None) -> CTCOutput:
+        """(B, N, F) frames and (B,) valid lengths (or audio `Tokens`) -> `CTCOutput`.
+
+        ``labels`` (B, U) padded character ids (1..; ``label_lengths`` (B,) says how many are real,
+        by default those that are neither -100 nor the blank) give ``loss``: CTC with the blank
+        ``blank_id``, reduced as torch's default ``reduction="mean"`` (each utterance's loss
+        divided by its target length, then the batch mean; no ``zero_infinity``).
+        """
+        if labels is None and label_lengths is not None:
+            raise ValueError("label_lengths given without labels")
+        if labels is not None and self.ctc_head is None:
+            raise ValueError("labels given, but this model has no CTC head (vocab_size=0)")
         if isinstance(features, Tokens):
             if features.features is None:
                 raise ValueError("ConformerCTC reads audio Tokens (frame features), got token ids")
@@ -146,7 +159,16 @@ class ConformerCTC(PretrainedModel):
         out = self.backbone(self.drop(x), mask.long(), output_hidden_states=output_hidden_states)
         h = out.last_hidden_state
         logits = self.ctc_head(self.drop(h)) if self.ctc_head is not None else None
-        return CTCOutput(logits=logits, lengths=lengths, last_hidden_state=h, hidden_states=out.hidden_states)
+        loss = None
+        if logits is not None and labels is not None:
+            loss = ctc_loss(logits, lengths, labels, label_lengths, self.blank_id)
+        return CTCOutput(logits=logits, lengths=lengths, last_hidden_state=h, hidden_states=out.hidden_states,
+                         loss=loss)
+
+    def default_processor(self) -> Processor:
+        """Audio -> the stored log-mel settings; the CTC head's characters."""
+        vocabulary = CharacterVocabulary.from_list(list(self.config.vocabulary)) if self.config.vocabulary else None
+        return Processor(audio=SpectrogramConfig.from_dict(self.config.spectrogram), characters=vocabulary)
 
     @torch.no_grad()
     def transcribe(self, audio: Any, decoder: Literal["greedy", "beam"] = "greedy", beam_size: int = 8,

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from tokenizers_mm.processor import Processor
 from tokenizers_mm.trajectory import TOKENIZER_FIELDS, TrajectoryTokenizer, TrajectoryWindows
 from unitok.backbone import Backbone, BackboneConfig, init_weights
 from unitok.config import Config
@@ -287,6 +288,10 @@ class DecisionTransformer(PretrainedModel):
     def tokenizer(self) -> TrajectoryTokenizer:
         """The tokenizer with the statistics this model was trained with."""
         return self.config.tokenizer()
+
+    def default_processor(self) -> Processor:
+        """Episodes -> windows with the stored return / state / action statistics."""
+        return Processor(trajectory=self.config.tokenizer())
 
     @torch.no_grad()
     def get_action(

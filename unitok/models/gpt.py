@@ -20,6 +20,7 @@ from unitok.generate import GenerationConfig, generate
 from unitok.layers.activations import Activation
 from unitok.layers.attention import Kernel
 from unitok.layers.kv_cache import KVCache
+from unitok.losses import causal_lm_loss
 from unitok.models.base import PretrainedModel
 from unitok.outputs import CausalLMOutput
 
@@ -120,8 +121,9 @@ class GPT(PretrainedModel):
         output_hidden_states: bool = False,
         output_attentions: bool = False,
         kernel: Kernel = "sdpa",
+        labels: Tensor | None = None,
     ) -> CausalLMOutput:
-        """Next-token logits for every position.
+        """Next-token logits for every position (and ``loss`` when ``labels`` are given).
 
         Args:
             input_ids: (B, N) ids, or a `Tokens` batch (its mask and positions are used).
@@ -129,15 +131,20 @@ class GPT(PretrainedModel):
             position_ids: (B, N); by default counted from the first real token of each row,
                 so left padding does not shift positions.
             cache / use_cache: continue from a `KVCache`, or start one (returned in ``.cache``).
+            labels: (B, N) targets aligned with the inputs (usually the input ids themselves);
+                shifted inside, as in Hugging Face's ``GPT2LMHeadModel``: ``.loss`` is the mean
+                cross-entropy of position t's logits against ``labels[:, t + 1]``, -100 ignored.
         """
         hidden = self._run_backbone(input_ids, attention_mask, position_ids, cache, use_cache,
                                     output_hidden_states, output_attentions, kernel)
+        logits = self.lm_head(hidden.last_hidden_state)
         return CausalLMOutput(
-            logits=self.lm_head(hidden.last_hidden_state),
+            logits=logits,
             last_hidden_state=hidden.last_hidden_state,
             hidden_states=hidden.hidden_states,
             attentions=hidden.attentions,
             cache=hidden.cache,
+            loss=causal_lm_loss(logits, labels) if labels is not None else None,
         )
 
     def _run_backbone(self, input_ids, attention_mask, position_ids, cache, use_cache,

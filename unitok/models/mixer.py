@@ -14,6 +14,7 @@ from tokenizers_mm import Tokens
 from unitok.backbone import Backbone, BackboneConfig, init_weights
 from unitok.embed import PatchEmbedding
 from unitok.layers.activations import Activation
+from unitok.losses import cross_entropy
 from unitok.models.vision import ImageConfig, ImageModel
 from unitok.outputs import ImageClassifierOutput
 
@@ -75,7 +76,12 @@ class MLPMixer(ImageModel):
         self.head = nn.Linear(config.d_model, config.num_classes) if config.num_classes else None
         init_weights(self, std=0.02)
 
-    def forward(self, pixel_values: Tensor | Tokens, output_hidden_states: bool = False) -> ImageClassifierOutput:
+    def forward(self, pixel_values: Tensor | Tokens, output_hidden_states: bool = False,
+                labels: Tensor | None = None) -> ImageClassifierOutput:
+        """Normalised (B, C, H, W) pixels, or image `Tokens`, -> class logits; ``labels`` (B,)
+        class ids give ``loss``, the cross-entropy of the logits."""
+        if labels is not None and self.head is None:
+            raise ValueError("labels given, but this model has no classification head (num_classes=0)")
         patches, grid = self._patches(pixel_values)
         if patches.shape[1] != self.config.n_patches:
             H, W = self.config.image_size
@@ -85,9 +91,11 @@ class MLPMixer(ImageModel):
             )
         out = self.backbone(self.drop(self.patch_embed(patches)), output_hidden_states=output_hidden_states)
         pooled = out.last_hidden_state.mean(dim=1)
+        logits = self.head(pooled) if self.head is not None else None
+        loss = cross_entropy(logits, labels) if logits is not None and labels is not None else None
         return ImageClassifierOutput(
-            logits=self.head(pooled) if self.head is not None else None, pooled=pooled,
-            last_hidden_state=out.last_hidden_state, grid=grid, hidden_states=out.hidden_states,
+            logits=logits, pooled=pooled, last_hidden_state=out.last_hidden_state, grid=grid,
+            hidden_states=out.hidden_states, loss=loss,
         )
 
     def reset_classifier(self, num_classes: int) -> None:

@@ -22,7 +22,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from tokenizers_mm import Tokens, patchify
+from tokenizers_mm import ImagePreprocessConfig, Processor, SpectrogramConfig, Tokens, patchify
 from tokenizers_mm.trajectory import TOKENIZER_FIELDS, TrajectoryTokenizer, TrajectoryWindows
 from unitok.backbone import Backbone, BackboneConfig, init_weights
 from unitok.checks import check_finite
@@ -446,6 +446,20 @@ class MultimodalTransformer(PretrainedModel):
             m = self.config.modalities[head.segment]
             return ActionHead(D, m.act_dim, tanh=not m.discrete and m.action_tanh)
         return ProjectionHead(D, head.embed_dim)
+
+    def default_processor(self) -> Processor | None:
+        """Images, audio and episodes as the first segment of each kind stores them (a text
+        segment's tokenizer comes from its data and is saved with the model)."""
+        parts: dict[str, Any] = {}
+        for m in self.config.modalities.values():
+            if m.kind == "image" and "image" not in parts:
+                parts["image"] = ImagePreprocessConfig(patch_size=m.patch_size, channels=m.channels, mean=m.mean,
+                                                       std=m.std, image_size=m.image_size)
+            elif m.kind == "audio" and "audio" not in parts:
+                parts["audio"] = SpectrogramConfig.from_dict(m.spectrogram or {"n_mels": m.n_mels})
+            elif m.kind == "trajectory" and "trajectory" not in parts:
+                parts["trajectory"] = m.tokenizer()
+        return Processor(**parts) if parts else None
 
     @property
     def tied_keys(self) -> tuple[str, ...]:

@@ -26,6 +26,7 @@ from unitok.generate import GenerationConfig, generate
 from unitok.layers.activations import Activation
 from unitok.layers.attention import CrossAttention, Kernel, SelfAttention
 from unitok.layers.kv_cache import KVCache
+from unitok.losses import cross_entropy
 from unitok.models.base import PretrainedModel
 from unitok.outputs import BackboneOutput, Seq2SeqLMOutput
 
@@ -254,9 +255,11 @@ class T5(T5Encoder):
     ) -> Seq2SeqLMOutput:
         """Source ids (or `Tokens`) and target inputs -> next-token logits at every target position.
 
-        Give ``decoder_input_ids`` or ``labels`` (then the inputs are ``shift_right(labels)``);
-        the loss is the task's business (``tasks``). With ``n_mels`` set the sources are (B, N, F)
-        spectrogram frames (or audio `Tokens`) and ``attention_mask`` marks real frames.
+        Give ``decoder_input_ids`` or ``labels`` (then the inputs are ``shift_right(labels)``, as in
+        Hugging Face's ``T5ForConditionalGeneration``). With ``labels`` (B, N) the output's ``loss``
+        is the mean cross-entropy of the logits against them, -100 ignored. With ``n_mels`` set the
+        sources are (B, N, F) spectrogram frames (or audio `Tokens`) and ``attention_mask`` marks
+        real frames.
         """
         if decoder_input_ids is None:
             if labels is None:
@@ -267,7 +270,8 @@ class T5(T5Encoder):
                                   output_hidden_states=output_hidden_states, kernel=kernel)
         return Seq2SeqLMOutput(logits=logits, encoder_last_hidden_state=enc.last_hidden_state,
                                decoder_last_hidden_state=dec.last_hidden_state,
-                               encoder_hidden_states=enc.hidden_states, decoder_hidden_states=dec.hidden_states)
+                               encoder_hidden_states=enc.hidden_states, decoder_hidden_states=dec.hidden_states,
+                               loss=cross_entropy(logits, labels) if labels is not None else None)
 
     @torch.no_grad()
     def generate(

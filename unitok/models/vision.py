@@ -14,6 +14,7 @@ from tokenizers_mm import (
     IMAGENET_STD,
     ImagePreprocessConfig,
     PatchTokenizer,
+    Processor,
     Tokens,
     patchify,
 )
@@ -74,6 +75,10 @@ class ImageModel(PretrainedModel):
     def grid(self) -> tuple[int, int]:
         """The patch grid of the configured image size."""
         return self.config.grid
+
+    def default_processor(self) -> Processor:
+        """Images as the config says: size, patch size and normalisation (no resizing unless asked)."""
+        return Processor(image=self.config.preprocess_config())
 
     def image_tokenizer(self, resize: bool = False) -> PatchTokenizer:
         """The `PatchTokenizer` that prepares raw images exactly as this model expects

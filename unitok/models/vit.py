@@ -19,6 +19,7 @@ from unitok.embed import PatchEmbedding, resample_grid_positions, sincos_2d_tabl
 from unitok.layers.activations import Activation
 from unitok.layers.attention import Kernel
 from unitok.layers.norms import make_norm
+from unitok.losses import cross_entropy
 from unitok.models.vision import ImageConfig, ImageModel
 from unitok.outputs import ImageClassifierOutput
 
@@ -186,11 +187,17 @@ class ViT(ImageModel):
         output_hidden_states: bool = False,
         output_attentions: bool = False,
         kernel: Kernel = "sdpa",
+        labels: Tensor | None = None,
     ) -> ImageClassifierOutput:
         """Normalised (B, C, H, W) pixels, or image `Tokens`, -> class logits.
 
         Any H×W divisible by the patch size works; positions are resampled (bicubic).
+        ``labels`` (B,) class ids give ``loss``: the cross-entropy of ``logits`` (for DeiT in eval
+        mode the averaged heads; in train mode the mean of both heads' cross-entropies, the
+        no-teacher objective of `tasks`; distillation from a teacher lives in `tasks`).
         """
+        if labels is not None and self.head is None:
+            raise ValueError("labels given, but this model has no classification head (num_classes=0)")
         x, grid = self.embed(pixel_values)
         out = self.backbone(x, output_hidden_states=output_hidden_states,
                             output_attentions=output_attentions, kernel=kernel)
@@ -206,6 +213,12 @@ class ViT(ImageModel):
             result.logits = (result.logits_cls + result.logits_dist) / 2
         else:
             result.logits = self.head(result.pooled)
+        if labels is not None:
+            if self.head_dist is not None and self.training:
+                result.loss = (cross_entropy(result.logits_cls, labels)  # type: ignore[arg-type]
+                               + cross_entropy(result.logits_dist, labels)) / 2  # type: ignore[arg-type]
+            else:
+                result.loss = cross_entropy(result.logits, labels)
         return result
 
     def pool(self, hidden: Tensor) -> Tensor:

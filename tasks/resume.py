@@ -1,0 +1,87 @@
+"""Exact resume: a run stopped at any step and resumed from its checkpoint (``--ckpt_path``)
+trains on as the uninterrupted run would have, loss for loss.
+
+Lightning restores the weights, optimiser, LR schedule and loop counters. The data modules
+restore where training stood in the data (`tasks.data.sampling`: the order and each batch's
+random numbers are functions of the run's seed, epoch and batch). `ResumableRNG` restores the
+rest: the global random generators the training steps draw from (dropout and the like).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+
+RNG_KEY = "rng_states"
+
+
+def rng_states() -> dict[str, Any]:
+    """Torch's (CPU and every CUDA device's), numpy's and Python's global generator states, as
+    tensors and plain types (a checkpoint loads with ``weights_only=True``)."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()  # type: ignore[misc]
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "gauss": float(gauss)},
+        "python": random.getstate(),
+    }
+
+
+def set_rng_states(states: dict[str, Any]) -> None:
+    """Put back what `rng_states` returned (CUDA states for the devices there are)."""
+    torch.set_rng_state(states["torch"])
+    if states["cuda"] and torch.cuda.is_available():
+        for device, state in enumerate(states["cuda"][: torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(state, device)
+    n = states["numpy"]
+    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
+    version, internal, gauss_next = states["python"]
+    random.setstate((version, tuple(internal), gauss_next))
+
+
+class ResumableRNG(L.Callback):
+    """Saves the global random generators in checkpoints and restores them when a resumed run
+    starts training, so its dropout (and any other draw of a training step) continues the
+    uninterrupted run's stream.
+
+    Validation (and the sanity check) draws from a copy: whether and when it ran does not move
+    the training stream, so a checkpoint written just before or after a validation resumes alike.
+    Under DDP the states of rank 0 (which writes the checkpoint) are restored on every rank.
+    """
+
+    def __init__(self) -> None:
+        self._training_states: dict[str, Any] | None = None  # the training stream, while validating
+        self._to_restore: dict[str, Any] | None = None
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule,
+                           checkpoint: dict[str, Any]) -> None:
+        checkpoint[RNG_KEY] = self._training_states or rng_states()
+
+    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule,
+                           checkpoint: dict[str, Any]) -> None:
+        self._to_restore = checkpoint.get(RNG_KEY)
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # The last moment before the first resumed step: setup, the sanity check and the first
+        # batch's prefetch (which draws nothing from the global generators) are behind.
+        if self._to_restore is not None:
+            set_rng_states(self._to_restore)
+            self._to_restore = None
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._training_states = rng_states()
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._training_states is not None:
+            set_rng_states(self._training_states)
+            self._training_states = None
+
+
+def resume_callbacks() -> list[L.Callback]:
+    """The callbacks a run needs to resume exactly (the CLI adds them to every run)."""
+    return [ResumableRNG()]

@@ -1,0 +1,288 @@
+"""Exact resume: a run resumed from a mid-epoch checkpoint reads the same batches in the same
+order and logs the same losses, step for step, as the run that was never interrupted — across
+the next epoch boundary too; and the pieces that make it so (`tasks.data.sampling`,
+`tasks.ResumableRNG`)."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import os
+import random
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from lightning.pytorch.utilities import CombinedLoader
+
+from tasks import CausalLMTask, ImageClassificationTask, resume_callbacks
+from tasks.cli import main
+from tasks.data.combined import MultiTaskDataModule
+from tasks.data.image import DigitsDataModule
+from tasks.data.sampling import (
+    ResumableBatchSampler,
+    ResumePoint,
+    SeededFetch,
+    SeededRandomSampler,
+    resumable_loader,
+)
+from tasks.data.speech import BucketBatchSampler
+from tasks.resume import ResumableRNG, rng_states, set_rng_states
+
+ROOT = Path(__file__).resolve().parents[2]
+GPT = ROOT / "configs" / "gpt" / "tiny.yaml"
+VIT = ROOT / "configs" / "vit" / "digits.yaml"
+QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
+         "--trainer.log_every_n_steps", "1"]
+
+
+def batch_digest(batch: dict) -> str:
+    """A hash of a batch's tensors (inputs after augmentation, labels)."""
+    h = hashlib.sha1()
+    for key in sorted(batch):
+        if isinstance(batch[key], torch.Tensor):
+            h.update(key.encode() + batch[key].detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def record_batches(monkeypatch, task_class) -> dict[int, str]:
+    """{global step: digest of the batch it trained on}, filled by every run of ``task_class``."""
+    seen: dict[int, str] = {}
+
+    def on_train_batch_start(self, batch, batch_idx):
+        seen[self.global_step + 1] = batch_digest(batch)
+
+    monkeypatch.setattr(task_class, "on_train_batch_start", on_train_batch_start, raising=False)
+    return seen
+
+
+def train_losses(root: Path) -> dict[int, float]:
+    """{step (1-based): train_loss} from every metrics.csv under ``root``."""
+    losses = {}
+    for path in root.rglob("metrics.csv"):
+        with path.open() as f:
+            for row in csv.DictReader(f):
+                if row.get("train_loss"):
+                    losses[int(row["step"]) + 1] = float(row["train_loss"])
+    return losses
+
+
+def fit(config, root: Path, *args: str) -> None:
+    """``unitok fit`` with ``--trainer.default_root_dir root``, from inside ``root``."""
+    root.mkdir(exist_ok=True)
+    os.chdir(root)
+    main(["fit", "--config", str(config), *args, *QUIET, "--trainer.default_root_dir", str(root)])
+
+
+def every_n_steps(n: int) -> str:
+    """An extra ModelCheckpoint writing ``every-step=N.ckpt`` every ``n`` steps (at the step's end)."""
+    return "--trainer.callbacks+=" + json.dumps({
+        "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+        "init_args": {"every_n_train_steps": n, "save_top_k": -1, "filename": "every-{step}"}})
+
+
+def stop_at(monkeypatch, task_class, step: int) -> None:
+    """A SIGTERM to this process while step ``step`` trains (what a scheduler's stop does)."""
+    record = task_class.on_train_batch_start
+
+    def on_train_batch_start(self, batch, batch_idx):
+        record(self, batch, batch_idx)
+        if self.global_step + 1 == step:
+            assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None), "no SIGTERM handler"
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(task_class, "on_train_batch_start", on_train_batch_start)
+
+
+def assert_resumes_exactly(full, resumed, full_batches, resumed_batches, steps, at):
+    after = list(range(at + 1, steps + 1))
+    assert sorted(resumed_batches) == after, "the resumed run trains the steps after the checkpoint"
+    assert [resumed_batches[s] for s in after] == [full_batches[s] for s in after], "same batches, same order"
+    assert sorted(full) == list(range(1, steps + 1)) and set(after) <= set(resumed)
+    np.testing.assert_allclose([resumed[s] for s in after], [full[s] for s in after], rtol=0, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_a_text_recipe_resumed_mid_epoch_logs_the_uninterrupted_losses(tmp_path, monkeypatch):
+    # 48 windows of 4: 12 steps an epoch, dropout 0.1, a validation every 4 steps; the checkpoint
+    # written at the end of step 5 (mid-epoch 0); the resumed run crosses into epoch 1.
+    args = ["--data.builtin_max_bytes", "150000", "--data.vocab_size", "400", "--data.context_length", "32",
+            "--data.batch_size", "4", "--data.train_samples", "48", "--data.cache_dir", str(tmp_path / "cache"),
+            "--trainer.val_check_interval", "4", "--trainer.limit_val_batches", "2",
+            "--model.init_args.dropout", "0.1", "--trainer.max_steps", "18", every_n_steps(5)]
+    monkeypatch.chdir(tmp_path)
+    seen = record_batches(monkeypatch, CausalLMTask)
+    fit(GPT, tmp_path / "full", *args)
+    full_batches = dict(seen)
+    [checkpoint] = (tmp_path / "full").rglob("every-step=5.ckpt")
+
+    seen.clear()
+    torch.manual_seed(1234)  # the resumed process's own random state must not matter
+    fit(GPT, tmp_path / "resumed", *args, "--ckpt_path", str(checkpoint))
+    assert_resumes_exactly(train_losses(tmp_path / "full"), train_losses(tmp_path / "resumed"), full_batches,
+                           dict(seen), steps=18, at=5)
+
+
+@pytest.mark.slow
+def test_an_augmented_image_recipe_stopped_by_sigterm_resumes_from_last_with_the_same_losses(tmp_path, monkeypatch):
+    # 1,437 digits in batches of 96: 14 steps an epoch, random affine augmentation, two loader
+    # workers, a validation every 9 steps; SIGTERM during step 8, `--ckpt_path last`, and on past
+    # the epoch boundary.
+    args = ["--data.batch_size", "96", "--data.num_workers", "2", "--trainer.val_check_interval", "9",
+            "--trainer.limit_val_batches", "1", "--trainer.max_steps", "20"]
+    monkeypatch.chdir(tmp_path)
+    seen = record_batches(monkeypatch, ImageClassificationTask)
+    fit(VIT, tmp_path / "full", *args)
+    full_batches = dict(seen)
+
+    seen.clear()
+    stop_at(monkeypatch, ImageClassificationTask, 8)
+    with pytest.raises(SystemExit) as stopped:
+        fit(VIT, tmp_path / "stopped", *args)
+    assert stopped.value.code == 128 + signal.SIGTERM and sorted(seen) == list(range(1, 9))
+    seen = record_batches(monkeypatch, ImageClassificationTask)  # no more stops
+    fit(VIT, tmp_path / "stopped", *args, "--ckpt_path", "last")
+    assert_resumes_exactly(train_losses(tmp_path / "full"), train_losses(tmp_path / "stopped"), full_batches,
+                           dict(seen), steps=20, at=8)
+
+
+# --------------------------------------------------------------------------- the pieces
+
+
+def digests(loader, n: int | None = None) -> list[str]:
+    out = []
+    for i, batch in enumerate(loader):
+        if i == n:
+            break
+        out.append(batch_digest(batch))
+    return out
+
+
+@pytest.fixture(scope="module")
+def digits() -> DigitsDataModule:
+    data = DigitsDataModule(batch_size=256, image_size=16, augment=True)
+    data.setup("fit")
+    data.shuffle_seed = 7
+    return data
+
+
+def test_training_batches_depend_on_seed_epoch_and_pass_only_not_on_workers_or_global_state(digits):
+    torch.manual_seed(0)
+    first = digests(digits.train_dataloader())
+    torch.manual_seed(1)
+    random.seed(1)
+    np.random.seed(1)
+    assert digests(digits.train_dataloader()) == first  # augmentation drew from the batch's own seed
+    digits.num_workers = 2
+    try:
+        assert digests(digits.train_dataloader()) == first
+    finally:
+        digits.num_workers = 0
+    loader = digits.train_dataloader()
+    assert digests(loader) == first and digests(loader) != first  # a second pass: a new order
+    loader.batch_sampler.sampler.set_epoch(1)
+    assert digests(loader) not in (first, digests(digits.train_dataloader()))
+
+
+def test_fetching_a_batch_leaves_the_global_generators_alone(digits):
+    torch.manual_seed(3)
+    before = rng_states()
+    digests(digits.train_dataloader(), 2)
+    after = rng_states()
+    assert torch.equal(before["torch"], after["torch"]) and before["python"] == after["python"]
+    assert torch.equal(before["numpy"]["keys"], after["numpy"]["keys"])
+
+
+def test_a_loader_built_at_a_resume_point_reads_on_from_that_batch(digits):
+    full = digests(digits.train_dataloader())
+    digits.resume_point = ResumePoint(epoch=0, batches=2)
+    assert digests(digits.train_dataloader()) == full[2:]
+    assert digests(digits.train_dataloader()) == full, "only the first loader after loading resumes"
+    second_epoch = digits.train_dataloader()
+    second_epoch.batch_sampler.sampler.set_epoch(1)
+    expected = digests(second_epoch)
+    digits.resume_point = ResumePoint(epoch=1, batches=3)
+    assert digests(digits.train_dataloader()) == expected[3:]
+
+
+def test_a_resume_point_past_a_short_loader_falls_in_a_later_pass():
+    assert ResumePoint(0, 3).locate(10) == (0, 3)
+    assert ResumePoint(0, 23).locate(10) == (2, 3)
+    assert ResumePoint(0, 23, cycle=False).locate(10) == (0, 10)  # "max_size": exhausted this epoch
+    sampler = ResumableBatchSampler(SeededRandomSampler(range(20), seed=1), 5, False, seed=1)
+    passes = [list(sampler) for _ in range(3)]
+    resumed = ResumableBatchSampler(SeededRandomSampler(range(20), seed=1), 5, False, seed=1,
+                                    resume=ResumePoint(0, 6))  # pass 1, batch 2
+    assert list(resumed) == passes[1][2:] and list(resumed) == passes[2]
+
+
+def test_bucketed_speech_batches_resume_and_shuffle_from_their_seed():
+    lengths = torch.rand(60, generator=torch.Generator().manual_seed(0)).tolist()
+
+    def bucketed(resume=None):
+        return BucketBatchSampler(SeededRandomSampler(range(60), seed=4), batch_size=6, drop_last=True,
+                                  lengths=lengths, pool_batches=5, seed=4, resume=resume)
+
+    torch.manual_seed(0)
+    full = list(bucketed())
+    torch.manual_seed(1)
+    assert list(bucketed()) == full and [b.seed for b in bucketed()] == [b.seed for b in full]
+    assert list(bucketed(ResumePoint(0, 4))) == full[4:]
+    assert sorted(i for b in full for i in b) == list(range(60))
+
+
+def test_multitask_data_saves_and_restores_every_tasks_position(tmp_path):
+    class Trainer:  # what `training_position` reads
+        current_epoch, num_training_batches, state = 0, 14, type("S", (), {"fn": "fit"})()
+        fit_loop = type("F", (), {"epoch_loop": type("E", (), {"batch_progress": type(
+            "B", (), {"current": type("C", (), {"processed": 9})()})()})()})()
+
+    def multitask():
+        data = MultiTaskDataModule({"big": DigitsDataModule(batch_size=100, image_size=16, augment=True),
+                                    "small": DigitsDataModule(batch_size=400, image_size=16, augment=True)})
+        for task in data.tasks.values():
+            task.setup("fit")
+            task.trainer = Trainer()
+        return data
+
+    data = multitask()
+    loader = data.train_dataloader()  # 14 and 3 batches: "small" cycles
+    assert isinstance(loader, CombinedLoader)
+    seeds = {name: task.shuffle_seed for name, task in data.tasks.items()}
+    assert seeds["big"] != seeds["small"]
+    steps = [{name: batch_digest(b) for name, b in batch.items()} for batch, _, _ in loader]
+    state = data.state_dict()
+    assert state["big"]["batches"] == 9 and state["small"]["seed"] == seeds["small"]
+
+    resumed = multitask()
+    resumed.load_state_dict(state)
+    rest = [{name: batch_digest(b) for name, b in batch.items()} for batch, _, _ in resumed.train_dataloader()]
+    assert rest == steps[9:]
+
+
+def test_rng_states_round_trip_through_a_weights_only_checkpoint(tmp_path):
+    torch.manual_seed(5)
+    np.random.seed(5)
+    random.seed(5)
+    states = rng_states()
+    expected = (torch.rand(3), np.random.rand(3), random.random())
+    path = tmp_path / "states.pt"
+    torch.save(states, path)
+    torch.manual_seed(0)
+    set_rng_states(torch.load(path, weights_only=True))
+    again = (torch.rand(3), np.random.rand(3), random.random())
+    assert torch.equal(expected[0], again[0]) and np.array_equal(expected[1], again[1]) and expected[2] == again[2]
+
+
+def test_the_callbacks_a_run_needs():
+    assert [type(c) for c in resume_callbacks()] == [ResumableRNG]
+
+
+def test_resumable_loaders_keep_the_datasets_attributes(digits):
+    loader = resumable_loader(digits.train_set, ResumableBatchSampler(range(8), 4, True), None)
+    assert isinstance(loader.dataset, SeededFetch) and len(loader.dataset) == len(digits.train_set)
+    assert loader.dataset.transform is digits.train_set.transform
+    assert hasattr(loader, "state_dict") and hasattr(loader, "load_state_dict")  # resumable, for Lightning

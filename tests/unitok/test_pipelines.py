@@ -1,0 +1,244 @@
+"""`unitok.pipeline`: Hugging Face's task names and answer shapes over unitok folders; each
+answer equals what the model computes directly, and a batch answers as its items one by one."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import unitok
+from tokenizers_mm import BPETokenizer, Processor, WordPieceTokenizer
+from unitok.ctc import ctc_greedy_decode
+from unitok.models import (
+    BERT,
+    CLIP,
+    GPT,
+    T5,
+    BERTConfig,
+    CLIPConfig,
+    ConformerConfig,
+    ConformerCTC,
+    DecisionTransformer,
+    DecisionTransformerConfig,
+    T5Config,
+    ViT,
+    ViTConfig,
+)
+from unitok.pipelines import PIPELINES, pipeline
+
+CORPUS = ["def parse(text):\n    return text.split()\n", "class Parser:\n    pass\n",
+          "for item in range(3): print(item)\n", "the parser reads the text and returns the words\n"] * 20
+DIGITS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+
+
+@pytest.fixture(scope="module")
+def bpe() -> BPETokenizer:
+    return BPETokenizer.train(iterator=CORPUS, vocab_size=300)
+
+
+@pytest.fixture(scope="module")
+def wordpiece() -> WordPieceTokenizer:
+    return WordPieceTokenizer.train(iterator=CORPUS, vocab_size=150)
+
+
+def saved(model: torch.nn.Module, folder, processor: Processor | None = None):
+    if processor is not None:
+        model.processor = processor
+    model.save_pretrained(folder)
+    return folder
+
+
+def test_every_task_is_known_and_a_misspelt_one_is_named():
+    assert set(PIPELINES) == {"text-generation", "fill-mask", "text-classification", "token-classification",
+                              "text2text-generation", "image-classification", "zero-shot-image-classification",
+                              "automatic-speech-recognition", "zero-shot-audio-classification", "decision"}
+    with pytest.raises(ValueError, match=r"'image-clasification' \(did you mean 'image-classification'\?\)"):
+        pipeline("image-clasification", model=ViT(ViTConfig.from_name("vit-digits")))
+
+
+def test_a_model_of_the_wrong_family_or_without_its_head_is_refused(wordpiece):
+    with pytest.raises(ValueError, match="takes a GPT model, got a ViT"):
+        pipeline("text-generation", model=ViT(ViTConfig.from_name("vit-digits")))
+    bert = BERT(BERTConfig.from_name("bert-nano", vocab_size=wordpiece.vocab_size, heads=("pooler", "mlm")))
+    bert.processor = Processor(text=wordpiece)
+    with pytest.raises(ValueError, match="needs a BERT with a 'classifier'"):
+        pipeline("text-classification", model=bert)
+    gpt = GPT(GPTConfig_nano(97))
+    with pytest.raises(ValueError, match="has no processor"):
+        pipeline("text-generation", model=gpt)
+    with pytest.raises(TypeError, match=r"unknown option\(s\) \['topk'\]"):
+        pipeline("image-classification", model=ViT(ViTConfig.from_name("vit-digits")), topk=3)
+
+
+def GPTConfig_nano(vocab_size: int):
+    from unitok.models import GPTConfig
+
+    return GPTConfig.from_name("gpt-nano", vocab_size=vocab_size, context_length=64)
+
+
+def test_text_generation_continues_prompts_as_generate_does_batched_or_not(tmp_path, bpe):
+    torch.manual_seed(0)
+    gpt = GPT(GPTConfig_nano(bpe.vocab_size).replace(eos_token_id=bpe.eos_id, pad_token_id=bpe.pad_id))
+    generate = pipeline("text-generation", model=saved(gpt, tmp_path, Processor(text=bpe)), max_new_tokens=6)
+    prompts = ["def parse(", "class"]
+    answers = generate(prompts)
+    assert answers == [generate(p) for p in prompts]  # left padding changes nothing
+    ids = gpt.eval().generate(bpe.batch_encode(["def parse("]), max_new_tokens=6)[0, len(bpe.encode("def parse(").ids):]
+    assert answers[0] == [{"generated_text": "def parse(" + bpe.decode(ids.tolist(), skip_special_tokens=True)}]
+    only_new = generate("class", return_full_text=False)[0]["generated_text"]
+    assert answers[1][0]["generated_text"] == "class" + only_new
+    beams = generate("class", num_beams=3)
+    assert beams[0]["generated_text"].startswith("class")
+
+
+def test_fill_mask_scores_the_masked_position(tmp_path, wordpiece):
+    torch.manual_seed(0)
+    bert = BERT(BERTConfig.from_name("bert-nano", vocab_size=wordpiece.vocab_size, context_length=32,
+                                     heads=("pooler", "mlm")))
+    fill = pipeline("fill-mask", model=saved(bert, tmp_path, Processor(text=wordpiece)), top_k=3)
+    answers = fill("the parser [MASK] the text")
+    assert len(answers) == 3 and answers[0]["score"] >= answers[1]["score"] >= answers[2]["score"]
+    ids = [wordpiece.cls_id, *wordpiece.encode_ids("the parser"), wordpiece.mask_id, *wordpiece.encode_ids("the text"),
+           wordpiece.sep_id]
+    with torch.no_grad():
+        probs = bert.eval()(torch.tensor([ids])).mlm_logits[0, ids.index(wordpiece.mask_id)].softmax(-1)
+    assert answers[0]["token"] == int(probs.argmax())
+    assert answers[0]["score"] == pytest.approx(float(probs.max()), abs=1e-6)
+    assert answers[0]["token_str"].removeprefix("##") in answers[0]["sequence"]  # "##" marks a word piece
+    with pytest.raises(ValueError, match=r"exactly one \[MASK\]"):
+        fill("no mask here")
+
+
+def test_text_and_token_classification_name_their_labels(tmp_path, wordpiece):
+    torch.manual_seed(0)
+    cls = BERT(BERTConfig.from_name("bert-nano", vocab_size=wordpiece.vocab_size, context_length=32,
+                                    heads=("pooler", "classifier"), num_labels=2))
+    classify = pipeline("text-classification", model=saved(cls, tmp_path / "cls",
+                                                           Processor(text=wordpiece, labels=("other", "parser"))))
+    answer = classify("the parser reads the text")
+    with torch.no_grad():
+        probs = cls.eval()(wordpiece.batch_encode(["the parser reads the text"])).logits.softmax(-1)[0]
+    assert answer == {"label": ("other", "parser")[int(probs.argmax())], "score": pytest.approx(float(probs.max()))}
+    both = classify("the parser reads the text", top_k=2)
+    assert [a["label"] for a in both] == sorted(("other", "parser"), key=lambda n: -float(probs[("other", "parser").index(n)]))
+    pair = classify({"text": "the parser", "text_pair": "reads the text"})
+    assert pair["label"] in ("other", "parser")
+
+    tags = ("O", "name", "keyword")
+    tok = BERT(BERTConfig.from_name("bert-nano", vocab_size=wordpiece.vocab_size, context_length=32,
+                                    heads=("token_classifier",), num_labels=3))
+    tagger = pipeline("token-classification", model=saved(tok, tmp_path / "tok", Processor(text=wordpiece, labels=tags)))
+    text = "class Parser: pass"
+    entities = tagger(text)
+    enc = wordpiece.encode(text)
+    with torch.no_grad():
+        predicted = tok.eval()(enc.ids[None]).logits[0].argmax(-1)
+    expected = [i for i, s in enumerate(enc.sequence_ids) if s is not None and tags[int(predicted[i])] != "O"]
+    assert [e["index"] for e in entities] == expected
+    for e in entities:
+        assert text[e["start"]:e["end"]].lower() == e["word"].removeprefix("##").lower()
+    assert len(tagger(text, ignore_labels=())) == len(enc.ids) - 2  # every word piece, no [CLS]/[SEP]
+
+
+def test_text2text_generation_equals_t5_generate(tmp_path, bpe):
+    torch.manual_seed(0)
+    t5 = T5(T5Config.from_name("t5-tiny", vocab_size=bpe.vocab_size, pad_token_id=bpe.pad_id, eos_token_id=bpe.eos_id,
+                               decoder_start_token_id=bpe.pad_id))
+    run = pipeline("text2text-generation", model=saved(t5, tmp_path, Processor(text=bpe)), max_new_tokens=5)
+    answers = run(["parse: def parse(", "parse: class"])
+    assert answers == [run("parse: def parse("), run("parse: class")]
+    source = torch.tensor([[*bpe.encode("parse: class").ids.tolist(), bpe.eos_id]])
+    out = t5.eval().generate(source, max_new_tokens=5)[0, 1:].tolist()
+    out = out[: out.index(bpe.eos_id)] if bpe.eos_id in out else out
+    assert answers[1] == [{"generated_text": bpe.decode([t for t in out if t != bpe.pad_id])}]
+
+
+def test_image_classification_reads_raw_images_with_the_saved_preprocessing(tmp_path):
+    torch.manual_seed(0)
+    vit = ViT(ViTConfig.from_name("vit-digits"))
+    with torch.no_grad():
+        vit.head.bias.copy_(torch.arange(10.0) * 0.0)
+        vit.head.bias[7] = 20.0  # this model calls everything a seven
+    classify = pipeline("image-classification", model=saved(vit, tmp_path, Processor(labels=DIGITS)), top_k=3)
+    image = (np.random.default_rng(0).random((32, 32)) * 255).astype(np.uint8)[None]
+    answer = classify(torch.from_numpy(image))
+    assert answer[0]["label"] == "seven" and answer[0]["score"] > 0.99 and len(answer) == 3
+    from PIL import Image
+
+    path = tmp_path / "scan.png"
+    Image.fromarray(image[0]).save(path)
+    assert classify(str(path))[0]["label"] == "seven"  # a file path reads the same
+    with pytest.raises(ValueError, match=r"20×20 is not divisible by the patch size 8; configure resize=True"):
+        classify(torch.rand(1, 20, 20))  # nothing is resized behind the user's back
+    assert classify(torch.rand(1, 20, 20), resize=True)[0]["label"] == "seven"
+
+
+def test_zero_shot_image_and_audio_classification_rank_the_candidate_labels(tmp_path):
+    torch.manual_seed(0)
+    clip = CLIP(CLIPConfig.from_name("clip-digits-audio"))
+    folder = saved(clip, tmp_path)
+    zero_shot = pipeline("zero-shot-image-classification", model=folder)
+    image = torch.rand(1, 32, 32)
+    answer = zero_shot(image, candidate_labels=["seven", "two"], hypothesis_template="a handwritten {}.")
+    from unitok.zero_shot import ZeroShotClassifier
+
+    expected = ZeroShotClassifier(clip.eval(), ["seven", "two"], templates=["a handwritten {}."]).predict_proba(image)[0]
+    assert {a["label"]: a["score"] for a in answer} == pytest.approx({"seven": float(expected[0]), "two": float(expected[1])})
+    assert answer[0]["score"] >= answer[1]["score"]
+    with pytest.raises(ValueError, match="candidate_labels"):
+        zero_shot(image)
+
+    audio = pipeline("zero-shot-audio-classification", model=folder)
+    wave = (0.1 * np.random.default_rng(0).standard_normal(8000)).astype(np.float32)
+    by_rate = audio(wave, candidate_labels=["seven", "two"], sample_rate=16000)
+    as_dict = audio({"raw": wave, "sampling_rate": 16000}, candidate_labels=["seven", "two"])
+    assert by_rate == as_dict and sum(a["score"] for a in by_rate) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="bare waveform: give sample_rate"):
+        audio(wave, candidate_labels=["seven", "two"])
+
+
+def test_speech_recognition_decodes_the_ctc_head_with_the_saved_characters(tmp_path):
+    torch.manual_seed(0)
+    model = ConformerCTC(ConformerConfig.from_name("conformer-digits", vocabulary=tuple("onetw ")))
+    asr = pipeline("automatic-speech-recognition", model=saved(model, tmp_path))
+    waves = [(0.1 * np.random.default_rng(i).standard_normal(n)).astype(np.float32) for i, n in ((0, 8000), (1, 12000))]
+    answers = asr(waves, sample_rate=16000)
+    assert answers == [asr(w, sample_rate=16000) for w in waves]
+    tokens = model.processor(waves, sample_rate=16000)
+    with torch.no_grad():
+        out = model.eval()(tokens.features, tokens.attention_mask.sum(1))
+    paths = ctc_greedy_decode(out.logits.log_softmax(-1), out.lengths)
+    assert answers == [{"text": model.processor.characters.decode(p)} for p in paths]
+    assert asr(waves[0], sample_rate=16000, decoder="beam", beam_size=4)["text"] is not None
+
+
+def test_decision_acts_for_a_target_return_as_the_model_does(tmp_path):
+    torch.manual_seed(0)
+    dt = DecisionTransformer(DecisionTransformerConfig.from_name("dt-cartpole", return_scale=100.0))
+    act = pipeline("decision", model=saved(dt, tmp_path))
+    rng = np.random.default_rng(0)
+    obs, actions, rewards = rng.standard_normal((3, 4)), [1, 0], [1.0, 1.0]
+    answer = act({"observations": obs, "actions": actions, "rewards": rewards, "target_return": 200})
+    states = torch.as_tensor(obs, dtype=torch.float32)[None]
+    rtg = torch.tensor([[[2.0], [1.99], [1.98]]])
+    with torch.no_grad():
+        probs = dt.eval()(states, torch.tensor([[1, 0, 0]]), rtg, torch.arange(3)[None]).action_preds[0, -1].softmax(-1)
+    assert answer == {"action": int(probs.argmax()), "score": pytest.approx(float(probs.max()))}
+    first = act({"observations": obs[:1]}, target_return=500)
+    assert first["action"] in (0, 1)
+    with pytest.raises(ValueError, match="3 observations need 2 past actions and rewards"):
+        act({"observations": obs, "actions": [1], "rewards": [1.0], "target_return": 200})
+    with pytest.raises(ValueError, match="needs a target_return"):
+        act({"observations": obs[:1]})
+
+
+def test_long_inputs_show_a_progress_bar(tmp_path, capsys):
+    vit = ViT(ViTConfig.from_name("vit-digits"))
+    classify = pipeline("image-classification", model=vit, batch_size=2)
+    answers = classify([torch.rand(1, 32, 32) for _ in range(12)])
+    assert len(answers) == 12
+    assert "image-classification" in capsys.readouterr().err
+    classify([torch.rand(1, 32, 32) for _ in range(2)])
+    assert capsys.readouterr().err == ""
+    assert unitok.load  # the pipeline's loader is the public one
