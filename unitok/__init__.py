@@ -3,5 +3,6 @@
 __version__ = "0.1.0"
 
 from unitok.auto import AutoModel, load  # noqa: E402
+from unitok.pipelines import pipeline  # noqa: E402
 
-__all__ = ["AutoModel", "load"]
+__all__ = ["AutoModel", "load", "pipeline"]

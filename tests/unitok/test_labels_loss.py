@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.conftest import small_gpt2
+from tests.unitok.convert.test_bert_equivalence import bert_config
 from unitok.convert import from_transformers
 from unitok.models import (
     GPT,
@@ -75,14 +76,6 @@ def test_gpt_loss_backpropagates():
 
 
 # ---------------------------------------------------------------------------------------- BERT
-def bert_config(**overrides):
-    options = dict(vocab_size=101, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-                   max_position_embeddings=64, type_vocab_size=2, hidden_dropout_prob=0.0,
-                   attention_probs_dropout_prob=0.0, pad_token_id=0)
-    options.update(overrides)
-    return transformers.BertConfig(**options)
-
-
 def bert_inputs(batch: int = 3, length: int = 13):
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(1, 101, (batch, length), generator=g)

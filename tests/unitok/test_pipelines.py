@@ -242,3 +242,7 @@ def test_long_inputs_show_a_progress_bar(tmp_path, capsys):
     classify([torch.rand(1, 32, 32) for _ in range(2)])
     assert capsys.readouterr().err == ""
     assert unitok.load  # the pipeline's loader is the public one
+
+
+def test_pipeline_is_importable_from_unitok_as_the_readme_shows():
+    assert unitok.pipeline is pipeline and "pipeline" in unitok.__all__
