@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                          args.train_steps),
         "hf": make_train_step(copy.deepcopy(hf), lambda m: loss_full(m, ids, labels, hf=True), args.train_steps),
     }
-    times = alternate(runs, args.repeats, args.warmup, args.device)
+    times = alternate(runs, args.repeats, args.warmup, args.device, label="bert train")
     tokens = args.batch_size * args.seq_len * args.train_steps
     speed = {name: tokens / statistics.median(t) for name, t in times.items()}
     print_table([("train tokens/s (full logits)", speed["unitok"], speed["hf"]),

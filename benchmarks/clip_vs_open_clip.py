@@ -123,7 +123,8 @@ def make_train_step(model: nn.Module, loss_fn: Callable, images: torch.Tensor, i
     return run
 
 
-def bench_train(ours: nn.Module, theirs: nn.Module, args: argparse.Namespace, images, ids) -> dict[str, float]:
+def bench_train(ours: nn.Module, theirs: nn.Module, args: argparse.Namespace, images, ids,
+                label: str = "clip train") -> dict[str, float]:
     from open_clip.loss import ClipLoss
 
     from tasks.contrastive import contrastive_loss
@@ -143,7 +144,7 @@ def bench_train(ours: nn.Module, theirs: nn.Module, args: argparse.Namespace, im
         raise AssertionError(f"losses differ: {float(a)} vs {float(b)}")
     runs = {"unitok": make_train_step(ours, unitok_loss, images, ids, args.train_steps),
             "open_clip": make_train_step(theirs, open_clip_loss, images, ids, args.train_steps)}
-    times = alternate(runs, args.repeats, args.warmup, args.device)
+    times = alternate(runs, args.repeats, args.warmup, args.device, label=label)
     pairs = args.batch_size * args.train_steps
     return {name: pairs / statistics.median(t) for name, t in times.items()}
 
@@ -206,6 +207,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         train = bench_train(ours, theirs, args, images, ids)
         rows.append(("training pairs/s", train["unitok"], train["open_clip"], train["unitok"] / train["open_clip"]))
         result["train"] = train
+        # Equal work: one caption fills the whole context (open_clip.tokenize truncates it with
+        # the end token last), so unitok, which skips the padding behind the last end token,
+        # runs all 77 positions as open_clip always does.
+        full = ids.clone()
+        full[0] = open_clip.tokenize([" ".join(["digit"] * 200)])[0].to(args.device)
+        equal = bench_train(ours, theirs, args, images, full, label="clip train, all 77 positions")
+        rows.append(("training pairs/s, 77 positions", equal["unitok"], equal["open_clip"],
+                     equal["unitok"] / equal["open_clip"]))
+        result["train_equal_work"] = equal
     if not args.skip_zero_shot:
         zs = bench_zero_shot(ours, theirs, args)
         label = f"zero-shot build s ({len(classnames)}x{len(templates)})"

@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     reference = nn.ModuleDict({"conformer": ref, "head": head})
     runs = {"unitok": step_fn(ours, lambda m: m(frames, lengths).logits),
             "torchaudio": step_fn(reference, lambda m: m["head"](m["conformer"](frames, lengths)[0]))}
-    times = alternate(runs, args.repeats, args.warmup, args.device)
+    times = alternate(runs, args.repeats, args.warmup, args.device, label="conformer train")
     total = int(lengths.sum()) * args.train_steps
     rates = {k: total / statistics.median(v) for k, v in times.items()}
     print(f"{'metric':<24}{'unitok':>10}{'torchaudio':>12}{'ratio':>9}")

@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"same function: max |action difference| {diff:.1e} (atol {args.atol:g})")
     runs = {"unitok": make_train_step(copy.deepcopy(ours), batch, args.train_steps),
             "hf": make_train_step(copy.deepcopy(hf), batch, args.train_steps)}
-    times = alternate(runs, args.repeats, args.warmup, args.device)
+    times = alternate(runs, args.repeats, args.warmup, args.device, label="dt train")
     rates = {name: args.train_steps / statistics.median(t) for name, t in times.items()}
     ratio = rates["unitok"] / rates["hf"]
     print(f"{'metric':<24}{'unitok':>10}{'HF':>10}{'ratio':>9}")

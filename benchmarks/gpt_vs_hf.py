@@ -128,7 +128,7 @@ def bench_train(ours: nn.Module, hf: nn.Module, args: argparse.Namespace) -> dic
         loss_hf = float(lm_loss(hf(ids).logits, ids))
     runs = {"unitok": make_train_step(copy.deepcopy(ours), ids, args.train_steps),
             "hf": make_train_step(copy.deepcopy(hf), ids, args.train_steps)}
-    times = alternate(runs, args.repeats, args.warmup, args.device)
+    times = alternate(runs, args.repeats, args.warmup, args.device, label="gpt train")
     tokens = args.batch_size * args.seq_len * args.train_steps
     return {"unitok": tokens / statistics.median(times["unitok"]),
             "hf": tokens / statistics.median(times["hf"]),
@@ -153,7 +153,8 @@ def bench_generate(ours: nn.Module, hf: nn.Module, args: argparse.Namespace) -> 
 
     ours.eval()
     hf.eval()
-    times = alternate({"unitok": run_ours, "hf": run_hf}, args.repeats, args.warmup, args.device)
+    times = alternate({"unitok": run_ours, "hf": run_hf}, args.repeats, args.warmup, args.device,
+                      label="gpt generate")
     a, b = outputs["unitok"], outputs["hf"]
     if a.shape != (1, args.prompt_len + n) or b.shape != a.shape:
         raise AssertionError(f"generated shapes differ: unitok {tuple(a.shape)}, "

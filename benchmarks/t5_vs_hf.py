@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     batch = (src, dec_in, labels)
     times = alternate({"unitok": make_train_step(ours, ours_forward, batch, args.train_steps),
                        "hf": make_train_step(theirs, theirs_forward, batch, args.train_steps)},
-                      args.repeats, args.warmup, args.device)
+                      args.repeats, args.warmup, args.device, label="t5 train")
     tokens = args.batch_size * args.target_len * args.train_steps
     train = {k: tokens / statistics.median(v) for k, v in times.items()}
 
@@ -141,7 +141,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     a, b = gen_ours(), gen_theirs()
     if a.tolist() != b.tolist():
         raise AssertionError("beam-search outputs differ")
-    times = alternate({"unitok": gen_ours, "hf": gen_theirs}, args.repeats, args.warmup, args.device)
+    times = alternate({"unitok": gen_ours, "hf": gen_theirs}, args.repeats, args.warmup, args.device,
+                      label="t5 generate")
     new = args.gen_batch * args.new_tokens
     beam = {k: new / statistics.median(v) for k, v in times.items()}
 

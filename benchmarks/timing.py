@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import ctypes
+import gc
+import math
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -23,17 +27,77 @@ def timed(fn: Callable[[], Any], device: str) -> float:
     return time.perf_counter() - start
 
 
+class Timings(dict):
+    """{contender: [seconds of each repetition]}, with ``peak_mb``: {contender: the peak memory
+    (MiB) one call adds on top of what was allocated before it}."""
+
+    peak_mb: dict[str, float]
+
+
+def _rss_kib(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def peak_memory_mb(fn: Callable[[], Any], device: str) -> float:
+    """MiB of memory one call of ``fn`` needs at its peak, above what is held before it.
+
+    CUDA: the allocator's peak (``max_memory_allocated``). CPU: the process's resident-set
+    high-water mark, reset just before the call (Linux ``/proc/self/clear_refs``) after
+    returning freed heap to the system, so memory cached by earlier calls is not counted as
+    free. NaN where neither is available."""
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        fn()
+        torch.cuda.synchronize()
+        return (torch.cuda.max_memory_allocated() - base) / 2**20
+    try:
+        gc.collect()
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
+        base = _rss_kib("VmRSS")
+        fn()
+        return (_rss_kib("VmHWM") - base) / 1024
+    except (OSError, RuntimeError):
+        return math.nan
+
+
+# Peak memory of every labelled workload timed in this process: {label: {contender: MiB}}
+# (the summary table of `benchmarks/summary.py` reads it).
+MEMORY: dict[str, dict[str, float]] = {}
+
+
 def alternate(
-    runs: dict[str, Callable[[], Any]], repeats: int, warmup: int, device: str
-) -> dict[str, list[float]]:
+    runs: dict[str, Callable[[], Any]], repeats: int, warmup: int, device: str, memory: bool = True,
+    label: str = "",
+) -> Timings:
     """Time each callable ``repeats`` times, interleaved (order flips every round) so slow
-    drifts of a shared machine hit every contender alike."""
+    drifts of a shared machine hit every contender alike; then (``memory``) one more call
+    each to measure its peak memory (``.peak_mb``), printed and kept in `MEMORY` under
+    ``label`` when one is given."""
     names = list(runs)
     for _ in range(warmup):
         for name in names:
             runs[name]()
-    times: dict[str, list[float]] = {name: [] for name in names}
+    times = Timings({name: [] for name in names})
     for r in range(repeats):
         for name in names if r % 2 == 0 else reversed(names):
             times[name].append(timed(runs[name], device))
+    times.peak_mb = {name: peak_memory_mb(runs[name], device) if memory else math.nan for name in names}
+    if label and memory:
+        MEMORY[label] = times.peak_mb
+        print(memory_row(label, times.peak_mb))
     return times
+
+
+def memory_row(label: str, peak_mb: dict[str, float]) -> str:
+    """One printed line: each contender's peak MiB and ours / theirs (< 1: unitok needs less)."""
+    names = list(peak_mb)
+    ours, theirs = peak_mb[names[0]], peak_mb[names[-1]]
+    ratio = ours / theirs if theirs and not math.isnan(theirs) else math.nan
+    return (f"peak memory, {label}: " + ", ".join(f"{n} {v:.0f} MiB" for n, v in peak_mb.items())
+            + f" ({ratio:.2f}× of {names[-1]})")

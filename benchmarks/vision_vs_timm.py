@@ -181,13 +181,13 @@ def bench_train(ours: nn.Module, theirs: nn.Module, kind: str, args: argparse.Na
     """Training images/s (median over repetitions) for both, on training copies."""
     runs = {"unitok": make_train_step(prepare_for_training(ours, kind), kind, batch, args.train_steps),
             "timm": make_train_step(prepare_for_training(theirs, kind), kind, batch, args.train_steps)}
-    times = alternate(runs, args.repeats, args.warmup, args.device)
+    times = alternate(runs, args.repeats, args.warmup, args.device, label=f"{kind} train")
     images = args.batch_size * args.train_steps
     return {name: images / statistics.median(t) for name, t in times.items()}
 
 
 def bench_infer(ours: nn.Module, theirs: nn.Module, args: argparse.Namespace,
-                images: Tensor) -> dict[str, float]:
+                images: Tensor, kind: str = "vision") -> dict[str, float]:
     """Inference images/s (median over repetitions): eval mode, no_grad forward."""
 
     def make(model: nn.Module) -> Callable[[], None]:
@@ -200,7 +200,8 @@ def bench_infer(ours: nn.Module, theirs: nn.Module, args: argparse.Namespace,
 
         return run
 
-    times = alternate({"unitok": make(ours), "timm": make(theirs)}, args.repeats, args.warmup, args.device)
+    times = alternate({"unitok": make(ours), "timm": make(theirs)}, args.repeats, args.warmup, args.device,
+                      label=f"{kind} infer")
     n = args.batch_size * args.infer_batches
     return {name: n / statistics.median(t) for name, t in times.items()}
 
@@ -246,7 +247,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             result[kind]["train"] = train
             rows.append((kind, "train images/s", train["unitok"], train["timm"]))
         if not args.skip_infer:
-            infer = bench_infer(ours, theirs, args, batch[0])
+            infer = bench_infer(ours, theirs, args, batch[0], kind)
             result[kind]["infer"] = infer
             rows.append((kind, "infer images/s", infer["unitok"], infer["timm"]))
     print_table(rows)

@@ -160,3 +160,23 @@ class PrintPredictions(L.Callback):
                 default = "{input}\n→ {prediction}" if "input" in output else "{prediction}"
                 output = getattr(pl_module, "prediction_format", default).format_map(output)
             print(f"{output}\n{'-' * 40}")
+
+
+class Compile(L.Callback):
+    """Compile the task's transformer stacks with torch.compile before training
+    (`unitok.compile.compile_backbones`: the blocks as one graph each, input checks eager;
+    evaluation stays eager). The first steps pay the compilation (tens of seconds on a CPU);
+    worth it for long runs. ``backend`` / ``mode`` / ``dynamic``: as `torch.compile` takes them.
+
+    In a recipe: ``trainer.callbacks: [{class_path: tasks.Compile}]``; on the command line:
+    ``--trainer.callbacks+=tasks.Compile``."""
+
+    def __init__(self, backend: str = "inductor", mode: str | None = None, dynamic: bool | None = None) -> None:
+        self.options = {"backend": backend, "mode": mode, "dynamic": dynamic}
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # at fit start, after setup: tasks may build their model there
+        from unitok.compile import compile_backbones
+
+        if compile_backbones(pl_module, **self.options) == 0:
+            rank_zero_warn(f"tasks.Compile: {type(pl_module).__name__} holds no unitok Backbone; nothing compiled")

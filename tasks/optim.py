@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 
 def weight_decay_groups(module: nn.Module, weight_decay: float) -> list[dict]:
@@ -45,15 +45,30 @@ def warmup_cosine(warmup_steps: int, total_steps: int, min_ratio: float = 0.1) -
     return factor
 
 
+def fused_supported(params: Iterable[Tensor]) -> bool:
+    """Whether torch's fused AdamW takes these parameters: floating point, all on one CPU or CUDA device."""
+    params = list(params)
+    devices = {p.device for p in params}
+    return (bool(params) and len(devices) == 1 and next(iter(devices)).type in ("cpu", "cuda")
+            and all(p.dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16) for p in params))
+
+
 def adamw_warmup_cosine(module: nn.Module, trainer: Any, hparams: Any) -> dict[str, Any]:
     """The optimiser every task uses, as Lightning's ``configure_optimizers`` returns it: AdamW
     over `weight_decay_groups` of ``module`` with a per-step `warmup_cosine` schedule to the
     trainer's total steps. ``hparams`` supplies learning_rate, weight_decay, betas,
-    warmup_steps and min_lr_ratio."""
+    warmup_steps and min_lr_ratio. The update is PyTorch's fused AdamW kernel (one pass over
+    each parameter, several times faster than the per-tensor loop) wherever it runs: float
+    parameters on the CPU or a CUDA device, unless a mixed-precision run clips gradients."""
     groups = weight_decay_groups(module, hparams.weight_decay)
     if not any(group["params"] for group in groups):
         raise ValueError("nothing to train: every parameter is frozen")
-    optimizer = torch.optim.AdamW(groups, lr=hparams.learning_rate, betas=tuple(hparams.betas))
+    # Lightning's mixed-precision plugin refuses to clip the gradients of a fused optimizer
+    # (it would unscale fp16 gradients inside step): there, the per-tensor loop.
+    mixed = str(getattr(trainer, "precision", "32-true")).endswith("mixed")
+    clipped = bool(getattr(trainer, "gradient_clip_val", None))
+    fused = fused_supported(p for g in groups for p in g["params"]) and not (mixed and clipped)
+    optimizer = torch.optim.AdamW(groups, lr=hparams.learning_rate, betas=tuple(hparams.betas), fused=fused)
     total = max(1, int(trainer.estimated_stepping_batches))
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(hparams.warmup_steps, total,
                                                                           hparams.min_lr_ratio))

@@ -2,29 +2,55 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any
 
+import numpy as np
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from torch import Tensor
 
 from tokenizers_mm.pairs import Truncation, encode_pair_ids, pad_pairs
-from tokenizers_mm.tokens import Tokens, collate
+from tokenizers_mm.tokens import Tokens
 
 DEFAULT_SPECIAL_TOKENS = ("<|endoftext|>",)
 TOKENIZER_FILE = "tokenizer.json"
 CONFIG_FILE = "tokenizer_config.json"
 
 
-class TextEncoding(NamedTuple):
-    """One encoded string: ``ids`` (N,) long tensor, the token strings and character offsets."""
+class TextEncoding:
+    """One encoded string: ``ids`` (N,) long tensor; the token strings and character offsets
+    are read from the underlying encoding only when asked for (most callers need ids only)."""
 
-    ids: Tensor
-    tokens: list[str]
-    offsets: list[tuple[int, int]]
+    __slots__ = ("ids", "_encoding", "_bos", "_eos", "_end", "_tokens", "_offsets")
+
+    def __init__(self, ids: Tensor, encoding: Any, bos: str | None = None, eos: str | None = None,
+                 end: int = 0) -> None:
+        self.ids, self._encoding, self._bos, self._eos, self._end = ids, encoding, bos, eos, end
+        self._tokens: list[str] | None = None
+        self._offsets: list[tuple[int, int]] | None = None
+
+    @property
+    def tokens(self) -> list[str]:
+        """The token strings (byte-level symbols), special tokens included."""
+        if self._tokens is None:
+            self._tokens = ([self._bos] if self._bos else []) + list(self._encoding.tokens) + (
+                [self._eos] if self._eos else [])
+        return self._tokens
+
+    @property
+    def offsets(self) -> list[tuple[int, int]]:
+        """Each token's (start, end) character span; empty spans for added BOS / EOS."""
+        if self._offsets is None:
+            self._offsets = ([(0, 0)] if self._bos else []) + list(self._encoding.offsets) + (
+                [(self._end, self._end)] if self._eos else [])
+        return self._offsets
+
+    def __repr__(self) -> str:
+        return f"TextEncoding(ids={self.ids.tolist()})"
 
 
 class BPETokenizer:
@@ -161,16 +187,14 @@ class BPETokenizer:
             raise TypeError(f"encode takes a str, got {type(text).__name__}")
         if text == "":
             raise ValueError("cannot encode empty text: give at least one character")
+        if add_bos and self.bos_token is None:
+            raise ValueError("add_bos=True but this tokenizer has no bos_token")
         enc = self._tok.encode(text, add_special_tokens=False)
-        ids, tokens, offsets = list(enc.ids), list(enc.tokens), list(enc.offsets)
-        if add_bos:
-            if self.bos_token is None:
-                raise ValueError("add_bos=True but this tokenizer has no bos_token")
-            ids, tokens, offsets = [self.bos_id, *ids], [self.bos_token, *tokens], [(0, 0), *offsets]
-        if add_eos:
-            end = len(text)
-            ids, tokens, offsets = [*ids, self.eos_id], [*tokens, self.eos_token], [*offsets, (end, end)]
-        return TextEncoding(torch.tensor(ids, dtype=torch.long), tokens, offsets)
+        ids = enc.ids
+        if add_bos or add_eos:
+            ids = [*([self.bos_id] if add_bos else []), *ids, *([self.eos_id] if add_eos else [])]
+        return TextEncoding(torch.tensor(ids, dtype=torch.long), enc, self.bos_token if add_bos else None,
+                            self.eos_token if add_eos else None, len(text))
 
     def decode(self, ids: Tensor | Sequence[int], skip_special_tokens: bool = False) -> str:
         """Decode one sequence of ids back to text."""
@@ -207,18 +231,33 @@ class BPETokenizer:
             raise TypeError("batch_encode takes a list of strings; use encode for one string")
         if truncation_side not in ("left", "right"):
             raise ValueError(f"truncation_side must be 'left' or 'right', got {truncation_side!r}")
-        rows = []
+        if padding_side not in ("left", "right"):
+            raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
+        texts = list(texts)
+        if not texts:
+            raise ValueError("batch_encode needs at least one text, got an empty list")
         for i, text in enumerate(texts):
-            ids = self.encode(text, add_bos=add_bos, add_eos=add_eos).ids
-            if max_length is not None and len(ids) > max_length:
-                if not truncation:
-                    raise ValueError(
-                        f"text {i} has {len(ids)} tokens, more than max_length={max_length}; "
-                        "pass truncation=True to cut it"
-                    )
-                ids = ids[:max_length] if truncation_side == "right" else ids[-max_length:]
-            rows.append(ids)
-        return collate(rows, pad_id=self.pad_id, padding_side=padding_side, modality="text")
+            if not isinstance(text, str):
+                raise TypeError(f"text {i} is a {type(text).__name__}, expected str")
+            if text == "":
+                raise ValueError(f"text {i} is empty text: every text needs at least one character")
+        if add_bos and self.bos_token is None:
+            raise ValueError("add_bos=True but this tokenizer has no bos_token")
+        # One call into the Rust batch encoder (parallel over texts), without offsets or
+        # token strings, which a batch of ids does not need.
+        encode = getattr(self._tok, "encode_batch_fast", self._tok.encode_batch)
+        prefix = [self.bos_id] if add_bos else []
+        suffix = [self.eos_id] if add_eos else []
+        rows = [[*prefix, *enc.ids, *suffix] if prefix or suffix else enc.ids
+                for enc in encode(texts, add_special_tokens=False)]
+        if max_length is not None:
+            for i, ids in enumerate(rows):
+                if len(ids) > max_length:
+                    if not truncation:
+                        raise ValueError(f"text {i} has {len(ids)} tokens, more than max_length={max_length}; "
+                                         "pass truncation=True to cut it")
+                    rows[i] = ids[:max_length] if truncation_side == "right" else ids[-max_length:]
+        return pad_ids(rows, self.pad_id, padding_side)
 
     def iter_ids(self, texts: Iterable[str], add_eos: bool = True, chunk: int = 256) -> Iterator[list[int]]:
         """Stream token ids for many texts (to build token files), each followed by EOS when
@@ -279,3 +318,15 @@ class BPETokenizer:
                 raise ValueError(f"text {i}: {err}") from None
             rows.append((ids.tolist(), segments.tolist()))
         return pad_pairs(rows, self.pad_id)
+
+
+def pad_ids(rows: Sequence[Sequence[int]], pad_id: int, padding_side: str = "right") -> Tokens:
+    """Id lists -> one padded text `Tokens` batch (ids and attention mask), in one vectorised fill."""
+    lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
+    longest = int(lengths.max())
+    keep = np.arange(longest)[None, :] < lengths[:, None]  # (B, N): True on real tokens
+    if padding_side == "left":
+        keep = keep[:, ::-1]
+    ids = np.full((len(rows), longest), pad_id, dtype=np.int64)
+    ids[keep] = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64, count=int(lengths.sum()))
+    return Tokens(ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(keep.astype(np.int64)), modality="text")

@@ -57,3 +57,46 @@ def test_adamw_warmup_cosine_builds_lightnings_optimizer_dict_and_refuses_a_froz
     model.requires_grad_(False)
     with __import__("pytest").raises(ValueError, match="every parameter is frozen"):
         adamw_warmup_cosine(model, trainer, hparams)
+
+
+def test_the_tasks_adamw_is_fused_on_cpu_and_steps_as_the_reference_adamw():
+    import copy
+    from types import SimpleNamespace
+
+    import torch
+
+    from tasks.optim import adamw_warmup_cosine, fused_supported
+
+    torch.manual_seed(0)
+    # (no attention here: a key bias's gradient is rounding noise, which Adam scales up to a full step)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.LayerNorm(16), torch.nn.Linear(16, 4))
+    reference = copy.deepcopy(model)
+    hparams = SimpleNamespace(learning_rate=1e-2, weight_decay=0.1, betas=(0.9, 0.95), warmup_steps=0,
+                              min_lr_ratio=1.0)
+    optimizer = adamw_warmup_cosine(model, SimpleNamespace(estimated_stepping_batches=10), hparams)["optimizer"]
+    assert optimizer.defaults["fused"] is True
+    slow = torch.optim.AdamW(weight_decay_groups(reference, 0.1), lr=1e-2, betas=(0.9, 0.95), foreach=False)
+    x = torch.randn(32, 8)
+    for _ in range(5):
+        for m, opt in ((model, optimizer), (reference, slow)):
+            opt.zero_grad()
+            m(x).square().mean().backward()
+            opt.step()
+    for (name, a), b in zip(model.named_parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
+    assert not fused_supported([torch.zeros(2, dtype=torch.int64)]) and not fused_supported([])
+
+
+def test_a_mixed_precision_run_that_clips_gradients_gets_the_unfused_adamw():
+    from types import SimpleNamespace
+
+    from torch import nn
+
+    from tasks.optim import adamw_warmup_cosine
+
+    hparams = SimpleNamespace(learning_rate=1e-3, weight_decay=0.1, betas=(0.9, 0.95), warmup_steps=0,
+                              min_lr_ratio=0.1)
+    for precision, clip, fused in (("bf16-mixed", 1.0, False), ("bf16-mixed", None, True), ("32-true", 1.0, True)):
+        trainer = SimpleNamespace(estimated_stepping_batches=10, precision=precision, gradient_clip_val=clip)
+        optimizer = adamw_warmup_cosine(nn.Linear(4, 4), trainer, hparams)["optimizer"]
+        assert bool(optimizer.defaults["fused"]) is fused, (precision, clip)

@@ -125,3 +125,28 @@ def test_bad_input_is_named(tok):
         BPETokenizer.train(vocab_size=300)
     with pytest.raises(FileNotFoundError):
         BPETokenizer.load("/nonexistent/tokenizer")
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_batch_encode_is_encode_row_by_row(tok, side):
+    """The Rust batch path gives exactly the ids encode gives, for every row and option."""
+    texts = ["import os", "x", "def main():\n    return 0", "ünïcode ✓ 名前", "  spaces  "]
+    batch = tok.batch_encode(texts, padding_side=side, add_eos=True)
+    for i, text in enumerate(texts):
+        ids = tok.encode(text, add_eos=True).ids
+        real = batch.attention_mask[i].bool()
+        assert torch.equal(batch.ids[i][real], ids)
+        assert batch.ids[i][~real].eq(tok.pad_id).all()
+        assert real.tolist() == ([False] * (batch.ids.shape[1] - len(ids)) + [True] * len(ids) if side == "left"
+                                 else [True] * len(ids) + [False] * (batch.ids.shape[1] - len(ids)))
+
+
+def test_batch_encode_names_the_bad_item(tok):
+    with pytest.raises(ValueError, match="text 1 is empty"):
+        tok.batch_encode(["a", "", "b"])
+    with pytest.raises(TypeError, match="text 2 is a int, expected str"):
+        tok.batch_encode(["a", "b", 3])  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="at least one text"):
+        tok.batch_encode([])
+    with pytest.raises(ValueError, match="no bos_token"):
+        tok.batch_encode(["a"], add_bos=True)

@@ -121,3 +121,17 @@ def test_whisper_style_t5_reads_spectrogram_frames_and_learns_to_transcribe():
     assert out[:, 1:5].tolist() == targets.tolist()  # each utterance's own transcript
     with pytest.raises(ValueError, match="reads spectrogram frames"):
         model.encode(torch.randint(0, 12, (1, 40)))
+
+
+@pytest.mark.parametrize("bidirectional", [True, False])
+def test_the_cached_bucket_table_gives_the_buckets_of_every_offset(bidirectional):
+    """A decoder asks for one query row per token; the cached (query, key) table must give what
+    computing the buckets from scratch gives, for every offset, and grow past its first size."""
+    from unitok.embed.relative import RelativePositionBias, relative_position_bucket
+
+    bias = RelativePositionBias(n_heads=2, num_buckets=8, max_distance=20, bidirectional=bidirectional)
+    for n_queries, n_keys, offset in ((5, 5, 0), (1, 7, 6), (1, 100, 99), (3, 130, 127), (30, 40, 0)):
+        queries = torch.arange(offset, offset + n_queries)[:, None]
+        expected = relative_position_bucket(torch.arange(n_keys)[None, :] - queries, bidirectional, 8, 20)
+        assert torch.equal(bias.buckets(n_queries, n_keys, offset), expected)
+    assert bias._table is not None and bias._table.shape[0] >= 130

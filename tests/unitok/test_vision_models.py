@@ -342,3 +342,27 @@ def test_non_finite_pixels_or_patches_are_refused(bad):
     tokens = Tokens(features=patchify(pixels, 8), grid=(4, 4), modality="image")
     with pytest.raises(ValueError, match="patch features contain 1 NaN/inf"):
         model(tokens)
+
+
+def test_huge_finite_pixels_pass_and_opposite_infinities_are_caught():
+    """The finite check sums once: a sum that overflows from finite values must not be refused,
+    and +inf and -inf (whose sum is NaN, not inf) must still be."""
+    model = ViT(ViTConfig.from_name("vit-digits")).eval()
+    pixels = torch.full((1, 1, 32, 32), 3e38)  # the sum overflows to inf; every value is finite
+    assert torch.isinf(pixels.sum())
+    model(pixels)  # no error: the values are finite (what the model makes of them is its own matter)
+    pixels = torch.zeros(1, 1, 32, 32)
+    pixels[0, 0, 0, 0], pixels[0, 0, 9, 9] = float("inf"), float("-inf")
+    with pytest.raises(ValueError, match="pixel_values contain 2 NaN/inf"):
+        model(pixels)
+
+
+def test_pixels_and_their_patches_give_the_same_logits():
+    """Pixels take the strided-convolution path, patch Tokens the Linear: one map, two routes."""
+    from tokenizers_mm import patchify
+
+    for preset in PRESETS:
+        model = build(preset)
+        pixels = normalised(raw_digits())
+        tokens = Tokens(features=patchify(pixels, 8), grid=(4, 4), modality="image")
+        torch.testing.assert_close(model(pixels).logits, model(tokens).logits, atol=1e-5, rtol=1e-5)

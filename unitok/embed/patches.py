@@ -5,6 +5,8 @@ Axis legend: B batch, N = h·w patches, F = C·P·P patch features, D width, h/w
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -24,6 +26,13 @@ class PatchEmbedding(nn.Linear):
                 f"= {self.channels} channels × {self.patch_size}×{self.patch_size}"
             )
         return super().forward(patches)
+
+    def embed_pixels(self, pixels: Tensor) -> Tensor:
+        """(B, C, H, W) -> (B, h·w, D) without patchifying: the same weights applied as the
+        stride-P convolution they equal (one strided conv instead of a patch copy and a GEMM)."""
+        P = self.patch_size
+        kernel = self.weight.view(self.out_features, self.channels, P, P)  # (D, C·P·P) is (D, C, P, P)
+        return F.conv2d(pixels, kernel, self.bias, stride=P).flatten(2).transpose(1, 2)
 
 
 def resample_grid_positions(
@@ -50,7 +59,13 @@ def resample_grid_positions(
 
 def sincos_2d_table(grid: tuple[int, int], d_model: int, temperature: float = 10000.0) -> Tensor:
     """(1, h·w, D) fixed 2-D sin-cos positions: a quarter of the channels each for sin/cos of
-    the row and of the column index (MoCo v3 / "simple ViT")."""
+    the row and of the column index (MoCo v3 / "simple ViT"). Cached per shape, so a forward
+    does not rebuild it: add it, never write into it."""
+    return _sincos_2d_table((int(grid[0]), int(grid[1])), int(d_model), float(temperature))
+
+
+@functools.lru_cache(maxsize=32)
+def _sincos_2d_table(grid: tuple[int, int], d_model: int, temperature: float) -> Tensor:
     if d_model % 4:
         raise ValueError(f"2-D sin-cos positions need d_model divisible by 4, got {d_model}")
     h, w = grid

@@ -11,6 +11,8 @@ import math
 import torch
 from torch import Tensor, nn
 
+CACHE_LIMIT = 2048  # positions up to which the (query, key) bucket table is kept (2048² ids: 32 MiB)
+
 
 def relative_position_bucket(relative: Tensor, bidirectional: bool, num_buckets: int, max_distance: int) -> Tensor:
     """Map key − query offsets to buckets: exact for small distances, log-spaced up to
@@ -40,10 +42,26 @@ class RelativePositionBias(nn.Module):
             raise ValueError(f"need num_buckets ≥ 2 and max_distance ≥ 2, got {num_buckets}, {max_distance}")
         self.num_buckets, self.max_distance, self.bidirectional = num_buckets, max_distance, bidirectional
         self.weight = nn.Parameter(torch.zeros(num_buckets, n_heads, device=device, dtype=dtype))
+        self._table: Tensor | None = None  # buckets of every (query, key) pair up to a size, built once
+
+    def buckets(self, n_queries: int, n_keys: int, offset: int = 0) -> Tensor:
+        """(N, T) bucket ids. A bucket depends only on key − query, so one table of all pairs
+        up to the longest sequence seen serves every call (a decoder asks once per token);
+        beyond ``CACHE_LIMIT`` positions they are computed each time instead."""
+        device, need = self.weight.device, max(offset + n_queries, n_keys)
+        if need > CACHE_LIMIT:
+            queries = torch.arange(offset, offset + n_queries, device=device)[:, None]
+            keys = torch.arange(n_keys, device=device)[None, :]
+            return relative_position_bucket(keys - queries, self.bidirectional, self.num_buckets, self.max_distance)
+        table = self._table
+        if table is None or table.shape[0] < need or table.device != device:
+            size = min(CACHE_LIMIT, max(need, 64, 2 * (table.shape[0] if table is not None else 0)))
+            positions = torch.arange(size, device=device)
+            table = relative_position_bucket(positions[None, :] - positions[:, None], self.bidirectional,
+                                             self.num_buckets, self.max_distance)
+            self._table = table
+        return table[offset:offset + n_queries, :n_keys]
 
     def forward(self, n_queries: int, n_keys: int, offset: int = 0) -> Tensor:
-        device = self.weight.device
-        queries = torch.arange(offset, offset + n_queries, device=device)[:, None]
-        keys = torch.arange(n_keys, device=device)[None, :]
-        bucket = relative_position_bucket(keys - queries, self.bidirectional, self.num_buckets, self.max_distance)
+        bucket = self.buckets(n_queries, n_keys, offset)
         return self.weight[bucket].permute(2, 0, 1)[None]  # (N, T, H) -> (1, H, N, T)

@@ -62,9 +62,17 @@ class KVCache:
         if cross:
             self.cross = {i: (k.index_select(0, index), v.index_select(0, index)) for i, (k, v) in self.cross.items()}
         for layer in range(self.n_layers):
-            if self._keys[layer] is not None:
-                self._keys[layer] = self._keys[layer].index_select(0, index)  # type: ignore[union-attr]
-                self._values[layer] = self._values[layer].index_select(0, index)  # type: ignore[union-attr]
+            buf_k, buf_v = self._keys[layer], self._values[layer]
+            if buf_k is None or buf_v is None:
+                continue
+            if index.numel() != buf_k.shape[0]:  # a different number of rows: new buffers
+                self._keys[layer], self._values[layer] = buf_k.index_select(0, index), buf_v.index_select(0, index)
+                continue
+            # Same rows, permuted: gather only the filled positions and write them back in
+            # place; the preallocated buffer (prompt + every token still to come) stays.
+            end = self._lengths[layer]
+            buf_k[:, :, :end] = buf_k[:, :, :end].index_select(0, index)
+            buf_v[:, :, :end] = buf_v[:, :, :end].index_select(0, index)
 
     def layer(self, layer: int) -> tuple[Tensor, Tensor]:
         """The cached (B, H, T, K) keys and values of one layer."""

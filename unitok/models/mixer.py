@@ -82,14 +82,14 @@ class MLPMixer(ImageModel):
         class ids give ``loss``, the cross-entropy of the logits."""
         if labels is not None and self.head is None:
             raise ValueError("labels given, but this model has no classification head (num_classes=0)")
-        patches, grid = self._patches(pixel_values)
-        if patches.shape[1] != self.config.n_patches:
+        x, grid = self._patches(pixel_values)  # (B, N, D)
+        if x.shape[1] != self.config.n_patches:
             H, W = self.config.image_size
             raise ValueError(
                 f"MLP-Mixer mixes exactly {self.config.n_patches} patches ({H}×{W} images); got "
-                f"{patches.shape[1]} (grid {grid}); resize images to {H}×{W}"
+                f"{x.shape[1]} (grid {grid}); resize images to {H}×{W}"
             )
-        out = self.backbone(self.drop(self.patch_embed(patches)), output_hidden_states=output_hidden_states)
+        out = self.backbone(self.drop(x), output_hidden_states=output_hidden_states)
         pooled = out.last_hidden_state.mean(dim=1)
         logits = self.head(pooled) if self.head is not None else None
         loss = cross_entropy(logits, labels) if logits is not None and labels is not None else None

@@ -16,7 +16,6 @@ from tokenizers_mm import (
     PatchTokenizer,
     Processor,
     Tokens,
-    patchify,
 )
 from unitok.checks import check_finite
 from unitok.config import Config
@@ -86,13 +85,16 @@ class ImageModel(PretrainedModel):
         return PatchTokenizer(self.config.preprocess_config(resize))
 
     def _patches(self, pixel_values: Tensor | Tokens) -> tuple[Tensor, tuple[int, int]]:
-        """Normalised (B, C, H, W) pixels or image `Tokens` -> (B, N, C·P·P) patches and grid."""
+        """Normalised (B, C, H, W) pixels or image `Tokens` -> (B, N, D) patch embeddings and grid.
+
+        Pixels go through ``patch_embed`` as the strided convolution it equals (no patch copy);
+        patch `Tokens` through it as the Linear on their features."""
         c = self.config
         if isinstance(pixel_values, Tokens):
             if pixel_values.features is None or pixel_values.grid is None:
                 raise ValueError("image models read image Tokens (patch features with a grid)")
             check_finite(pixel_values.features, "patch features")
-            return pixel_values.features, pixel_values.grid
+            return self.patch_embed(pixel_values.features), tuple(pixel_values.grid)
         x = pixel_values
         if not isinstance(x, Tensor) or x.dim() != 4:
             shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
@@ -108,7 +110,7 @@ class ImageModel(PretrainedModel):
         if H % c.patch_size or W % c.patch_size:
             raise ValueError(f"image size {H}×{W} is not divisible by the patch size {c.patch_size}")
         check_finite(x, "pixel_values")
-        return patchify(x, c.patch_size), (H // c.patch_size, W // c.patch_size)
+        return self.patch_embed.embed_pixels(x), (H // c.patch_size, W // c.patch_size)
 
     @torch.no_grad()
     def predict_proba(self, images: Any, resize: bool = False) -> Tensor:

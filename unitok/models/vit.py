@@ -165,8 +165,7 @@ class ViT(ImageModel):
     # ------------------------------------------------------------------ forward
     def embed(self, pixel_values: Tensor | Tokens) -> tuple[Tensor, tuple[int, int]]:
         """Pixels or patch Tokens -> (B, R + N, D) backbone input and the patch grid."""
-        patches, grid = self._patches(pixel_values)
-        x = self.patch_embed(patches)
+        x, grid = self._patches(pixel_values)  # (B, N, D)
         B = x.shape[0]
         prefix = [t.expand(B, -1, -1) for t in (self.cls_token, self.dist_token, self.reg_tokens) if t is not None]
         table = self.position_table(grid)

@@ -1,0 +1,90 @@
+"""Throughput of unitok's byte-level BPE against the Hugging Face `tokenizers` engine it wraps.
+
+One tokenizer is trained on a slice of the Python standard library's source (the built-in
+corpus), then both sides encode the same lines of *other* standard-library files:
+
+1. ``encode``: one string at a time — unitok's ``BPETokenizer.encode`` (ids as a tensor,
+   token strings and offsets on demand) against ``tokenizers.Tokenizer.encode``.
+2. ``batch_encode``: the whole batch — unitok's padded ``Tokens`` against
+   ``Tokenizer.encode_batch`` (the Rust batch path, no padding).
+
+Both sides are checked to give the same ids first. Repetitions alternate between the two;
+the table reports MB/s (UTF-8 bytes of input per second, medians) and the ratio
+unitok / reference (> 1: unitok is faster).
+
+Run::
+
+    python benchmarks/tokenizer_vs_hf.py --threads 1
+    python benchmarks/tokenizer_vs_hf.py --lines 20000 --batch 256
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: find timing.py
+from timing import alternate  # noqa: E402
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--vocab-size", type=int, default=8192)
+    p.add_argument("--train-bytes", type=int, default=2_000_000, help="stdlib source the BPE learns from")
+    p.add_argument("--lines", type=int, default=5000, help="non-empty lines encoded per repetition")
+    p.add_argument("--batch", type=int, default=128, help="lines per batch_encode call")
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--threads", type=int, default=None,
+                   help="threads of the Rust engine (RAYON_NUM_THREADS) and torch")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.threads is not None:
+        os.environ["RAYON_NUM_THREADS"] = str(args.threads)  # before the engine starts its pool
+        import torch
+
+        torch.set_num_threads(args.threads)
+    from tasks.data.text import read_texts, stdlib_source_files
+    from tokenizers_mm import BPETokenizer
+
+    files = stdlib_source_files()
+    train, rest = [], []
+    size = 0
+    for f in files:
+        (train if size < args.train_bytes else rest).append(f)
+        size += f.stat().st_size
+    tok = BPETokenizer.train(files=train, vocab_size=args.vocab_size)
+    raw = tok._tok  # the Hugging Face engine inside
+    lines = [line for text in read_texts(rest) for line in text.splitlines() if line.strip()][: args.lines]
+    megabytes = sum(len(line.encode()) for line in lines) / 1e6
+    batches = [lines[i:i + args.batch] for i in range(0, len(lines), args.batch)]
+
+    for line in lines[:200]:  # the same ids on both sides
+        assert tok.encode(line).ids.tolist() == raw.encode(line, add_special_tokens=False).ids, line
+    batch = tok.batch_encode(batches[0])
+    for i, enc in enumerate(raw.encode_batch(batches[0], add_special_tokens=False)):
+        assert batch.ids[i][batch.attention_mask[i].bool()].tolist() == enc.ids
+
+    runs = {
+        "encode unitok": lambda: [tok.encode(line) for line in lines],
+        "encode reference": lambda: [raw.encode(line, add_special_tokens=False) for line in lines],
+        "batch unitok": lambda: [tok.batch_encode(b) for b in batches],
+        "batch reference": lambda: [raw.encode_batch(b, add_special_tokens=False) for b in batches],
+    }
+    times = {k: statistics.median(v) for k, v in alternate(runs, args.repeats, warmup=1, device="cpu").items()}
+    print(f"{len(lines)} lines, {megabytes:.2f} MB, vocabulary {tok.vocab_size}, batches of {args.batch}, "
+          f"threads={args.threads}")
+    print(f"{'workload':14} {'unitok MB/s':>12} {'reference MB/s':>15} {'ratio':>7}")
+    for work in ("encode", "batch"):
+        ours, theirs = megabytes / times[f"{work} unitok"], megabytes / times[f"{work} reference"]
+        print(f"{work:14} {ours:12.2f} {theirs:15.2f} {ours / theirs:6.2f}x")
+
+
+if __name__ == "__main__":
+    main()

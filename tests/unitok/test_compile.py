@@ -1,0 +1,107 @@
+"""The compiled path equals eager: `compile_backbones` compiles every transformer stack as one
+graph (no graph breaks), leaves the input checks and evaluation eager, and gives the same
+outputs and gradients. The ordinary suite traces with the ``aot_eager`` backend (Dynamo +
+AOTAutograd, the parts that could change the maths, without a C++ toolchain's warm-up);
+``make test-compile`` runs the same checks through inductor."""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import pytest
+import torch
+
+from unitok.compile import compile_backbones
+from unitok.models import GPT, T5, GPTConfig, T5Config, ViT, ViTConfig
+
+BACKEND = os.environ.get("UNITOK_COMPILE_BACKEND", "aot_eager")
+
+
+def models():
+    torch.manual_seed(0)
+    return {
+        # dropout off everywhere: the two paths would draw different masks
+        "gpt": (GPT(GPTConfig.from_name("gpt-nano", vocab_size=64, dropout=0.0)), lambda m: m(IDS).logits),
+        "vit": (ViT(ViTConfig.from_name("vit-digits", dropout=0.0)), lambda m: m(PIXELS).logits),
+        "t5": (T5(T5Config.from_name("t5-tiny", vocab_size=64, dropout=0.0)),
+               lambda m: m(IDS, decoder_input_ids=IDS[:, :5]).logits),
+    }
+
+
+IDS = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(1))
+PIXELS = torch.randn(2, 1, 32, 32, generator=torch.Generator().manual_seed(2))
+
+
+@pytest.mark.parametrize("family", ["gpt", "vit", "t5"])  # causal, bidirectional, encoder–decoder
+def test_compiled_backbones_give_the_eager_outputs_and_gradients(family):
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    eager, run = models()[family]
+    eager.train()
+    compiled = copy.deepcopy(eager)
+    assert compile_backbones(compiled, backend=BACKEND) >= 1
+    assert compiled.state_dict().keys() == eager.state_dict().keys()  # checkpoints unchanged
+    out_e, out_c = run(eager), run(compiled)
+    torch.testing.assert_close(out_c, out_e, atol=1e-5, rtol=1e-5)
+    out_e.square().mean().backward()
+    out_c.square().mean().backward()
+    for (name, p_e), p_c in zip(eager.named_parameters(), compiled.parameters(), strict=True):
+        if p_e.grad is not None:
+            torch.testing.assert_close(p_c.grad, p_e.grad, atol=1e-5, rtol=1e-4, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_a_backbone_compiles_to_one_graph_without_breaks():
+    import torch._dynamo
+
+    gpt = GPT(GPTConfig.from_name("gpt-nano", vocab_size=64)).train()
+    x = gpt.tok_embed(IDS)
+    explained = torch._dynamo.explain(gpt.backbone)(x)
+    assert explained.graph_count == 1 and explained.graph_break_count == 0, explained.break_reasons
+
+
+def test_evaluation_stays_eager_and_bad_input_is_still_refused():
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    gpt = GPT(GPTConfig.from_name("gpt-nano", vocab_size=64))
+    compile_backbones(gpt, backend=BACKEND)
+    assert compile_backbones(gpt, backend=BACKEND) == 0  # already compiled: nothing more
+    counts = torch._dynamo.utils.counters["stats"]
+    before = counts["calls_captured"]
+    gpt.eval()
+    with torch.no_grad():
+        gpt.generate(IDS[:, :3], max_new_tokens=4)  # a KV cache grows every token: eager
+    assert counts["calls_captured"] == before
+    with pytest.raises(ValueError, match="outside"):
+        gpt.train()(torch.full((1, 4), 99))  # the embedder's check runs eagerly, before the graph
+
+
+def test_the_compile_callback_trains_a_task_to_the_eager_losses(tmp_path):
+    import lightning as L
+    import torch._dynamo
+
+    from tasks import CausalLMTask, Compile
+
+    def losses(callbacks):
+        torch._dynamo.reset()
+        L.seed_everything(0)
+        task = CausalLMTask(vocab_size=64, context_length=16, preset="gpt-nano", dropout=0.0, learning_rate=1e-2,
+                            warmup_steps=0)
+        seen = []
+
+        class Record(L.Callback):
+            def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+                seen.append(float(outputs["loss"].detach()))
+
+        data = torch.utils.data.DataLoader([{"input_ids": IDS[i % 2, :-1], "labels": IDS[i % 2, 1:]} for i in range(12)],
+                                           batch_size=2)
+        trainer = L.Trainer(max_steps=6, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                            enable_model_summary=False, callbacks=[Record(), *callbacks], default_root_dir=tmp_path)
+        trainer.fit(task, train_dataloaders=data)
+        return seen
+
+    eager, compiled = losses([]), losses([Compile(backend=BACKEND)])
+    assert len(eager) == 6
+    torch.testing.assert_close(compiled, eager, atol=1e-5, rtol=1e-5)

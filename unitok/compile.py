@@ -1,0 +1,39 @@
+"""torch.compile for unitok models: the transformer stacks compiled, the input checks eager.
+
+A model's forward checks its input (ids in range, finite pixels, lengths), which needs the
+values on the host: under torch.compile each check would be a graph break. So what is
+compiled is every `Backbone` (the blocks, where the time goes), each as one graph, while the
+embedders and checks around it stay eager. ``training_only`` keeps evaluation and
+generation (a growing KV cache: a new shape every token) on the eager path.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from unitok.backbone import Backbone
+
+
+def compile_backbones(model: nn.Module, training_only: bool = True, **options: Any) -> int:
+    """Compile every `Backbone` inside ``model`` in place (weights and state-dict keys
+    unchanged); ``options`` go to `torch.compile` (backend, mode, dynamic, …). -> how many
+    stacks were compiled. Calling it again on a compiled model changes nothing."""
+    count = 0
+    for module in model.modules():
+        if not isinstance(module, Backbone) or getattr(module, "_unitok_compiled", False):
+            continue
+        eager = module.forward
+        compiled = torch.compile(eager, **options)
+
+        def forward(*args: Any, _module: Backbone = module, _eager: Any = eager, _compiled: Any = compiled,
+                    **kwargs: Any) -> Any:
+            use = _compiled if _module.training or not training_only else _eager
+            return use(*args, **kwargs)
+
+        module.forward = forward  # type: ignore[method-assign]
+        module._unitok_compiled = True  # type: ignore[attr-defined]
+        count += 1
+    return count
