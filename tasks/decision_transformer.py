@@ -92,6 +92,11 @@ class DecisionTransformerTask(L.LightningModule):
         eval_targets: target returns (default: quartiles and maximum of the data's returns).
         eval_episodes: episodes per target (0: no rollouts). eval_max_steps: cap per episode.
         eval_seed: episode e starts from seed eval_seed + e for every target.
+        eval_sample: how rollouts choose discrete actions: True draws them from the softmax
+            (seeded per episode), False takes the argmax; None (default) samples, as
+            `unitok.rollouts.evaluate_returns` does. Which tracks the target closer depends on
+            how sharply the model reads the return: configs/dt/cartpole.yaml takes the argmax
+            and gives both. Continuous actions are used as predicted.
     """
 
     def __init__(
@@ -115,6 +120,7 @@ class DecisionTransformerTask(L.LightningModule):
         eval_episodes: int = 5,
         eval_max_steps: int | None = None,
         eval_seed: int = 10_000,
+        eval_sample: bool | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -257,7 +263,7 @@ class DecisionTransformerTask(L.LightningModule):
             return None
         model = self._require_model()
         result = model.evaluate(env_id, self.eval_targets(), episodes=h.eval_episodes, seed=h.eval_seed,
-                                max_steps=h.eval_max_steps, device=self.device)
+                                max_steps=h.eval_max_steps, device=self.device, sample=h.eval_sample)
         self.evaluation = result
         means = result.mean_returns()
         for target, mean in means.items():
@@ -268,7 +274,8 @@ class DecisionTransformerTask(L.LightningModule):
             folder = log_dir(self.trainer)
             kind = "return-conditioned" if model.config.condition_on_returns else "behaviour cloning"
             save_return_plot(result, folder / PLOT_FILE, label=f"{kind}, step {self.global_step}")
-            payload = {"env_id": env_id, "step": self.global_step, "returns": {f"{t:g}": r for t, r in result.as_dict().items()}}
+            payload = {"env_id": env_id, "step": self.global_step, "sample": result.extra["sample"],
+                       "returns": {f"{t:g}": r for t, r in result.as_dict().items()}}
             (folder / RESULTS_FILE).write_text(json.dumps(payload, indent=2) + "\n")
         return result
 

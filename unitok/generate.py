@@ -32,8 +32,10 @@ class Decoder(Protocol):
 
 @dataclass(frozen=True)
 class GenerationConfig(Config):
-    """How to decode. ``length_penalty`` divides a finished beam's log-probability by
-    (generated length) ** length_penalty; ``early_stopping`` ends a beam search as soon as
+    """How to decode. Beam search scores a finished hypothesis by its log-probability divided by
+    (generated length, EOS included) ** ``length_penalty`` (0: the plain log-likelihood; 1, the
+    default: the mean log-probability per token), and returns the best-scoring one — never one
+    that scores below the greedy answer's. ``early_stopping`` ends a beam search as soon as
     ``num_beams`` hypotheses are finished (the Hugging Face convention)."""
 
     max_new_tokens: int = 32
@@ -147,16 +149,25 @@ def generate(
 
 
 def _beam_search(model: Decoder, input_ids: Tensor, mask: Tensor, cfg: GenerationConfig) -> Tensor:
-    """Beam search with the Hugging Face semantics, so outputs match theirs token for token.
+    """Beam search with the Hugging Face semantics, so outputs match theirs token for token —
+    except where theirs would score below the greedy answer.
 
     Each step takes the top 2W continuations over W beams × V tokens; those ending in EOS
     (or at the length limit) among the top W are scored logp / len ** length_penalty and
     offered to the pool of W finished hypotheses; the best W unfinished continue. A batch item
     stops when its pool is full and no running beam could still beat the pool's worst entry.
+
+    A beam of width W can lose the greedy path (it falls out of the top W, then turns out
+    better than every hypothesis kept), and Hugging Face's search then returns an answer that
+    scores below greedy's on its own score. So one more row per input follows the greedy path
+    in the same forward passes (W + 1 rows instead of W), runs on after the search only while
+    its answer could still beat the best found, and is returned wherever it scores higher.
     """
     B, S = input_ids.shape
     W = cfg.num_beams
-    eos = cfg.eos_token_id
+    track = W > 1  # a beam of one is greedy already
+    R = W + 1 if track else W  # rows per input: W beams, then the greedy row
+    eos, penalty = cfg.eos_token_id, cfg.length_penalty
     pad = cfg.pad_token_id if cfg.pad_token_id is not None else (eos if eos is not None else 0)
     max_len = S + cfg.max_new_tokens
     device = input_ids.device
@@ -173,57 +184,97 @@ def _beam_search(model: Decoder, input_ids: Tensor, mask: Tensor, cfg: Generatio
     done_lens = torch.zeros((B, W), dtype=torch.long, device=device)
     done_flag = torch.zeros((B, W), dtype=torch.bool, device=device)
     open_ = torch.ones((B, 1), dtype=torch.bool, device=device)  # can this item still improve?
+    greedy_seqs = seqs[:, 0].clone()  # (B, T)
+    greedy_logp = torch.zeros(B, device=device)
+    greedy_len = torch.zeros(B, dtype=torch.long, device=device)  # new tokens, EOS included
+    greedy_running = torch.ones(B, dtype=torch.bool, device=device)
 
     cache = model.new_cache(max_len)
-    flat_mask = mask.repeat_interleave(W, dim=0)  # (B·W, S)
-    new = input_ids.repeat_interleave(W, dim=0)
-    batch_base = (torch.arange(B, device=device) * W)[:, None]
+    flat_mask = mask.repeat_interleave(R, dim=0)  # (B·R, S)
+    new = input_ids.repeat_interleave(R, dim=0)
+    batch_base = (torch.arange(B, device=device) * R)[:, None]
     top_w = torch.arange(keep, device=device)[None, :] < W
+    searching = True
     for cur in range(S, max_len):
-        logits = model.next_token_logits(new, flat_mask, cache).float()  # (B·W, V)
+        logits = model.next_token_logits(new, flat_mask, cache).float()  # (B·R, V)
         V = logits.shape[-1]
-        logp = logits.log_softmax(dim=-1).view(B, W, V) + scores[:, :, None]
-        cand_scores, cand_index = logp.view(B, W * V).topk(keep, dim=-1)  # (B, 2W)
-        cand_beam, cand_token = cand_index // V, cand_index % V
-        cand_seqs = seqs.gather(1, cand_beam[:, :, None].expand(-1, -1, max_len)).clone()
-        cand_seqs[:, :, cur] = cand_token
-        finished = torch.zeros_like(cand_token, dtype=torch.bool) if eos is None else cand_token == eos
-        if cur + 1 >= max_len:
-            finished = torch.ones_like(finished)
-
-        # Running beams for the next step: the best W candidates that did not finish.
-        running_scores = cand_scores + finished.float() * neg
-        next_scores, pick = running_scores.topk(W, dim=-1)
-        seqs = cand_seqs.gather(1, pick[:, :, None].expand(-1, -1, max_len))
-        beam_origin = cand_beam.gather(1, pick)
-
-        # Finished pool: offer the newly finished among the top W candidates.
+        all_logp = logits.log_softmax(dim=-1).view(B, R, V)
         length = cur + 1 - S
-        offered = cand_scores / (length ** cfg.length_penalty)
-        pool_full = done_flag.all(dim=1, keepdim=True) & cfg.early_stopping
-        offered = offered + (pool_full | ~open_).float() * neg
-        newly = finished & top_w
-        offered = offered + (~newly).float() * neg
-        merged_scores = torch.cat([done_scores, offered], dim=1)
-        merged_seqs = torch.cat([done_seqs, cand_seqs], dim=1)
-        merged_lens = torch.cat([done_lens, torch.full_like(cand_token, cur + 1)], dim=1)
-        merged_flag = torch.cat([done_flag, newly], dim=1)
-        best = merged_scores.topk(W, dim=-1).indices
-        done_scores = merged_scores.gather(1, best)
-        done_seqs = merged_seqs.gather(1, best[:, :, None].expand(-1, -1, max_len))
-        done_lens = merged_lens.gather(1, best)
-        done_flag = merged_flag.gather(1, best)
-        scores = next_scores
+        if track:  # the greedy row: its argmax, until EOS
+            token = all_logp[:, W].argmax(dim=-1)
+            step_logp = all_logp[:, W].gather(1, token[:, None])[:, 0]
+            greedy_logp = greedy_logp + torch.where(greedy_running, step_logp, torch.zeros_like(step_logp))
+            greedy_len = greedy_len + greedy_running.long()
+            token = torch.where(greedy_running, token, torch.full_like(token, pad))
+            greedy_seqs[:, cur] = token
+            if eos is not None:
+                greedy_running = greedy_running & (token != eos)
+        if searching:
+            logp = all_logp[:, :W] + scores[:, :, None]
+            cand_scores, cand_index = logp.reshape(B, W * V).topk(keep, dim=-1)  # (B, 2W)
+            cand_beam, cand_token = cand_index // V, cand_index % V
+            cand_seqs = seqs.gather(1, cand_beam[:, :, None].expand(-1, -1, max_len)).clone()
+            cand_seqs[:, :, cur] = cand_token
+            finished = torch.zeros_like(cand_token, dtype=torch.bool) if eos is None else cand_token == eos
+            if cur + 1 >= max_len:
+                finished = torch.ones_like(finished)
 
-        # Could the best running beam still beat the worst finished hypothesis?
-        best_running = scores[:, :1] / (max(length, 1) ** cfg.length_penalty)
-        worst_done = torch.where(done_flag, done_scores.min(dim=1, keepdim=True).values, torch.full_like(done_scores, neg))
-        open_ = open_ & (best_running > worst_done).any(dim=-1, keepdim=True)
-        all_hit = bool(finished.all())
-        if not bool(open_.any()) or (cfg.early_stopping and bool(done_flag.all())) or all_hit:
+            # Running beams for the next step: the best W candidates that did not finish.
+            running_scores = cand_scores + finished.float() * neg
+            next_scores, pick = running_scores.topk(W, dim=-1)
+            seqs = cand_seqs.gather(1, pick[:, :, None].expand(-1, -1, max_len))
+            beam_origin = cand_beam.gather(1, pick)
+
+            # Finished pool: offer the newly finished among the top W candidates.
+            offered = cand_scores / (length**penalty)
+            pool_full = done_flag.all(dim=1, keepdim=True) & cfg.early_stopping
+            offered = offered + (pool_full | ~open_).float() * neg
+            newly = finished & top_w
+            offered = offered + (~newly).float() * neg
+            merged_scores = torch.cat([done_scores, offered], dim=1)
+            merged_seqs = torch.cat([done_seqs, cand_seqs], dim=1)
+            merged_lens = torch.cat([done_lens, torch.full_like(cand_token, cur + 1)], dim=1)
+            merged_flag = torch.cat([done_flag, newly], dim=1)
+            best = merged_scores.topk(W, dim=-1).indices
+            done_scores = merged_scores.gather(1, best)
+            done_seqs = merged_seqs.gather(1, best[:, :, None].expand(-1, -1, max_len))
+            done_lens = merged_lens.gather(1, best)
+            done_flag = merged_flag.gather(1, best)
+            scores = next_scores
+
+            # Could the best running beam still beat the worst finished hypothesis?
+            best_running = scores[:, :1] / (max(length, 1) ** penalty)
+            worst_done = torch.where(done_flag, done_scores.min(dim=1, keepdim=True).values,
+                                     torch.full_like(done_scores, neg))
+            open_ = open_ & (best_running > worst_done).any(dim=-1, keepdim=True)
+            all_hit = bool(finished.all())
+            searching = not (not bool(open_.any()) or (cfg.early_stopping and bool(done_flag.all())) or all_hit)
+        if cur + 1 >= max_len:
             break
-        cache.reorder((beam_origin + batch_base).view(-1), cross=False)  # beams of one input share its encoder states
-        new = seqs[:, :, cur].reshape(B * W, 1)
-        flat_mask = torch.cat([flat_mask, flat_mask.new_ones(B * W, 1)], dim=1)
+        if not searching:
+            # The search is over; the greedy row goes on only while its answer could still beat the
+            # best found: log-probabilities only fall, so the best it can reach is its log-probability
+            # so far over the largest (penalty > 0) or current (penalty ≤ 0) length.
+            longest = torch.full_like(greedy_len, cfg.max_new_tokens) if penalty > 0 else greedy_len.clamp(min=1)
+            reach = greedy_logp / longest.float() ** penalty
+            if not track or not bool((greedy_running & (reach > done_scores[:, 0])).any()):
+                break
+            beam_origin = torch.arange(W, device=device).expand(B, W)  # frozen beams: rows stay
+        rows = beam_origin + batch_base
+        next_ids = seqs[:, :, cur]
+        if track:
+            rows = torch.cat([rows, batch_base + W], dim=1)
+            next_ids = torch.cat([next_ids, greedy_seqs[:, cur, None]], dim=1)
+        cache.reorder(rows.reshape(-1), cross=False)  # beams of one input share its encoder states
+        new = next_ids.reshape(B * R, 1)
+        flat_mask = torch.cat([flat_mask, flat_mask.new_ones(B * R, 1)], dim=1)
+    best, best_len = done_seqs[:, 0], done_lens[:, 0]
+    if track:
+        # An answer cut by the length limit is finished too, as in the beams' pool.
+        complete = ~greedy_running | (S + greedy_len >= max_len)
+        greedy_score = greedy_logp / greedy_len.clamp(min=1).float() ** penalty
+        wins = complete & (greedy_score > done_scores[:, 0] + 1e-5)  # a margin: rounding never swaps ties
+        best = torch.where(wins[:, None], greedy_seqs, best)
+        best_len = torch.where(wins, S + greedy_len, best_len)
     # Like Hugging Face, crop to the longest returned hypothesis; shorter ones end in padding.
-    return done_seqs[:, 0, : int(done_lens[:, 0].max())]
+    return best[:, : int(best_len.max())]

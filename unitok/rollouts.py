@@ -106,10 +106,13 @@ def evaluate_returns(
     targets are compared on the same starts.
 
     ``sample``: draw discrete actions from the softmax of the logits (seeded per episode) rather than take
-    the argmax. The default (None) samples for discrete actions — a discrete Decision
-    Transformer models the data's action distribution, and its argmax would turn a noisy
-    low-return behaviour back into the expert's — and uses the predicted action as is for
-    continuous ones (a regression, deterministic)."""
+    the argmax. The default (None) samples for discrete actions, as the paper's Atari code does
+    — a discrete Decision Transformer models the data's action distribution, and where it reads
+    the return weakly its argmax turns a noisy low-return behaviour back into the expert's
+    (CartPole with returns-to-go scaled into [0, 1]: 230 at target 100, against 63 sampled) —
+    and uses the predicted action as is for continuous ones (a regression, deterministic). A
+    model that reads the return sharply can track the target closer with the argmax
+    (configs/dt/cartpole.yaml gives both)."""
     import gymnasium as gym
 
     targets = check_target_returns(target_returns)

@@ -1,10 +1,11 @@
 """The Decision Transformer recipes run through `unitok`: both parse; cartpole.yaml fits on
 built-in data (tiny overrides), leaves a checkpoint, a model folder with the tokenizer
-statistics, per-target returns and the achieved-vs-target plot, and tests from the checkpoint;
-offline.yaml trains on a user's .npz and says so when the file is missing."""
+statistics, per-target returns (argmax actions) and the achieved-vs-target plot, and tests from
+the checkpoint; offline.yaml trains on a user's .npz and says so when the file is missing."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -41,10 +42,12 @@ def test_cartpole_recipe_fits_then_tests_from_the_checkpoint(tmp_path, monkeypat
     assert (run / "latest" / "checkpoints" / "last.ckpt").is_file()
     model = DecisionTransformer.from_pretrained(run / "latest" / "pretrained")
     assert model.config.context_length == 10  # linked from the data module
+    assert model.config.return_scale == 50.0  # the recipe's: returns-to-go of 0–10
     assert Processor.load(run / "latest" / "pretrained").trajectory == model.tokenizer()  # in processor_config.json
     metrics = (run / "version_0" / "metrics.csv").read_text()
-    assert all(f"eval_return_{t}" in metrics for t in (100, 250, 500))
+    assert all(f"eval_return_{t}" in metrics for t in (100, 200, 300, 400, 500))
     assert (run / "version_0" / "returns_vs_target.png").is_file()
+    assert json.loads((run / "version_0" / "eval_returns.json").read_text())["sample"] is False  # argmax
 
     main(["test", "--config", str(CARTPOLE), "--ckpt_path", str(run / "latest" / "checkpoints" / "last.ckpt"), *QUICK, *small])
     assert "test_loss" in (run / "version_1" / "metrics.csv").read_text()

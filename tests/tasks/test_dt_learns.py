@@ -1,8 +1,9 @@
 """Decision Transformer training: the loss is the paper's (MSE / cross-entropy over real steps),
 the model takes its shape and statistics from the data and checkpoints rebuild it, a
-checkpoint for other actions is refused, evaluation logs returns per target and plots them —
-and on CartPole, from built-in mixed-quality data, return conditioning works: the highest
-target reaches ≥ 90 % of the maximum return and the achieved return rises with the target."""
+checkpoint for other actions is refused, evaluation logs returns per target and plots them
+(sampled discrete actions unless told to take the argmax) — and on CartPole, from built-in
+mixed-quality data, return conditioning works: the achieved return follows targets 100–400
+within 25 %, rises with the target and reaches ≥ 90 % of the maximum at the top."""
 
 from __future__ import annotations
 
@@ -81,6 +82,18 @@ def test_the_model_comes_from_the_data_and_a_checkpoint_rebuilds_it(tmp_path):
     assert torch.equal(a, b) and loaded.model.config == task.model.config
 
 
+def test_rollouts_sample_discrete_actions_unless_told_to_take_the_argmax(tmp_path):
+    dm = small_data(tmp_path)
+    for eval_sample, sampled in ((None, True), (False, False)):
+        task = DecisionTransformerTask(preset="dt-tiny", eval_targets=[50], eval_episodes=2, eval_max_steps=20,
+                                       eval_sample=eval_sample)
+        t = trainer(1, logger=CSVLogger(str(tmp_path), name=f"dt-{eval_sample}"), limit_val_batches=1,
+                    val_check_interval=1)
+        t.fit(task, datamodule=dm)
+        assert task.evaluation.extra["sample"] is sampled
+        assert json.loads((Path(t.log_dir) / "eval_returns.json").read_text())["sample"] is sampled
+
+
 def test_behaviour_cloning_baseline_is_the_same_model_without_return_tokens(tmp_path):
     dm = small_data(tmp_path)
     task = DecisionTransformerTask(preset="dt-tiny", condition_on_returns=False, eval_episodes=0)
@@ -125,16 +138,18 @@ def test_bad_task_arguments_fail_at_once():
 def test_return_conditioning_works_on_cartpole(tmp_path):
     # Built-in data: 40 expert episodes (return 500), 150 noisy ones (random action with a
     # probability drawn from [0.4, 1]: returns ≈ 10…500) and 50 random ones (≈ 10…60).
-    # dt-small (2 layers, width 64), K = 10, 1,000 AdamW steps of 64 windows: about a minute on
-    # one CPU core. Rollouts sample the discrete actions (seeded per episode). With these seeds the
-    # mean returns at targets 100 / 250 / 500 were 73.6 / 202.2 / 500.0 (evaluation seeds 20,000
-    # and 30,000: 67.0 / 210.6 / 500.0 and 72.2 / 209.5 / 500.0). The behaviour-cloning baseline
-    # trained the same way gets 102.5, 118.9 and 54.1 at every target.
+    # configs/dt/cartpole.yaml's settings: dt-small (2 layers, width 64), K = 10, returns-to-go
+    # divided by 50, 1,000 AdamW steps of 64 windows (about a minute and a half on one CPU
+    # core), argmax actions. The achieved return follows the target: within 20 % of targets
+    # 100–400 over training seeds 0–2 (benchmarks/claims_control.py); here one seed, 20 episodes.
     L.seed_everything(0)
-    dm = TrajectoryDataModule(env_id="CartPole-v1", context_length=10, batch_size=64, cache_dir=str(tmp_path))
+    dm = TrajectoryDataModule(env_id="CartPole-v1", context_length=10, batch_size=64, return_scale=50,
+                              cache_dir=str(tmp_path))
     task = DecisionTransformerTask(preset="dt-small", learning_rate=1e-3, warmup_steps=50, eval_episodes=0)
     trainer(1000, gradient_clip_val=1.0).fit(task, datamodule=dm)
-    result = task.model.evaluate("CartPole-v1", [100, 250, 500], episodes=10, seed=10_000)
+    targets = [100, 200, 300, 400, 500]
+    result = task.model.evaluate("CartPole-v1", targets, episodes=20, seed=10_000, sample=False)
     means = result.mean_returns()
+    assert all(abs(means[t] - t) <= 0.25 * t for t in targets[:-1]), f"achieved return off target: {result}"
     assert means[500.0] >= 0.9 * 500, f"mean return at the highest target: {result}"
-    assert means[100.0] < means[250.0] < means[500.0], f"achieved return does not rise with the target: {result}"
+    assert all(means[a] < means[b] for a, b in zip(targets, targets[1:])), f"does not rise with the target: {result}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from unitok.generate import GenerationConfig, filter_top_k, filter_top_p, generate
@@ -53,6 +54,28 @@ def test_beam_search_finds_the_better_path_that_greedy_misses():
     assert beam.tolist() == [[0, 2, 4]]  # 0.4 × 1.0 = 0.40
 
 
+def test_beam_search_returns_greedy_where_the_beam_loses_the_greedy_path():
+    # From 0: A=1 (p=.5), B=2 (.3). After A the best is 6 (.28, then EOS for sure: .14 in all);
+    # after B two tokens at .5 each (.15 > .14), so a beam of 2 keeps only B's branches — whose
+    # continuations are flat (≤ .045 in all). Hugging Face's search returns one of those; ours
+    # returns greedy's 0 1 6 EOS, which scores higher on the search's own score.
+    table = torch.full((10, 10), 1e-6)
+    table[0, 1], table[0, 2], table[0, 9] = 0.5, 0.3, 0.2
+    table[1, 6], table[1, 3], table[1, 4], table[1, 7] = 0.28, 0.24, 0.24, 0.24
+    table[2, 3], table[2, 4] = 0.5, 0.5
+    table[3:5, 5], table[3:5, 7], table[3:5, 8], table[3:5, 9] = 0.1, 0.3, 0.3, 0.3
+    table[6, 5] = 1.0
+    table[7:, :] = 0.1
+    table = table / table.sum(-1, keepdim=True)
+    prompt = torch.tensor([[0]])
+    greedy = generate(TableDecoder(table), prompt, GenerationConfig(max_new_tokens=3, eos_token_id=5))
+    assert greedy.tolist() == [[0, 1, 6, 5]]
+    for length_penalty in (0.0, 1.0):
+        beam = generate(TableDecoder(table), prompt, GenerationConfig(
+            max_new_tokens=3, strategy="beam", num_beams=2, eos_token_id=5, length_penalty=length_penalty))
+        assert beam.tolist() == greedy.tolist(), length_penalty
+
+
 def tiny_gpt() -> GPT:
     torch.manual_seed(0)
     return GPT(GPTConfig(vocab_size=40, context_length=64, d_model=32, n_layers=2, n_heads=4)).eval()
@@ -99,3 +122,37 @@ def test_generation_leaves_training_mode_as_it_was():
     model = tiny_gpt().train()
     model.generate(torch.tensor([[3, 4]]), max_new_tokens=2)
     assert model.training
+
+
+def beam_scores(model: GPT, prompts: torch.Tensor, out: torch.Tensor, eos: int, length_penalty: float) -> torch.Tensor:
+    """(B,) the beam search's own score of each continuation: its log-probability up to and
+    including EOS over (that many tokens) ** length_penalty."""
+    S = prompts.shape[1]
+    with torch.no_grad():
+        logp = model(out).logits.float().log_softmax(-1)[:, S - 1 : -1]  # predicts out[:, S:]
+    new = out[:, S:]
+    token_logp = logp.gather(-1, new[..., None])[..., 0]
+    scores = []
+    for row, values in zip(new.tolist(), token_logp):
+        n = row.index(eos) + 1 if eos in row else len(row)
+        scores.append(float(values[:n].sum()) / n**length_penalty)
+    return torch.tensor(scores)
+
+
+@pytest.mark.parametrize("num_beams,length_penalty,early", [(2, 1.0, False), (4, 0.0, False), (3, 0.5, True)])
+def test_beam_search_never_scores_below_greedy(num_beams, length_penalty, early):
+    # A random model sharpened (weights × 3) so that paths differ; on 100 prompts a width-W
+    # beam loses the greedy path on several of them (Hugging Face's search then returns worse).
+    model = tiny_gpt()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(3.0)
+    prompts = torch.randint(2, 40, (100, 4), generator=torch.Generator().manual_seed(0))
+    options = dict(max_new_tokens=10, eos_token_id=1, pad_token_id=0)
+    greedy = model.generate(prompts, **options)
+    beam = model.generate(prompts, strategy="beam", num_beams=num_beams, length_penalty=length_penalty,
+                          early_stopping=early, **options)
+    beam_score = beam_scores(model, prompts, beam, 1, length_penalty)
+    greedy_score = beam_scores(model, prompts, greedy, 1, length_penalty)
+    assert bool((beam_score >= greedy_score - 1e-4).all()), (beam_score - greedy_score).min()
+    assert float((beam_score - greedy_score).mean()) > 0.01  # and beam search does find better answers

@@ -1,5 +1,6 @@
 """unitok's GPT *is* GPT-2: a random Hugging Face GPT2LMHeadModel, converted, gives the same
-logits, hidden states and generated tokens (float32, atol 1e-5)."""
+logits, hidden states and generated tokens (float32, atol 1e-5) — beam search's too, except
+where Hugging Face's scores below the greedy answer (ours returns that)."""
 
 from __future__ import annotations
 
@@ -84,6 +85,41 @@ def test_beam_search_matches(pair, num_beams, length_penalty, early):
         ref = hf.generate(prompt, do_sample=False, **kwargs)
     out = ours.generate(prompt, strategy="beam", **kwargs)
     assert out.tolist() == ref.tolist()
+
+
+def _beam_score(model: GPT, out: torch.Tensor, prompt_len: int, eos: int, length_penalty: float) -> float:
+    """A beam search's own score of one continuation: log-probability up to and including EOS
+    over (that many tokens) ** length_penalty."""
+    with torch.no_grad():
+        logp = model(out).logits.float().log_softmax(-1)[0, prompt_len - 1 : -1]
+    new = out[0, prompt_len:].tolist()
+    n = new.index(eos) + 1 if eos in new else len(new)
+    return float(logp[torch.arange(n), torch.tensor(new[:n])].sum()) / n**length_penalty
+
+
+def test_beam_search_differs_from_hugging_face_only_where_greedy_scores_higher():
+    # A random GPT-2 sharpened (weights × 4) so that paths differ: on 40 prompts Hugging Face's
+    # 3-beam search loses the greedy path and returns a worse answer on a few. Ours returns the
+    # greedy answer there, and theirs everywhere else.
+    torch.manual_seed(0)
+    hf = small_gpt2()
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.mul_(4.0)
+    ours = from_transformers(hf).eval()
+    prompts = torch.randint(3, hf.config.vocab_size, (40, 4), generator=torch.Generator().manual_seed(0))
+    options = dict(max_new_tokens=8, eos_token_id=2, pad_token_id=0)
+    beam = dict(num_beams=3, length_penalty=1.0)
+    differ = 0
+    for prompt in prompts[:, None]:
+        with torch.no_grad():
+            ref = hf.generate(prompt, do_sample=False, **beam, **options)
+        out = ours.generate(prompt, strategy="beam", **beam, **options)
+        if out.tolist() != ref.tolist():
+            differ += 1
+            assert out.tolist() == ours.generate(prompt, **options).tolist()  # the greedy answer
+            assert _beam_score(ours, out, 4, 2, 1.0) > _beam_score(ours, ref, 4, 2, 1.0)
+    assert 1 <= differ <= 6
 
 
 def test_batched_left_padded_generation_matches(pair):
