@@ -135,3 +135,14 @@ def test_the_cached_bucket_table_gives_the_buckets_of_every_offset(bidirectional
         expected = relative_position_bucket(torch.arange(n_keys)[None, :] - queries, bidirectional, 8, 20)
         assert torch.equal(bias.buckets(n_queries, n_keys, offset), expected)
     assert bias._table is not None and bias._table.shape[0] >= 130
+
+
+def test_buckets_first_built_under_inference_mode_serve_training():
+    """Validation (inference_mode) may build the table first; training must still backprop."""
+    from unitok.embed.relative import RelativePositionBias
+
+    bias = RelativePositionBias(n_heads=2, num_buckets=8, max_distance=20)
+    with torch.inference_mode():
+        bias(4, 4)
+    bias(4, 4).sum().backward()
+    assert bias.weight.grad is not None and bias.weight.grad.abs().sum() > 0

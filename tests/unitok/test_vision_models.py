@@ -366,3 +366,11 @@ def test_pixels_and_their_patches_give_the_same_logits():
         pixels = normalised(raw_digits())
         tokens = Tokens(features=patchify(pixels, 8), grid=(4, 4), modality="image")
         torch.testing.assert_close(model(pixels).logits, model(tokens).logits, atol=1e-5, rtol=1e-5)
+
+
+def test_sincos_positions_first_built_under_inference_mode_serve_training():
+    model = build("vit-digits", positions="sincos")
+    with torch.inference_mode():
+        model(normalised(raw_digits(1)))
+    model.train()(normalised(raw_digits(2))).logits.sum().backward()
+    assert model.patch_embed.weight.grad is not None

@@ -61,7 +61,9 @@ def sincos_2d_table(grid: tuple[int, int], d_model: int, temperature: float = 10
     """(1, h·w, D) fixed 2-D sin-cos positions: a quarter of the channels each for sin/cos of
     the row and of the column index (MoCo v3 / "simple ViT"). Cached per shape, so a forward
     does not rebuild it: add it, never write into it."""
-    return _sincos_2d_table((int(grid[0]), int(grid[1])), int(d_model), float(temperature))
+    # built outside inference_mode (a first call may come from validation), so training can use it
+    with torch.inference_mode(False), torch.no_grad():
+        return _sincos_2d_table((int(grid[0]), int(grid[1])), int(d_model), float(temperature))
 
 
 @functools.lru_cache(maxsize=32)

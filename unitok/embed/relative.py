@@ -56,9 +56,12 @@ class RelativePositionBias(nn.Module):
         table = self._table
         if table is None or table.shape[0] < need or table.device != device:
             size = min(CACHE_LIMIT, max(need, 64, 2 * (table.shape[0] if table is not None else 0)))
-            positions = torch.arange(size, device=device)
-            table = relative_position_bucket(positions[None, :] - positions[:, None], self.bidirectional,
-                                             self.num_buckets, self.max_distance)
+            # a normal tensor even when first asked for under inference_mode (validation), so
+            # training can index with it afterwards
+            with torch.inference_mode(False), torch.no_grad():
+                positions = torch.arange(size, device=device)
+                table = relative_position_bucket(positions[None, :] - positions[:, None], self.bidirectional,
+                                                 self.num_buckets, self.max_distance)
             self._table = table
         return table[offset:offset + n_queries, :n_keys]
 
