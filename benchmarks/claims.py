@@ -32,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: fin
 from claim import ROOT, Claim, gap, mean_std, verdict  # noqa: E402
 
 # One module per lecture claim, in the table's order; a module's claims share its runs.
-# (claims_pretraining, claims_distillation and claims_speech join when their fair data lands.)
-MODULES = ("claims_decoding", "claims_zero_shot", "claims_control")
+# (claims_pretraining and claims_speech join when their fair data lands.)
+MODULES = ("claims_distillation", "claims_decoding", "claims_zero_shot", "claims_control")
 OUT = ROOT / "runs" / "claims" / "claims.md"
 
 

@@ -15,10 +15,12 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
+from tasks.data.base import SplitDataModule
+from tasks.data.sampling import run_seed
 from tasks.optim import adamw_warmup_cosine
 from tasks.predictions import Record, class_records
 from tasks.run_folder import log_dir
-from tasks.teachers import TRAIN_CNN, freeze, load_teacher, train_cnn_teacher
+from tasks.teachers import TRAIN_CNN, accuracy, freeze, load_teacher, train_cnn_teacher
 from unitok.models import DeiT, MixerConfig, MLPMixer, ViT, ViTConfig
 from unitok.models.vision import ImageModel
 from unitok.outputs import ImageClassifierOutput
@@ -60,7 +62,8 @@ class ImageClassificationTask(L.LightningModule):
     """Trains a ViT, DeiT or MLP-Mixer classifier on ``{"pixel_values", "labels"}`` batches.
 
     Logs ``train_loss``, ``val_loss``, ``val_acc`` (top-1), ``val_top5`` (top-k, k = min(5, K)),
-    ``test_loss`` and ``test_acc``; after ``test`` it saves ``confusion_matrix.png`` into the
+    ``test_loss`` and ``test_acc`` (and, distilling, ``teacher_val_acc``: the teacher's top-1 on the
+    validation split, printed before training); after ``test`` it saves ``confusion_matrix.png`` into the
     log dir (and keeps the counts in ``confusion_matrix``); ``predict`` returns class indices.
     Validation and test score the model's ``logits`` (for DeiT, the two heads' average).
 
@@ -75,8 +78,9 @@ class ImageClassificationTask(L.LightningModule):
         label_smoothing: on the cross-entropy with the true labels.
         distillation: "none", "hard" or "soft" (DeiT only) with ``distill_alpha`` /
             ``distill_tau`` (soft); see `hard_distillation_loss`, `soft_distillation_loss`.
-        teacher: ``"cnn:train"`` (train a `SmallCNN` for ``teacher_steps`` before fitting; its
-            state dict is saved as ``teacher_cnn.pt`` in the log dir), a ``.pt`` SmallCNN
+        teacher: ``"cnn:train"`` (train a `SmallCNN` on the training split for ``teacher_steps``
+            before fitting, seeded by the run's seed; its state dict is saved as
+            ``teacher_cnn.pt`` in the log dir), a ``.pt`` SmallCNN
             state dict, or a ``save_pretrained`` folder of a unitok image model.
         teacher_module: a ready teacher ``nn.Module`` (from Python) instead of ``teacher``.
             Teachers are frozen, in eval mode, never saved in the task's checkpoints.
@@ -129,6 +133,7 @@ class ImageClassificationTask(L.LightningModule):
         self.confusion_matrix: Tensor | None = None  # (K, K) after `test`: rows true, columns predicted
         # Not a submodule: the teacher stays out of checkpoints, optimisers and device moves.
         self.__dict__["teacher_model"] = freeze(teacher_module) if teacher_module is not None else None
+        self.teacher_val_acc: float | None = None  # the teacher's validation accuracy, set in setup("fit")
 
     # ------------------------------------------------------------------ model
     def _build_model(self) -> ImageModel:
@@ -171,8 +176,24 @@ class ImageClassificationTask(L.LightningModule):
         datamodule = getattr(self.trainer, "datamodule", None)
         if datamodule is not None:
             self._check_data(datamodule)
-        if stage == "fit" and self.hparams.distillation != "none" and self.teacher_model is None:
-            self.__dict__["teacher_model"] = self._resolve_teacher(datamodule)
+        if stage == "fit" and self.hparams.distillation != "none":
+            if self.teacher_model is None:
+                self.__dict__["teacher_model"] = self._resolve_teacher(datamodule)
+            if datamodule is not None:
+                self._score_teacher(datamodule)
+
+    def _score_teacher(self, datamodule: L.LightningDataModule) -> None:
+        # A teacher no better than its student has little to teach it: say how good it is.
+        if isinstance(datamodule, SplitDataModule) and datamodule.dataset("val") is None:
+            return
+        loader, device = datamodule.val_dataloader(), self.trainer.strategy.root_device
+        self.teacher_val_acc = accuracy(self.teacher_model.to(device), loader, device)
+        rank_zero_info(f"the teacher's validation accuracy: {self.teacher_val_acc:.2%} "
+                       f"({len(loader.dataset)} held-out images)")
+
+    def on_train_start(self) -> None:
+        if self.teacher_val_acc is not None:
+            self.log("teacher_val_acc", self.teacher_val_acc, on_epoch=True)
 
     def _check_data(self, datamodule: L.LightningDataModule) -> None:
         c = self.model.config
@@ -197,8 +218,9 @@ class ImageClassificationTask(L.LightningModule):
             return load_teacher(h.teacher, c.channels, c.num_classes)
         if datamodule is None:
             raise ValueError(f"teacher={TRAIN_CNN!r} trains on the data module; fit with datamodule=…")
-        rank_zero_info(f"training a SmallCNN teacher for {h.teacher_steps} steps")
-        teacher = train_cnn_teacher(datamodule, steps=h.teacher_steps, seed=0, device=self.trainer.strategy.root_device)
+        rank_zero_info(f"training a SmallCNN teacher for {h.teacher_steps} steps (seed {run_seed()})")
+        teacher = train_cnn_teacher(datamodule, steps=h.teacher_steps, seed=run_seed(),
+                                    device=self.trainer.strategy.root_device)
         if self.trainer.logger is not None and self.trainer.is_global_zero:
             path = log_dir(self.trainer) / "teacher_cnn.pt"
             path.parent.mkdir(parents=True, exist_ok=True)

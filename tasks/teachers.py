@@ -11,16 +11,26 @@ CNN's locality is the inductive bias a ViT lacks on small data. ``load_teacher``
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.data import DataLoader
 
+from tasks.data.base import SplitDataModule
+from tasks.data.sampling import (
+    ResumableBatchSampler,
+    SeededRandomSampler,
+    resumable_loader,
+    run_seed,
+)
 from tasks.optim import warmup_cosine, weight_decay_groups
 from unitok.models import DeiT, MLPMixer, ViT
 from unitok.models.base import CONFIG_FILE
 from unitok.models.vision import ImageModel
+from unitok.outputs import ImageClassifierOutput
 
 TRAIN_CNN = "cnn:train"
 IMAGE_FAMILIES: dict[str, type[ImageModel]] = {cls.__name__: cls for cls in (ViT, DeiT, MLPMixer)}
@@ -56,18 +66,22 @@ class SmallCNN(nn.Module):
 def train_cnn_teacher(
     datamodule,
     steps: int = 300,
-    seed: int = 0,
+    seed: int | None = None,
     learning_rate: float = 3e-3,
     width: int = 16,
     device: str | torch.device = "cpu",
 ) -> SmallCNN:
-    """Train a `SmallCNN` on ``datamodule``'s training loader for ``steps`` AdamW steps
+    """Train a `SmallCNN` on ``datamodule``'s training split for ``steps`` AdamW steps
     (warm-up + cosine), and return it frozen in eval mode.
 
-    Seeded, and run under a forked random state, so it neither depends on nor disturbs the
-    global generator (a student trained after it sees the same data order as without it).
-    About 300 steps of 64 digits reach ≥ 97 % held-out accuracy in seconds on a CPU.
+    ``seed`` (None: the run's, `seed_everything`'s) fixes the CNN's initial weights, its data
+    order and its batches' augmentation. It runs under a forked random state and its own
+    loader, so it neither depends on nor disturbs the global generator or the data module's
+    training loader (a student trained after it sees the same data as without it). It sees
+    the training split only: never a validation or test scan. About 300 steps of 64 digits
+    reach ≈ 97 % held-out accuracy on the full training split, ≈ 95 % on 10 scans a class.
     """
+    seed = run_seed() if seed is None else int(seed)
     datamodule.setup("fit")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -75,7 +89,7 @@ def train_cnn_teacher(
         optimizer = torch.optim.AdamW(weight_decay_groups(model, 1e-4), lr=learning_rate)
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(steps // 10, steps, 0.0))
         model.train()
-        step, loader = 0, datamodule.train_dataloader()  # one loader: a new order every pass
+        step, loader = 0, training_loader(datamodule, seed)  # one loader: a new order every pass
         while step < steps:
             for batch in loader:
                 logits = model(batch["pixel_values"].to(device))
@@ -88,6 +102,39 @@ def train_cnn_teacher(
                 if step == steps:
                     break
     return freeze(model)
+
+
+def training_loader(datamodule, seed: int) -> DataLoader:
+    """The teacher's own pass over ``datamodule``'s training split, shuffled and augmented as the
+    data module's training loader would be but from ``seed`` (a `SplitDataModule`; any other
+    data module: its ``train_dataloader()``)."""
+    if not isinstance(datamodule, SplitDataModule):
+        return datamodule.train_dataloader()
+    data = datamodule.dataset("train")
+    batches = ResumableBatchSampler(SeededRandomSampler(data, seed), datamodule.batch_size,
+                                    datamodule.drop_last_train, seed)
+    if len(batches) == 0:
+        raise ValueError(f"the training split ({len(data)} items) is smaller than one batch "
+                         f"({datamodule.batch_size}); lower the batch size")
+    return resumable_loader(data, batches, datamodule.collate_fn("train"), datamodule.num_workers)
+
+
+@torch.no_grad()
+def accuracy(model: nn.Module, loader: Iterable[dict[str, Tensor]], device: str | torch.device = "cpu") -> float:
+    """Top-1 accuracy (a fraction) of an image classifier (a `SmallCNN` or a unitok image model)
+    on ``{"pixel_values", "labels"}`` batches."""
+    was_training = model.training
+    model.eval()
+    correct = total = 0
+    for batch in loader:
+        out = model(batch["pixel_values"].to(device))
+        logits = out.logits if isinstance(out, ImageClassifierOutput) else out
+        correct += int((logits.argmax(dim=-1).cpu() == batch["labels"]).sum())
+        total += len(batch["labels"])
+    model.train(was_training)
+    if total == 0:
+        raise ValueError("no batches to score")
+    return correct / total
 
 
 def freeze(model: nn.Module) -> nn.Module:

@@ -76,6 +76,19 @@ def split_held_out(labels: np.ndarray, held: np.ndarray, val_share: float, seed:
     return np.sort(val), np.sort(test)
 
 
+def per_class(labels: np.ndarray, indices: np.ndarray, count: int, seed: int) -> np.ndarray:
+    """``count`` of ``indices`` from each class of ``labels[indices]``, drawn at random (seeded),
+    sorted. Raises ValueError if a class has fewer."""
+    rng = np.random.default_rng(seed)
+    chosen = []
+    for label in np.unique(labels[indices]):
+        of_class = indices[labels[indices] == label]
+        if len(of_class) < count:
+            raise ValueError(f"train_per_class={count} but class {label} has {len(of_class)} training scans")
+        chosen.append(rng.choice(of_class, size=count, replace=False))
+    return np.sort(np.concatenate(chosen))
+
+
 class ImageTensors(Dataset):
     """In-memory [0, 1] images (N, C, H, W) and labels; ``transform`` runs per sample."""
 
@@ -146,6 +159,9 @@ class DigitsDataModule(ImageDataModule):
         val_share: the share of the held-out scans that validate; the rest are the test set.
         batch_size / num_workers: data loading.
         augment: a small random affine (``degrees``, ``translate``) on training images only.
+        train_per_class: train on only this many scans of each class (a data-poor regime, e.g.
+            20: 200 scans), drawn from the training split, seeded by ``split_seed`` (the same
+            scans in every run); validation and test stay as they are. None: all 1,437.
     """
 
     def __init__(
@@ -162,6 +178,7 @@ class DigitsDataModule(ImageDataModule):
         degrees: float = 10.0,
         translate: float = 0.1,
         val_share: float = 0.5,
+        train_per_class: int | None = None,
     ) -> None:
         super().__init__(batch_size, num_workers)
         if image_size < 8:
@@ -170,6 +187,9 @@ class DigitsDataModule(ImageDataModule):
             raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
         if not 0.0 < val_share <= 1.0:
             raise ValueError(f"val_share must be in (0, 1], got {val_share}")
+        if train_per_class is not None and train_per_class < 1:
+            raise ValueError(f"train_per_class must be ≥ 1 (or None: every training scan), got {train_per_class}")
+        self.train_per_class = train_per_class
         self.image_size = (image_size, image_size)
         self.interpolation = interpolation
         self.channels = 1
@@ -199,6 +219,10 @@ class DigitsDataModule(ImageDataModule):
             return
         images, labels = self.images()
         self.split_indices(labels.numpy())
+        n_train = len(self.train_indices)  # type: ignore[arg-type]
+        if n_train < self.batch_size:
+            raise ValueError(f"{n_train} training scans make no full batch of batch_size={self.batch_size} "
+                             "(the last partial batch is dropped); lower it")
         normalize = v2.Normalize(self.mean, self.std)
         train_transform = v2.Compose([augmentation(self.degrees, self.translate), normalize]) if self.augment else normalize
         train, val = torch.from_numpy(self.train_indices), torch.from_numpy(self.val_indices)  # type: ignore[arg-type]
@@ -214,6 +238,8 @@ class DigitsDataModule(ImageDataModule):
         self.train_indices, self.held_out_indices = _split(labels, self.test_fraction, self.split_seed)
         self.val_indices, self.test_indices = split_held_out(labels, self.held_out_indices, self.val_share,
                                                              self.split_seed)
+        if self.train_per_class is not None:
+            self.train_indices = per_class(labels, self.train_indices, self.train_per_class, self.split_seed)
 
 
 def _class_folders(folder: Path) -> list[Path]:

@@ -35,6 +35,33 @@ def test_digits_split_is_fixed_disjoint_and_stratified():
     assert sorted([*dm.val_indices, *dm.test_indices]) == held.tolist()
 
 
+def test_a_data_poor_training_subset_is_balanced_seeded_and_leaves_val_and_test_alone():
+    full = DigitsDataModule()
+    full.setup("fit")
+    few = DigitsDataModule(train_per_class=10)
+    few.setup("fit")
+    # Ten scans of each digit, all from the training split: none validates or tests.
+    assert np.bincount(few.train_set.labels.numpy(), minlength=10).tolist() == [10] * 10
+    assert set(few.train_indices) <= set(full.train_indices)
+    assert not set(few.train_indices) & (set(few.val_indices) | set(few.test_indices))
+    # Validation and test are the full recipe's scans: scores compare across the two.
+    assert np.array_equal(few.val_indices, full.val_indices) and np.array_equal(few.test_indices, full.test_indices)
+    # Seeded by split_seed: the same scans in every run, other scans with another split seed.
+    again = DigitsDataModule(train_per_class=10)
+    again.setup("fit")
+    assert np.array_equal(again.train_indices, few.train_indices)
+    other = DigitsDataModule(train_per_class=10, split_seed=1)
+    other.setup("fit")
+    assert not np.array_equal(other.train_indices, few.train_indices)
+    # A class must have that many training scans; 0 is no training set.
+    with pytest.raises(ValueError, match="train_per_class=500"):
+        DigitsDataModule(train_per_class=500).setup("fit")
+    with pytest.raises(ValueError, match="train_per_class"):
+        DigitsDataModule(train_per_class=0)
+    with pytest.raises(ValueError, match="no full batch"):  # 50 scans, batches of 64: nothing to train on
+        DigitsDataModule(train_per_class=5, batch_size=64).setup("fit")
+
+
 def test_digits_are_one_channel_images_normalised_to_minus_one_one():
     dm = DigitsDataModule(batch_size=16)
     assert dm.num_classes == 10 and dm.class_names == [str(d) for d in range(10)]

@@ -54,7 +54,7 @@ def overrides(recipe: str, ws: Path) -> list[str]:
     pretrain_text = ["--data.builtin_max_bytes", "100000", "--data.vocab_size", "300", "--data.batch_size", "4"]
     bert = [*pretrain_text, "--data.context_length", "24", "--data.val_samples", "8"]
     finetune = ["--data.context_length", "24", "--data.batch_size", "4", "--data.val_per_class", "4",
-                "--data.train_per_class", "8"]
+                "--data.train_per_class", "8", "--data.test_per_class", "4"]
     pairs = dict(train_utterances=80, held_out_utterances=60, held_out_pairs=16, batch_size=8, cache_dir=speech)
     spoken = dict(train_utterances=12, held_out_utterances=4, max_digits=2, cache_dir=speech, batch_size=4)
     cartpole = ["--data.expert_episodes", "2", "--data.noisy_episodes", "3", "--data.random_episodes", "2",
@@ -77,8 +77,10 @@ def overrides(recipe: str, ws: Path) -> list[str]:
                                     "--data.max_digits", "2", "--data.batch_size", "4",
                                     "--data.cache_dir", str(speech)],
         "deit/digits_distill": ["--model.teacher_steps", "5"],
+        "deit/digits_few": ["--model.teacher_steps", "5"],
         "dt/cartpole": cartpole,
         "dt/offline": ["--data.path", str(ws / "pendulum.npz"), "--data.batch_size", "32"],
+        "gpt/finetune_cls": finetune,
         "gpt/tiny": [*pretrain_text, "--data.context_length", "32", "--model.generate_max_new_tokens", "5"],
         "mixer/digits": [],
         "multimodal/four_tasks": [*MM, *task("speech", **spoken),
@@ -98,7 +100,7 @@ def overrides(recipe: str, ws: Path) -> list[str]:
     }[recipe]
 
 
-NEEDS = {"bert/finetune_cls": "bert/mlm_tiny", "bert/finetune_tokens": "bert/mlm_tiny",
+NEEDS = {"bert/finetune_cls": "bert/mlm_tiny", "bert/finetune_tokens": "bert/mlm_tiny", "gpt/finetune_cls": "gpt/tiny",
          "t5/text_to_text": "t5/span_corruption_tiny"}
 
 
@@ -235,8 +237,11 @@ EXPECT: dict[str, tuple[Check, str | Callable[[dict[str, Any]], str]]] = {
     "conformer/manifest": (lambda r: existing_file(r) and set(r["prediction"]) <= set(" enosy"), LOG_LIKELIHOOD),
     "conformer/spoken_digits": (lambda r: existing_file(r) and spoken(r), LOG_LIKELIHOOD),
     "deit/digits_distill": (lambda r: r["prediction"] in DIGITS and r["target"] in DIGITS, PROBABILITY),
+    "deit/digits_few": (lambda r: r["prediction"] in DIGITS and r["target"] in DIGITS, PROBABILITY),
     "dt/cartpole": (action(discrete=True), PROBABILITY),
     "dt/offline": (action(discrete=False), NEG_ERROR),
+    "gpt/finetune_cls": (lambda r: r["prediction"] in ("asyncio", "email", "logging", "tkinter")
+                         and r["target"] in ("asyncio", "email", "logging", "tkinter"), PROBABILITY),
     "gpt/tiny": (lambda r: text(r) and r["input"] in GPT_PROMPTS, LOG_LIKELIHOOD),
     "mixer/digits": (one_of(DIGITS), PROBABILITY),
     "multimodal/four_tasks": by_task({"digits": (one_of(DIGITS), PROBABILITY),
@@ -359,6 +364,7 @@ def raw_input(recipe: str, model: Any) -> tuple[str, Any, dict[str, Any]] | None
         "gpt/tiny": ("text-generation", "def ", {"max_new_tokens": 4}),
         "bert/mlm_tiny": ("fill-mask", "import [MASK]", {"top_k": 2}),
         "bert/finetune_cls": ("text-classification", "Return the path of the file.", {}),
+        "gpt/finetune_cls": ("text-classification", "Return the path of the file.", {}),
         "bert/finetune_tokens": ("token-classification", "x = len(items)", {"ignore_labels": ()}),
         "t5/text_to_text": ("text2text-generation", "name: def f(x): return x", {"max_new_tokens": 4}),
         "t5/span_corruption_tiny": ("text2text-generation", "def f(x): return x", {"max_new_tokens": 4}),

@@ -16,6 +16,7 @@ from tasks.cli import main
 ROOT = Path(__file__).resolve().parents[2]
 VIT = ROOT / "configs" / "vit" / "digits.yaml"
 DEIT = ROOT / "configs" / "deit" / "digits_distill.yaml"
+FEW = ROOT / "configs" / "deit" / "digits_few.yaml"
 FOLDER = ROOT / "configs" / "vit" / "imagefolder.yaml"
 QUICK = ["--trainer.max_steps", "3", "--trainer.val_check_interval", "3", "--trainer.limit_val_batches", "1",
          "--trainer.limit_test_batches", "2", "--trainer.enable_progress_bar", "false",
@@ -46,6 +47,16 @@ def test_distillation_recipe_trains_its_cnn_teacher_first_and_keeps_it_out_of_th
     # The saved teacher is a path the recipe accepts instead of training a new one.
     main(["fit", "--config", str(DEIT), "--model.teacher", str(teacher), "--model.distillation", "hard", *QUICK])
     assert list(run.glob("version_1/metrics.csv")) and not (run / "version_1" / "teacher_cnn.pt").exists()
+
+
+def test_the_data_poor_recipe_logs_its_teachers_accuracy_and_runs_without_a_teacher(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    main(["fit", "--config", str(FEW), "--model.teacher_steps", "5", *QUICK])
+    metrics = (tmp_path / "runs" / "deit_digits_few" / "version_0" / "metrics.csv").read_text()
+    assert "teacher_val_acc" in metrics.splitlines()[0]
+    # Its baseline: the same recipe without a teacher (benchmarks/claims_distillation.py).
+    main(["fit", "--config", str(FEW), "--model.distillation", "none", "--model.teacher", "null", *QUICK])
+    assert "teacher_val_acc" not in (tmp_path / "runs" / "deit_digits_few" / "version_1" / "metrics.csv").read_text()
 
 
 def test_image_folder_recipe_reads_a_users_folder_tree(tmp_path, monkeypatch):
