@@ -26,10 +26,14 @@ Decoder = Literal["greedy", "beam"]
 
 def ctc_loss(logits: Tensor, output_lengths: Tensor, targets: Tensor, target_lengths: Tensor) -> Tensor:
     """CTC loss (blank = 0) from (B, N', V) logits, averaged over the batch after dividing each
-    utterance's loss by its target length; impossible alignments (too few frames) count as 0."""
+    utterance's loss by its target length — an empty target's (a clip with no speech: every
+    frame blank) by its frame count, so one such clip does not outweigh a batch of speech;
+    impossible alignments (too few frames) count as 0."""
     log_probs = logits.float().log_softmax(dim=-1).transpose(0, 1)  # (N', B, V)
-    return F.ctc_loss(log_probs, targets, output_lengths, target_lengths, blank=0, reduction="mean",
-                      zero_infinity=True)
+    losses = F.ctc_loss(log_probs, targets, output_lengths, target_lengths, blank=0, reduction="none",
+                        zero_infinity=True)  # (B,)
+    per = torch.where(target_lengths > 0, target_lengths, output_lengths).clamp_min(1).to(losses)
+    return (losses / per).mean()
 
 
 def ctc_log_likelihood(log_probs: Tensor, lengths: Tensor, paths: Sequence[Sequence[int]]) -> Tensor:

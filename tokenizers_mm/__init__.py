@@ -23,6 +23,7 @@ from tokenizers_mm.trajectory import (
     episodes_to_arrays,
     returns_to_go,
 )
+from tokenizers_mm.wave_augment import WaveAugment
 from tokenizers_mm.wordpiece import PairEncoding, WordPieceTokenizer, align_word_labels
 
 __all__ = [
@@ -30,5 +31,5 @@ __all__ = [
     "Episode", "episodes_from_arrays", "episodes_to_arrays", "IMAGENET_MEAN", "IMAGENET_STD",
     "ImagePreprocessConfig", "pad_pairs", "PairEncoding", "patchify", "PatchTokenizer", "Processor", "read_audio",
     "returns_to_go", "SpecAugment", "SpectrogramConfig", "SpectrogramTokenizer", "TextEncoding", "Tokens",
-    "TrajectoryTokenizer", "TrajectoryWindows", "Truncation", "unpatchify", "WordPieceTokenizer"
+    "TrajectoryTokenizer", "TrajectoryWindows", "Truncation", "unpatchify", "WaveAugment", "WordPieceTokenizer"
 ]

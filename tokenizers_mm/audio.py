@@ -1,9 +1,10 @@
 """Audio -> log-mel spectrogram frames (the "tokens" of speech models), and SpecAugment.
 
-Waveforms (tensors, numpy arrays) or audio files (read with soundfile) are resampled to the
-configured rate, turned into log-mel frames with torchaudio (25 ms windows every 10 ms by
-default) and normalised per utterance or with global statistics. SpecAugment (frequency and
-time masks) is a separate, training-only transform that data pipelines apply to the frames.
+Waveforms (tensors, numpy arrays, with their sample rate) or audio files (read with soundfile)
+are resampled to the configured rate, turned into log-mel frames with torchaudio (25 ms windows
+every 10 ms by default) and normalised per utterance, over the utterance's speech frames, or with
+global statistics. SpecAugment (frequency and time masks) is a separate, training-only transform
+that data pipelines apply to the frames.
 
 Axis legend: B batch, T samples, C channels, N frames, F mel bins.
 """
@@ -22,8 +23,10 @@ from torch import Tensor
 
 from tokenizers_mm.tokens import Tokens, collate
 
-Normalize = Literal["utterance", "global", "none"]
+Normalize = Literal["utterance", "speech", "global", "none"]
+NORMALIZES = ("utterance", "speech", "global", "none")
 NORMALIZE_EPS = 1e-5  # keeps silent (constant) mel bins finite under per-utterance normalisation
+DB = math.log(10) / 10  # one decibel of power in natural-log units (log-mel values are natural logs)
 
 
 # the file types read as audio (soundfile's common formats)
@@ -43,8 +46,19 @@ class SpectrogramConfig:
         n_fft: FFT size; None: the next power of two ≥ the window (400 samples -> 512).
         f_min / f_max: the mel filterbank's range in Hz (f_max None: half the sample rate).
         log_offset: added to the mel power before the log, so silence stays finite.
+        trim_db / trim_margin_ms: None, or drop the leading and trailing frames more than
+            ``trim_db`` below the loudest frame's energy (silence before and after the speech),
+            keeping ``trim_margin_ms`` of them on each side — the margin the training audio has.
+        floor_db: None, or raise every log-mel value to at most this many dB below the
+            utterance's loudest, before normalising: digital silence, a faint noise floor and the
+            empty band above 4 kHz of telephone audio all read the same (Whisper's 80 dB clamp).
         normalize: "utterance" (each mel bin to zero mean, unit variance over the utterance),
-            "global" (with ``global_mean`` / ``global_std``, one value per mel bin) or "none".
+            "speech" (the same, with the statistics taken over the utterance's speech frames only:
+            those within ``speech_db`` of its loudest frame, so padding it with silence changes
+            nothing), "global" (with ``global_mean`` / ``global_std``, one value per mel bin) or
+            "none".
+        speech_db: for normalize="speech", how far below the loudest frame's energy (dB) a frame
+            still counts as speech.
         resample: resample audio at another rate to ``sample_rate``; False makes that an error.
         downmix: average the channels of multi-channel audio; False makes it an error.
     """
@@ -57,7 +71,11 @@ class SpectrogramConfig:
     f_min: float = 0.0
     f_max: float | None = None
     log_offset: float = 1e-6
+    trim_db: float | None = None
+    trim_margin_ms: float = 100.0
+    floor_db: float | None = None
     normalize: Normalize = "utterance"
+    speech_db: float = 40.0
     global_mean: tuple[float, ...] | None = None
     global_std: tuple[float, ...] | None = None
     resample: bool = True
@@ -83,8 +101,16 @@ class SpectrogramConfig:
                              f"got f_min={self.f_min}, f_max={self.f_max}")
         if self.log_offset <= 0:
             raise ValueError(f"log_offset must be positive, got {self.log_offset}")
-        if self.normalize not in ("utterance", "global", "none"):
-            raise ValueError(f"normalize must be 'utterance', 'global' or 'none', got {self.normalize!r}")
+        if self.normalize not in NORMALIZES:
+            raise ValueError(f"normalize must be one of {', '.join(map(repr, NORMALIZES))}, got {self.normalize!r}")
+        if self.trim_db is not None and not self.trim_db > 0:
+            raise ValueError(f"trim_db must be positive (dB below the loudest frame) or None, got {self.trim_db}")
+        if not self.trim_margin_ms >= 0:
+            raise ValueError(f"trim_margin_ms must be ≥ 0, got {self.trim_margin_ms}")
+        if self.floor_db is not None and not self.floor_db > 0:
+            raise ValueError(f"floor_db must be positive (dB below the loudest value) or None, got {self.floor_db}")
+        if not self.speech_db > 0:
+            raise ValueError(f"speech_db must be positive (dB below the loudest frame), got {self.speech_db}")
         if self.normalize == "global":
             if self.global_mean is None or self.global_std is None:
                 raise ValueError("normalize='global' needs global_mean and global_std (one value per mel bin); "
@@ -156,18 +182,28 @@ class SpectrogramTokenizer:
     def load(self, audio: Any, sample_rate: int | None = None) -> Tensor:
         """One utterance -> a float32 mono waveform (T,) at ``config.sample_rate``.
 
-        ``sample_rate`` is the rate of a tensor / array (default: the configured rate);
-        files carry their own.
+        ``sample_rate`` is the rate of a tensor / array, and required for one: a bare waveform
+        says nothing about its rate, and none is assumed. Files carry their own (a
+        ``sample_rate`` given with a file is ignored).
         """
         name = "audio"
+        kind = {np.ndarray: "numpy array", Tensor: "tensor"}.get(type(audio), type(audio).__name__)
         if isinstance(audio, (str, Path)):
             name = str(audio)
             audio, sample_rate = read_audio(audio)  # (C, T)
         elif isinstance(audio, np.ndarray):
             audio = torch.from_numpy(np.ascontiguousarray(audio))
         if not isinstance(audio, Tensor):
-            raise TypeError(f"unsupported audio type {type(audio).__name__}; give a file path, a tensor or an array")
-        rate = self.config.sample_rate if sample_rate is None else int(sample_rate)
+            raise TypeError(f"unsupported audio type {kind}; give a file path, a tensor or an array (with its "
+                            "sample_rate)")
+        if sample_rate is None:
+            raise ValueError(
+                f"a bare waveform ({kind} of shape {tuple(audio.shape)}) needs its sample rate: pass "
+                f"sample_rate= in Hz (e.g. sample_rate=16000); frames are computed at {self.config.sample_rate} Hz "
+                "and other rates are resampled, but no rate is assumed")
+        if isinstance(sample_rate, bool) or not float(sample_rate).is_integer() or not 1000 <= sample_rate <= 384_000:
+            raise ValueError(f"sample_rate must be a whole number of Hz between 1000 and 384000, got {sample_rate!r}")
+        rate = int(sample_rate)
         wave = _to_float(audio, name)
         if wave.dim() == 2:
             if wave.shape[0] != 1:
@@ -216,28 +252,50 @@ class SpectrogramTokenizer:
             mel = self._mel(wave.float())  # (F, N)
         return torch.log(mel + self.config.log_offset).T.contiguous()
 
-    def normalize(self, frames: Tensor) -> Tensor:
-        """Apply the configured normalisation to one utterance's (N, F) log-mel frames."""
+    def trim(self, frames: Tensor) -> Tensor:
+        """One utterance's (N, F) log-mel frames without the silence before and after its speech
+        (frames more than ``trim_db`` below the loudest), less a margin of ``trim_margin_ms``
+        (unchanged when ``trim_db`` is None)."""
         c = self.config
-        if c.normalize == "utterance":
-            mean = frames.mean(dim=0, keepdim=True)
-            std = frames.std(dim=0, keepdim=True, unbiased=False) if frames.shape[0] > 1 else torch.ones_like(mean)
+        if c.trim_db is None:
+            return frames
+        speech = speech_frames(frames, c.trim_db).nonzero()[:, 0]
+        margin = round(c.trim_margin_ms / c.hop_ms)
+        return frames[max(0, int(speech[0]) - margin): int(speech[-1]) + 1 + margin]
+
+    def floor(self, frames: Tensor) -> Tensor:
+        """One utterance's (N, F) log-mel frames with no value more than ``floor_db`` below its
+        loudest (unchanged when ``floor_db`` is None)."""
+        if self.config.floor_db is None:
+            return frames
+        return frames.clamp_min(frames.max() - self.config.floor_db * DB)
+
+    def normalize(self, frames: Tensor) -> Tensor:
+        """Apply the configured floor and normalisation to one utterance's (N, F) log-mel frames."""
+        c = self.config
+        frames = self.floor(frames)
+        if c.normalize in ("utterance", "speech"):
+            stats = frames[speech_frames(frames, c.speech_db)] if c.normalize == "speech" else frames
+            mean = stats.mean(dim=0, keepdim=True)
+            std = stats.std(dim=0, keepdim=True, unbiased=False) if stats.shape[0] > 1 else torch.ones_like(mean)
             frames = (frames - mean) / (std + NORMALIZE_EPS)
         elif c.normalize == "global":
             frames = (frames - torch.tensor(c.global_mean)) / torch.tensor(c.global_std)
         return frames
 
     def features(self, audio: Any, sample_rate: int | None = None) -> Tensor:
-        """One utterance -> normalised log-mel frames (N, F), N = 1 + T // hop."""
-        frames = self.normalize(self.log_mel(self.load(audio, sample_rate)))
+        """One utterance (a file, or a waveform with its ``sample_rate``) -> normalised log-mel
+        frames (N, F), N = 1 + T // hop (fewer when ``trim_db`` trims silence)."""
+        frames = self.normalize(self.trim(self.log_mel(self.load(audio, sample_rate))))
         if not bool(torch.isfinite(frames).all()):
             raise ValueError(f"the spectrogram has {int((~torch.isfinite(frames)).sum())} NaN/inf values; "
                              "check the audio and the normalisation statistics")
         return frames
 
     def encode(self, audio: Any, sample_rate: int | None = None) -> Tokens:
-        """One utterance or a list -> `Tokens` with (B, N, F) features padded with 0 and the
-        attention mask (its row sums are the utterances' frame counts)."""
+        """One utterance or a list (files, or waveforms all at ``sample_rate``) -> `Tokens` with
+        (B, N, F) features padded with 0 and the attention mask (its row sums are the
+        utterances' frame counts)."""
         items = list(audio) if isinstance(audio, (list, tuple)) else [audio]
         if not items:
             raise ValueError("got an empty list of audio")
@@ -252,7 +310,7 @@ class SpectrogramTokenizer:
         total, total_sq, count = torch.zeros(self.n_mels, dtype=torch.float64), torch.zeros(
             self.n_mels, dtype=torch.float64), 0
         for item in audio:
-            frames = self.log_mel(self.load(item, sample_rate)).double()
+            frames = self.floor(self.trim(self.log_mel(self.load(item, sample_rate)))).double()
             total += frames.sum(dim=0)
             total_sq += (frames**2).sum(dim=0)
             count += frames.shape[0]
@@ -261,6 +319,14 @@ class SpectrogramTokenizer:
         mean = total / count
         std = (total_sq / count - mean**2).clamp_min(0).sqrt().clamp_min(NORMALIZE_EPS)
         return tuple(mean.tolist()), tuple(std.tolist())
+
+
+def speech_frames(frames: Tensor, within_db: float) -> Tensor:
+    """Which of one utterance's (N, F) log-mel frames are speech -> (N,) bool: those whose energy
+    (summed over the mel bins) is within ``within_db`` of the loudest frame's. Silence, pauses
+    and a faint background fall below; the loudest frame is always speech."""
+    energy = torch.logsumexp(frames, dim=1)  # (N,) log of each frame's mel power
+    return energy >= energy.max() - within_db * DB
 
 
 def read_audio(path: str | Path) -> tuple[Tensor, int]:

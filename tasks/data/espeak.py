@@ -23,7 +23,7 @@ import numpy as np
 _AUDIO_OUTPUT_SYNCHRONOUS = 2
 _POS_CHARACTER = 1
 _CHARS_UTF8 = 1
-_RATE, _PITCH, _WORDGAP = 1, 3, 7
+_RATE, _PITCH, _RANGE, _WORDGAP = 1, 3, 4, 7
 _EE_OK = 0
 _VOICE_HINT = ("a voice is '<language>+<variant>' with a language such as en (British), en-us, en-029, "
                "en-gb-scotland or en-gb-x-rp and a variant such as m3 or f2")
@@ -93,12 +93,14 @@ def check_voices(voices: Sequence[str]) -> None:
 
 
 def speak(text: str, voice: str, rate: int = 175, pitch: int = 50, word_gap: int = 0,
-          seed: int = 1) -> tuple[np.ndarray, int]:
+          seed: int = 1, pitch_range: int | None = None) -> tuple[np.ndarray, int]:
     """Speak ``text`` -> (float32 mono waveform in [-1, 1], the engine's sample rate, 22050 Hz).
 
     ``rate`` in words per minute (80–450), ``pitch`` 0–99, ``word_gap`` extra pause between
     words in units of 10 ms; ``voice`` is "<language>+<variant>" as espeak-ng's ``-v``
-    ("en-us+m3"); ``seed`` seeds the breath noise. The same call always gives the same samples.
+    ("en-us+m3"); ``seed`` seeds the breath noise; ``pitch_range`` 0–100 is how far the
+    intonation moves the pitch (0: monotone; None: the voice's own, 50 for most). The same call
+    always gives the same samples.
     """
     if not text.strip():
         raise ValueError("espeak-ng needs non-empty text to speak")
@@ -116,8 +118,10 @@ def speak(text: str, voice: str, rate: int = 175, pitch: int = 50, word_gap: int
             lib.espeak_SetSynthCallback(callback)
             if lib.espeak_SetVoiceByName(voice.encode()) != _EE_OK:
                 raise ValueError(f"espeak-ng has no voice {voice!r}; {_VOICE_HINT}")
-            for name, parameter, value in (("rate", _RATE, rate), ("pitch", _PITCH, pitch),
-                                           ("word_gap", _WORDGAP, word_gap)):
+            settings = [("rate", _RATE, rate), ("pitch", _PITCH, pitch), ("word_gap", _WORDGAP, word_gap)]
+            if pitch_range is not None:
+                settings.append(("pitch_range", _RANGE, pitch_range))
+            for name, parameter, value in settings:
                 if lib.espeak_SetParameter(parameter, int(value), 0) != _EE_OK:
                     raise ValueError(f"espeak-ng refused {name}={value}")
             # Breath noise draws from espeak-ng's generator and libc's rand(): seed both.

@@ -20,7 +20,7 @@ import shutil
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -36,7 +36,13 @@ from tasks.data.sampling import (
     held_out_generator,
     resumable_loader,
 )
-from tokenizers_mm import CharacterVocabulary, SpecAugment, SpectrogramConfig, SpectrogramTokenizer
+from tokenizers_mm import (
+    CharacterVocabulary,
+    SpecAugment,
+    SpectrogramConfig,
+    SpectrogramTokenizer,
+    WaveAugment,
+)
 
 DIGIT_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 # espeak-ng voices are "<accent>+<variant>" ("en" is British English). Training uses five accents
@@ -45,6 +51,28 @@ ACCENTS = ("en-us", "en", "en-gb-scotland", "en-029", "en-gb-x-rp")
 TRAIN_VARIANTS = ("m1", "m2", "m3", "m6", "f1", "f2", "f4")
 TRAIN_VOICES = tuple(f"{accent}+{variant}" for accent in ACCENTS for variant in TRAIN_VARIANTS)
 HELD_OUT_VOICES = ("en-us+m4", "en+f3", "en-gb-scotland+m7", "en-029+f5", "en-gb-x-rp+m5")
+# voices="every": each English accent espeak-ng 1.52 has × each voice variant it ships
+# (espeak-ng-data/voices/!v: the numbered m/f timbres, named characters, the Klatt-synthesis,
+# robotic, whispered and croaky variants), less the held-out voices' variants, so held-out
+# timbres stay unheard.
+EVERY_ACCENT = ACCENTS + ("en-gb-x-gbclan", "en-gb-x-gbcwmd", "en-us-nyc")
+EVERY_VARIANT = (
+    "Alex", "Alicia", "Andrea", "Andy", "Annie", "AnxiousAndy", "Demonic", "Denis", "Diogo", "Gene", "Gene2",
+    "Henrique", "Hugo", "Jacky", "Lee", "Marco", "Mario", "Michael", "Mike", "Mr serious", "Nguyen", "Reed",
+    "RicishayMax", "RicishayMax2", "RicishayMax3", "Storm", "Tweaky", "UniRobot", "adam", "anika", "anikaRobot",
+    "announcer", "antonio", "aunty", "belinda", "benjamin", "boris", "caleb", "croak", "david", "ed", "edward",
+    "edward2", "f1", "f2", "f3", "f4", "f5", "fast", "grandma", "grandpa", "gustave", "ian", "iven", "iven2",
+    "iven3", "iven4", "john", "kaukovalta", "klatt", "klatt2", "klatt3", "klatt4", "klatt5", "klatt6", "linda",
+    "m1", "m2", "m3", "m4", "m5", "m6", "m7", "m8", "marcelo", "max", "michel", "miguel", "mike2", "norbert",
+    "pablo", "paul", "pedro", "quincy", "rob", "robert", "robosoft", "robosoft2", "robosoft3", "robosoft4",
+    "robosoft5", "robosoft6", "robosoft7", "robosoft8", "sandro", "shelby", "steph", "steph2", "steph3", "travis",
+    "victor", "whisper", "whisperf", "zac")
+EVERY_TRAIN_VOICES = tuple(f"{accent}+{variant}" for accent in EVERY_ACCENT for variant in EVERY_VARIANT
+                           if variant not in {v.split("+")[1] for v in HELD_OUT_VOICES})
+VOICE_SETS = {"standard": TRAIN_VOICES, "every": EVERY_TRAIN_VOICES}
+# train_intonation=True: how a digit string is punctuated for espeak-ng (statement, question,
+# exclamation, a list read with commas); the transcript is the digits alone.
+INTONATIONS = ("{}", "{}.", "{}?", "{}!", "list")
 CACHE_ENV = "UNITOK_SPOKEN_DIGITS_DIR"
 # Part of the cache key: bump when synthesis changes what the same spec produces.
 # 3: espeak-ng 1.52 from the espeakng-loader wheel, a fresh engine per utterance (was: the Debian binary).
@@ -116,14 +144,16 @@ def write_manifest(path: str | Path, rows: Sequence[dict[str, Any]]) -> Path:
 
 class SpeechDataset(Dataset):
     """Utterances read from disk and turned into (N, F) frames on access; ``augment`` (SpecAugment)
-    for training. Each item: ``{"features", "targets", "text"}``. With a ``cache`` dict, each
-    file's frames are computed once and kept there (SpecAugment still masks a fresh copy)."""
+    and ``wave_augment`` (`WaveAugment`: acoustic conditions, and no-speech clips whose
+    transcript is "") for training. Each item: ``{"features", "targets", "text"}``. With a
+    ``cache`` dict, each file's frames are computed once and kept there (SpecAugment still masks
+    a fresh copy; with ``wave_augment`` the frames are new every time and nothing is cached)."""
 
     def __init__(self, utterances: Sequence[Utterance], tokenizer: SpectrogramTokenizer,
                  vocabulary: CharacterVocabulary, augment: SpecAugment | None = None,
-                 cache: dict[str, Tensor] | None = None) -> None:
+                 cache: dict[str, Tensor] | None = None, wave_augment: WaveAugment | None = None) -> None:
         self.utterances, self.tokenizer, self.vocabulary, self.augment = list(utterances), tokenizer, vocabulary, augment
-        self.cache = cache
+        self.cache, self.wave_augment = cache, wave_augment
 
     def __len__(self) -> int:
         return len(self.utterances)
@@ -138,16 +168,26 @@ class SpeechDataset(Dataset):
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         utterance = self.utterances[index]
-        key = str(utterance.audio_filepath)
-        if self.cache is not None and key in self.cache:
-            frames = self.cache[key]
-        else:
-            frames = self.tokenizer.features(utterance.audio_filepath)
-            if self.cache is not None:
-                self.cache[key] = frames
+        if self.wave_augment is not None:
+            # A waveform as the speaker left it: `WaveBatches` records the batch and makes frames.
+            rate = self.tokenizer.config.sample_rate
+            if self.wave_augment.draw_no_speech():  # as long as the utterance: the batch keeps its length
+                return {"wave": self.wave_augment.no_speech(rate, seconds=utterance.duration), "text": ""}
+            return {"wave": self.wave_augment.speaker(self.tokenizer.load(utterance.audio_filepath), rate),
+                    "text": utterance.text}
+        frames = self._frames(utterance)
         if self.augment is not None:
             frames = self.augment(frames)
         return {"features": frames, "targets": self.vocabulary.encode(utterance.text), "text": utterance.text}
+
+    def _frames(self, utterance: Utterance) -> Tensor:
+        key = str(utterance.audio_filepath)
+        if self.cache is not None and key in self.cache:
+            return self.cache[key]
+        frames = self.tokenizer.features(utterance.audio_filepath)
+        if self.cache is not None:
+            self.cache[key] = frames
+        return frames
 
 
 def collate_speech(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -160,6 +200,29 @@ def collate_speech(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "target_lengths": torch.tensor([len(it["targets"]) for it in items], dtype=torch.long),
         "texts": [it["text"] for it in items],
     }
+
+
+class WaveBatches:
+    """Collate for training with a `WaveAugment`: the items' waveforms (``{"wave", "text"}``)
+    are recorded together (`WaveAugment.batch`: silence to a common length, noise, channel,
+    loudness), turned into frames, masked by SpecAugment and padded like `collate_speech`.
+    Picklable, so it runs in data-loader workers."""
+
+    def __init__(self, tokenizer: SpectrogramTokenizer, vocabulary: CharacterVocabulary, wave_augment: WaveAugment,
+                 spec_augment: SpecAugment | None = None) -> None:
+        self.tokenizer, self.vocabulary = tokenizer, vocabulary
+        self.wave_augment, self.spec_augment = wave_augment, spec_augment
+
+    def __call__(self, items: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        rate = self.tokenizer.config.sample_rate
+        waves = self.wave_augment.batch([it["wave"] for it in items], rate)
+        out = []
+        for wave, item in zip(waves, items):
+            frames = self.tokenizer.features(wave, rate)
+            if self.spec_augment is not None:
+                frames = self.spec_augment(frames)
+            out.append({"features": frames, "targets": self.vocabulary.encode(item["text"]), "text": item["text"]})
+        return collate_speech(out)
 
 
 class BucketBatchSampler(ResumableBatchSampler):
@@ -215,11 +278,16 @@ class SpeechDataModule(SplitDataModule):
 
     def __init__(self, spectrogram: dict[str, Any] | None, batch_size: int, num_workers: int, augment: bool,
                  freq_masks: int, freq_width: int, time_masks: int, time_width: int, bucketing: bool,
-                 pool_batches: int, cache_features: bool = False) -> None:
+                 pool_batches: int, cache_features: bool = False,
+                 wave_augment: bool | dict[str, Any] = False) -> None:
         super().__init__(batch_size, num_workers)
         self.spectrogram = dict(spectrogram or {})
         self.spectrogram_config = _global_pending(self.spectrogram) or SpectrogramConfig.from_dict(self.spectrogram)
         self.spec_augment = SpecAugment(freq_masks, freq_width, time_masks, time_width) if augment else None
+        if not isinstance(wave_augment, (bool, dict)):
+            raise TypeError(f"wave_augment must be true / false or a dict of WaveAugment options, got {wave_augment!r}")
+        self.wave_augment = (WaveAugment(**wave_augment) if isinstance(wave_augment, dict)
+                             else WaveAugment() if wave_augment else None)
         self.bucketing, self.pool_batches = bucketing, pool_batches
         # Frames by file, computed once (built-in data: ~100 MB for 2,300 utterances).
         self.frames_cache: dict[str, Tensor] | None = {} if cache_features else None
@@ -255,10 +323,15 @@ class SpeechDataModule(SplitDataModule):
         rows = {"train": self.train_utterances, "val": self.val_utterances, "test": self.test_utterances}[split]
         if rows is None:
             return None
-        return SpeechDataset(rows, self.tokenizer, self.vocabulary,  # type: ignore[arg-type]
-                             self.spec_augment if split == "train" else None, self.frames_cache)
+        train = split == "train"
+        augment = self.spec_augment if train and self.wave_augment is None else None  # else: in WaveBatches
+        return SpeechDataset(rows, self.tokenizer, self.vocabulary, augment,  # type: ignore[arg-type]
+                             self.frames_cache, self.wave_augment if train else None)
 
     def collate_fn(self, split: Split) -> Any:
+        if split == "train" and self.wave_augment is not None:
+            return WaveBatches(self.tokenizer, self.vocabulary, self.wave_augment,  # type: ignore[arg-type]
+                               self.spec_augment)
         return collate_speech
 
     def loader(self, split: Split) -> DataLoader:
@@ -272,7 +345,7 @@ class SpeechDataModule(SplitDataModule):
             batches = BucketBatchSampler(SeededRandomSampler(dataset, seed), self.batch_size, drop_last=True,  # type: ignore[arg-type]
                                          lengths=lengths, pool_batches=self.pool_batches, seed=seed,
                                          resume=self.take_resume_point())
-            return resumable_loader(dataset, batches, collate_speech, self.num_workers)  # type: ignore[arg-type]
+            return resumable_loader(dataset, batches, self.collate_fn(split), self.num_workers)  # type: ignore[arg-type]
         batches = BucketBatchSampler(SequentialSampler(dataset), self.batch_size, drop_last=False,  # type: ignore[arg-type]
                                      lengths=lengths, pool_batches=self.pool_batches, shuffle=False)
         return DataLoader(dataset, batch_sampler=batches, num_workers=self.num_workers,  # type: ignore[arg-type]
@@ -307,6 +380,8 @@ class ManifestDataModule(SpeechDataModule):
             computes them over the training audio.
         batch_size / num_workers: data loading. bucketing / pool_batches: length bucketing.
         augment / freq_masks / freq_width / time_masks / time_width: SpecAugment (training only).
+        wave_augment: acoustic conditions for training (`tokenizers_mm.WaveAugment`): false,
+            true (its defaults) or a dict of its options.
     """
 
     def __init__(
@@ -329,9 +404,10 @@ class ManifestDataModule(SpeechDataModule):
         freq_width: int = 15,
         time_masks: int = 2,
         time_width: int = 25,
+        wave_augment: bool | dict[str, Any] = False,
     ) -> None:
         super().__init__(spectrogram, batch_size, num_workers, augment, freq_masks, freq_width, time_masks,
-                         time_width, bucketing, pool_batches)
+                         time_width, bucketing, pool_batches, wave_augment=wave_augment)
         if train_manifest is None:
             raise ValueError("ManifestDataModule needs train_manifest: a JSONL file of {audio_filepath, text, "
                              "duration} rows (--data.train_manifest PATH)")
@@ -405,10 +481,11 @@ def spoken_digits_dir(cache_dir: str | Path | None = None) -> Path:
 
 
 def synthesize(text: str, voice: str, speed: int, pitch: int, sample_rate: int = 16000,
-               word_gap: int = 0, margin: float | None = 0.1) -> np.ndarray:
+               word_gap: int = 0, margin: float | None = 0.1, pitch_range: int | None = None) -> np.ndarray:
     """Speak ``text`` with espeak-ng -> a float32 mono waveform at ``sample_rate``.
 
-    ``speed`` in words per minute, ``pitch`` 0–99, ``word_gap`` extra pause between words in 10 ms.
+    ``speed`` in words per minute, ``pitch`` 0–99, ``word_gap`` extra pause between words in 10 ms,
+    ``pitch_range`` 0–100 how much the intonation moves the pitch (None: the voice's own).
     ``margin``: keep this many seconds of silence before and after the speech (espeak-ng ends
     every utterance with ~0.4 s of it, a fifth of the frames); None keeps all.
     """
@@ -416,7 +493,7 @@ def synthesize(text: str, voice: str, speed: int, pitch: int, sample_rate: int =
 
     from tasks.data import espeak
 
-    wave, rate = espeak.speak(text, voice, rate=speed, pitch=pitch, word_gap=word_gap)
+    wave, rate = espeak.speak(text, voice, rate=speed, pitch=pitch, word_gap=word_gap, pitch_range=pitch_range)
     wave = torch.from_numpy(wave)
     if rate != sample_rate:
         wave = torchaudio.functional.resample(wave, rate, sample_rate)
@@ -444,8 +521,22 @@ class DigitsCorpusSpec:
     max_word_gap: int = 3
     sample_rate: int = 16000
     seed: int = 0
+    train_speeds: tuple[int, int] | None = None
+    train_pitches: tuple[int, int] | None = None
+    train_pitch_ranges: tuple[int, int] | None = None
+    train_intonation: bool = False
 
     def __post_init__(self) -> None:
+        for name in ("speeds", "pitches", "train_speeds", "train_pitches", "train_pitch_ranges"):
+            value = getattr(self, name)
+            if value is not None:  # YAML / JSON give lists
+                object.__setattr__(self, name, (int(value[0]), int(value[1])))
+        if self.train_pitch_ranges is not None and not 0 <= self.train_pitch_ranges[0] <= self.train_pitch_ranges[1] <= 100:
+            raise ValueError(f"train_pitch_ranges must lie in 0..100, got {self.train_pitch_ranges}")
+        for speeds, pitches in ((self.speeds, self.pitches), (self.train_speeds or self.speeds,
+                                                              self.train_pitches or self.pitches)):
+            if not (80 <= speeds[0] <= speeds[1] <= 450 and 0 <= pitches[0] <= pitches[1] <= 99):
+                raise ValueError(f"speeds must lie in 80..450 wpm and pitches in 0..99, got {speeds}, {pitches}")
         if not self.train_voices or not self.held_out_voices:
             raise ValueError("need at least one training and one held-out voice")
         shared = sorted(set(self.train_voices) & set(self.held_out_voices))
@@ -455,29 +546,55 @@ class DigitsCorpusSpec:
             raise ValueError(f"need 1 ≤ min_digits ≤ max_digits, got {self.min_digits}, {self.max_digits}")
         if self.train_utterances < 1 or self.held_out_utterances < 1:
             raise ValueError("need at least one training and one held-out utterance")
-        if not (80 <= self.speeds[0] <= self.speeds[1] <= 450 and 0 <= self.pitches[0] <= self.pitches[1] <= 99):
-            raise ValueError(f"speeds must lie in 80..450 wpm and pitches in 0..99, got {self.speeds}, {self.pitches}")
 
     def key(self) -> str:
-        fields = {k: list(v) if isinstance(v, tuple) else v for k, v in self.__dict__.items()}
+        # Options added later count only when set, so the corpora they leave alone keep their caches.
+        fields = {k: list(v) if isinstance(v, tuple) else v for k, v in self.__dict__.items()
+                  if not (k in _LATER_OPTIONS and v == _LATER_OPTIONS[k])}
         text = json.dumps({**fields, "version": CORPUS_VERSION}, sort_keys=True)
         return hashlib.sha1(text.encode()).hexdigest()[:12]
 
     def rows(self) -> list[dict[str, Any]]:
-        """Every utterance to synthesise: split, voice (round-robin), digits, speed, pitch, gap."""
+        """Every utterance to synthesise: split, voice (round-robin), digits, speed, pitch, gap
+        (and for training rows, when asked for, the intonation's pitch range and the
+        punctuation it is spoken with). The held-out rows do not depend on the ``train_``
+        options."""
         rng = random.Random(self.seed)
+        # The train_ options draw from a generator of their own: the main one, and so every
+        # held-out row, goes on as it would without them.
+        variety = random.Random(f"train-variety-{self.seed}")
         rows = []
         for split, voices, count in (("train", self.train_voices, self.train_utterances),
                                      ("held_out", self.held_out_voices, self.held_out_utterances)):
+            train = split == "train"
             for i in range(count):
                 n = rng.randint(self.min_digits, self.max_digits)
-                rows.append({
+                row = {
                     "split": split, "index": i, "voice": voices[i % len(voices)],
                     "text": " ".join(rng.choice(DIGIT_WORDS) for _ in range(n)),
                     "speed": rng.randint(*self.speeds), "pitch": rng.randint(*self.pitches),
                     "word_gap": rng.randint(0, self.max_word_gap),
-                })
+                }
+                if train and self.train_speeds is not None:
+                    row["speed"] = variety.randint(*self.train_speeds)
+                if train and self.train_pitches is not None:
+                    row["pitch"] = variety.randint(*self.train_pitches)
+                if train and self.train_pitch_ranges is not None:
+                    row["pitch_range"] = variety.randint(*self.train_pitch_ranges)
+                if train and self.train_intonation:
+                    row["spoken"] = punctuate(row["text"], variety.choice(INTONATIONS))
+                rows.append(row)
         return rows
+
+
+_LATER_OPTIONS: dict[str, Any] = {"train_speeds": None, "train_pitches": None, "train_pitch_ranges": None,
+                                  "train_intonation": False}
+
+
+def punctuate(text: str, intonation: str) -> str:
+    """Digit words -> the text espeak-ng speaks: ``intonation`` is a format ("{}?") or "list"
+    (commas between the words: a pause and a rising pitch on each)."""
+    return ", ".join(text.split()) + "." if intonation == "list" else intonation.format(text)
 
 
 def spoken_digits_corpus(spec: DigitsCorpusSpec | None = None, cache_dir: str | Path | None = None) -> Path:
@@ -501,11 +618,13 @@ def spoken_digits_corpus(spec: DigitsCorpusSpec | None = None, cache_dir: str | 
         (staging / split).mkdir(parents=True)
 
     def make(row: dict[str, Any]) -> dict[str, Any]:
-        wave = synthesize(row["text"], row["voice"], row["speed"], row["pitch"], spec.sample_rate, row["word_gap"])
+        wave = synthesize(row.get("spoken", row["text"]), row["voice"], row["speed"], row["pitch"], spec.sample_rate,
+                          row["word_gap"], pitch_range=row.get("pitch_range"))
         relative = f"{row['split']}/{row['index']:05d}.wav"
         soundfile.write(str(staging / relative), wave, spec.sample_rate, subtype="PCM_16")
+        extra = {k: row[k] for k in ("pitch_range", "spoken") if k in row}
         return {"audio_filepath": relative, "text": row["text"], "duration": round(len(wave) / spec.sample_rate, 4),
-                "voice": row["voice"], "speed": row["speed"], "pitch": row["pitch"]}
+                "voice": row["voice"], "speed": row["speed"], "pitch": row["pitch"], **extra}
 
     try:
         written = [make(row) for row in rows]
@@ -530,9 +649,10 @@ class SpokenDigitsDataModule(SpeechDataModule):
     library that the ``espeakng-loader`` wheel bundles) over many voices, speeds (words per minute), pitches and pauses,
     16 kHz, synthesised once and cached on disk.
 
-    Training voices are five English accents × seven voice variants; the held-out utterances
-    are spoken by voices whose variants never occur in training, so CER on them measures
-    recognition of unseen speakers. They are cut into validation and test rows (alternate rows
+    Training voices are five English accents × seven voice variants (``voices="every"``: eight
+    accents × every variant espeak-ng ships); the held-out utterances are spoken by voices whose
+    variants never occur in training, so CER on them measures recognition of unseen speakers.
+    They are cut into validation and test rows (alternate rows
     of ``held_out.jsonl`` by default: 100 + 100, every held-out voice in both), so
     ``unitok test`` scores utterances that checkpoint selection never heard; the corpus itself
     (and its cache) is the same whatever the cut. The vocabulary is the characters of the ten
@@ -550,6 +670,20 @@ class SpokenDigitsDataModule(SpeechDataModule):
         spectrogram / batch_size / num_workers / bucketing / pool_batches / augment / freq_masks /
             freq_width / time_masks / time_width: as in `ManifestDataModule`.
         cache_features: keep each utterance's frames in memory once computed (about 100 MB).
+        voices: the training voices when ``train_voices`` is not given: "standard" (the five
+            accents × seven variants above) or "every" (`EVERY_TRAIN_VOICES`: eight accents ×
+            every variant espeak-ng ships but the held-out ones, 792 voices).
+        train_speeds / train_pitches: other ranges for the training utterances (the held-out ones
+            keep ``speeds`` / ``pitches``). train_pitch_ranges: espeak-ng's intonation range
+            (0 monotone – 100) drawn for each training utterance. train_intonation: speak each
+            training digit string as a statement, question, exclamation or comma list.
+        wave_augment: acoustic conditions for training (`tokenizers_mm.WaveAugment`: speed,
+            reverberation, silence, noise, telephone band, loudness, and no-speech clips
+            transcribed ""): false, true (its defaults) or a dict of its options. Frames are
+            then computed afresh for every training item (``cache_features`` serves validation).
+
+        The ``train_`` options, ``voices`` and ``wave_augment`` are off by default (the
+        multimodal recipes read the plain corpus); the Conformer recipe turns them on.
     """
 
     def __init__(
@@ -562,7 +696,7 @@ class SpokenDigitsDataModule(SpeechDataModule):
         speeds: tuple[int, int] = (130, 200),
         pitches: tuple[int, int] = (30, 70),
         max_word_gap: int = 3,
-        train_voices: Sequence[str] = TRAIN_VOICES,
+        train_voices: Sequence[str] | None = None,
         held_out_voices: Sequence[str] = HELD_OUT_VOICES,
         seed: int = 0,
         spectrogram: dict[str, Any] | None = None,
@@ -577,18 +711,27 @@ class SpokenDigitsDataModule(SpeechDataModule):
         time_width: int = 25,
         cache_features: bool = True,
         val_share: float = 0.5,
+        voices: Literal["standard", "every"] = "standard",
+        train_speeds: tuple[int, int] | None = None,
+        train_pitches: tuple[int, int] | None = None,
+        train_pitch_ranges: tuple[int, int] | None = None,
+        train_intonation: bool = False,
+        wave_augment: bool | dict[str, Any] = False,
     ) -> None:
         super().__init__(spectrogram, batch_size, num_workers, augment, freq_masks, freq_width, time_masks,
-                         time_width, bucketing, pool_batches, cache_features)
+                         time_width, bucketing, pool_batches, cache_features, wave_augment)
         if not 0.0 < val_share <= 1.0:
             raise ValueError(f"val_share must be in (0, 1], got {val_share}")
+        if voices not in VOICE_SETS:
+            raise ValueError(f"voices must be one of {sorted(VOICE_SETS)}, got {voices!r}")
         self.val_share = val_share
         self.spec = DigitsCorpusSpec(
-            train_voices=tuple(train_voices), held_out_voices=tuple(held_out_voices),
+            train_voices=tuple(train_voices if train_voices is not None else VOICE_SETS[voices]),
+            held_out_voices=tuple(held_out_voices),
             train_utterances=train_utterances, held_out_utterances=held_out_utterances, min_digits=min_digits,
-            max_digits=max_digits, speeds=(int(speeds[0]), int(speeds[1])),
-            pitches=(int(pitches[0]), int(pitches[1])), max_word_gap=max_word_gap,
-            sample_rate=self.spectrogram_config.sample_rate, seed=seed)
+            max_digits=max_digits, speeds=speeds, pitches=pitches, max_word_gap=max_word_gap,
+            sample_rate=self.spectrogram_config.sample_rate, seed=seed, train_speeds=train_speeds,
+            train_pitches=train_pitches, train_pitch_ranges=train_pitch_ranges, train_intonation=train_intonation)
         self.cache_dir = cache_dir
         self.vocabulary = CharacterVocabulary.build(DIGIT_WORDS + (" ",))
         self.corpus: Path | None = None

@@ -41,6 +41,8 @@ def test_spoken_digits_recipe_fits_exports_and_tests_with_beam_search(tmp_path, 
     assert "val_cer" in (run / "version_0" / "metrics.csv").read_text()
     model = ConformerCTC.from_pretrained(run / "latest" / "pretrained")
     assert "".join(model.config.vocabulary) == " efghinorstuvwxz" and model.config.spectrogram["n_mels"] == 80
+    # the recipe's frames: normalised over the speech frames, faint values floored (silence cannot skew them)
+    assert model.config.spectrogram["normalize"] == "speech" and model.config.spectrogram["floor_db"] == 80
     corpus = next((tmp_path / "cache").rglob("digits-*"))
     held_out = read_manifest(corpus / "held_out.jsonl")
     texts = model.transcribe([str(u.audio_filepath) for u in held_out[:2]], decoder="beam", beam_size=4)

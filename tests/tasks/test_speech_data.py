@@ -20,6 +20,7 @@ from tasks.data import speech as speech_data
 from tasks.data.speech import (
     CACHE_ENV,
     DIGIT_WORDS,
+    EVERY_TRAIN_VOICES,
     HELD_OUT_VOICES,
     TRAIN_VOICES,
     BucketBatchSampler,
@@ -74,6 +75,40 @@ def test_the_default_corpus_keeps_held_out_voices_out_of_training():
     assert all(set(r["text"].split()) <= set(DIGIT_WORDS) and 1 <= len(r["text"].split()) <= 5 for r in rows)
     with pytest.raises(ValueError, match="both training and held-out"):
         DigitsCorpusSpec(held_out_voices=(TRAIN_VOICES[0],))
+
+
+def test_every_voice_is_real_and_no_training_voice_shares_a_held_out_timbre():
+    assert len(EVERY_TRAIN_VOICES) == len(set(EVERY_TRAIN_VOICES)) == 8 * 99 and set(TRAIN_VOICES) < set(EVERY_TRAIN_VOICES)
+    held_out_variants = {v.split("+")[1] for v in HELD_OUT_VOICES}
+    assert not held_out_variants & {v.split("+", 1)[1] for v in EVERY_TRAIN_VOICES}
+    assert not set(EVERY_TRAIN_VOICES) & set(HELD_OUT_VOICES)
+    espeak.check_voices(EVERY_TRAIN_VOICES)  # every one exists in the bundled espeak-ng
+    dm = SpokenDigitsDataModule(voices="every")
+    assert dm.spec.train_voices == EVERY_TRAIN_VOICES and dm.spec.held_out_voices == HELD_OUT_VOICES
+    with pytest.raises(ValueError, match="voices must be one of"):
+        SpokenDigitsDataModule(voices="all")
+
+
+def test_training_variety_leaves_the_held_out_utterances_and_older_caches_alone():
+    plain = DigitsCorpusSpec()
+    varied = DigitsCorpusSpec(train_voices=EVERY_TRAIN_VOICES, train_speeds=(100, 260), train_pitches=(5, 95),
+                              train_pitch_ranges=(0, 100), train_intonation=True)
+    held = [r for r in plain.rows() if r["split"] == "held_out"]
+    assert [r for r in varied.rows() if r["split"] == "held_out"] == held  # the same test audio either way
+    train = [r for r in varied.rows() if r["split"] == "train"]
+    assert [r["text"] for r in train] == [r["text"] for r in plain.rows() if r["split"] == "train"]
+    assert min(r["speed"] for r in train) < 130 and max(r["speed"] for r in train) > 200
+    assert {r["pitch_range"] for r in train} <= set(range(101)) and len({r["pitch_range"] for r in train}) > 50
+    spoken = {r["spoken"][-1] for r in train} | {"," for r in train if "," in r["spoken"]}
+    assert spoken >= {"?", "!", ".", ","} and all(r["spoken"].replace(",", "").rstrip(".?!") == r["text"]
+                                                  for r in train)
+    # options added later count in the cache key only when set: existing corpora stay valid
+    assert plain.key() == "2be4de02476d"  # the key the default corpus had before the train_ options existed
+    assert varied.key() != plain.key() and DigitsCorpusSpec(train_speeds=(100, 260)).key() != plain.key()
+    with pytest.raises(ValueError, match="train_pitch_ranges"):
+        DigitsCorpusSpec(train_pitch_ranges=(0, 120))
+    with pytest.raises(ValueError, match="speeds must lie"):
+        DigitsCorpusSpec(train_speeds=(50, 100))
 
 
 def test_the_corpus_is_16_khz_speech_with_manifests(tiny_corpus):
@@ -163,6 +198,43 @@ def test_specaugment_applies_to_training_batches_only(tiny_corpus):
     clean = dm.tokenizer.features(dm.train_utterances[0].audio_filepath)
     assert masked.shape == clean.shape and not torch.equal(masked, clean)
     assert torch.equal(val[0]["features"], dm.tokenizer.features(dm.val_utterances[0].audio_filepath))
+
+
+def test_acoustic_conditions_apply_to_training_batches_only(tiny_corpus):
+    _, cache = tiny_corpus
+    dm = SpokenDigitsDataModule(cache_dir=str(cache), batch_size=3, wave_augment={"no_speech_p": 0.5, "silence_p": 0.5},
+                                spectrogram={"normalize": "speech", "floor_db": 80}, **TINY)
+    plain = SpokenDigitsDataModule(cache_dir=str(cache), batch_size=3,
+                                   spectrogram={"normalize": "speech", "floor_db": 80}, **TINY)
+    assert dm.wave_augment.no_speech_p == 0.5 and plain.wave_augment is None
+    texts, lengths = [], set()
+    for seed in range(6):  # six runs' first epochs
+        dm.shuffle_seed = seed
+        for batch in dm.train_dataloader():
+            # one common length (silence fills the batch, no mask padding), transcripts "" for no-speech clips
+            assert len(set(batch["feature_lengths"].tolist())) == 1
+            lengths.add(int(batch["feature_lengths"][0]))
+            for text, n in zip(batch["texts"], batch["target_lengths"].tolist()):
+                assert n == len(text) and (text == "" or text in {u.text for u in dm.train_utterances})
+                texts.append(text)
+    assert "" in texts and len([t for t in texts if t]) > 5 and len(lengths) > 2
+    val, val_plain = next(iter(dm.val_dataloader())), next(iter(plain.val_dataloader()))
+    assert torch.equal(val["features"], val_plain["features"]) and val["texts"] == val_plain["texts"]
+    with pytest.raises(TypeError, match="wave_augment"):
+        SpokenDigitsDataModule(cache_dir=str(cache), wave_augment="yes", **TINY)
+
+
+def test_acoustic_conditions_are_the_same_for_the_same_seed(tiny_corpus):
+    _, cache = tiny_corpus
+
+    def first_batch(seed):
+        dm = SpokenDigitsDataModule(cache_dir=str(cache), batch_size=3, wave_augment=True, **TINY)
+        dm.shuffle_seed = seed  # the run's seed: the order and each batch's random numbers
+        return next(iter(dm.train_dataloader()))
+
+    a, b, c = first_batch(0), first_batch(0), first_batch(1)
+    assert torch.equal(a["features"], b["features"]) and a["texts"] == b["texts"]
+    assert not (a["features"].shape == c["features"].shape and torch.equal(a["features"], c["features"]))
 
 
 def test_worker_processes_load_the_same_batches(tiny_corpus):

@@ -1,7 +1,8 @@
 """Audio -> log-mel frames: 25 ms / 10 ms windows give 1 + T // hop frames of 80 mels, equal to
 torchaudio's MelSpectrogram and log; files, tensors, arrays and int16 PCM read the same; other
-sample rates are resampled (or refused, naming both rates); per-utterance and global
-normalisation; lengths survive batching; SpecAugment masks bands and spans; the tokenizer
+sample rates are resampled (or refused, naming both rates); a bare waveform without its sample
+rate is refused; per-utterance, speech-frame (blind to silence around the speech) and global
+normalisation, and a floor under faint values; lengths survive batching; SpecAugment masks bands and spans; the tokenizer
 pickles; bad input (empty, stereo, NaN, too short) raises naming the problem."""
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 import torchaudio
 
 from tokenizers_mm import SpecAugment, SpectrogramConfig, SpectrogramTokenizer, Tokens
+from tokenizers_mm.audio import speech_frames
 
 RATE = 16000
 
@@ -55,6 +57,9 @@ def test_config_round_trips_through_json():
     (dict(normalize="global"), "global_mean"),
     (dict(n_mels=2, normalize="global", global_mean=(0.0,), global_std=(1.0,)), "2 values"),
     (dict(normalize="per-batch"), "normalize"),
+    (dict(normalize="speech", speech_db=0.0), "speech_db"),
+    (dict(floor_db=-10.0), "floor_db"),
+    (dict(trim_db=0.0), "trim_db"),
 ])
 def test_bad_configs_name_the_field(options, message):
     with pytest.raises(ValueError, match=message):
@@ -68,43 +73,109 @@ def test_bad_configs_name_the_field(options, message):
 
 def test_frames_are_torchaudios_log_mel_spectrogram():
     wave = noisy_tone(440.0, 0.5)
-    frames = SpectrogramTokenizer(normalize="none").features(wave)
+    frames = SpectrogramTokenizer(normalize="none").features(wave, RATE)
     mel = torchaudio.transforms.MelSpectrogram(RATE, n_fft=512, win_length=400, hop_length=160, n_mels=80)(wave)
     assert frames.shape == (1 + 8000 // 160, 80)
     torch.testing.assert_close(frames, torch.log(mel + 1e-6).T)
 
 
 def test_a_tone_lights_up_the_mel_bin_of_its_frequency():
-    low = SpectrogramTokenizer(normalize="none").features(tone(300.0, 0.3)).mean(0).argmax()
-    high = SpectrogramTokenizer(normalize="none").features(tone(3000.0, 0.3)).mean(0).argmax()
+    low = SpectrogramTokenizer(normalize="none").features(tone(300.0, 0.3), RATE).mean(0).argmax()
+    high = SpectrogramTokenizer(normalize="none").features(tone(3000.0, 0.3), RATE).mean(0).argmax()
     assert int(high) > int(low) + 20
 
 
 def test_utterance_normalisation_gives_each_mel_bin_zero_mean_unit_variance():
-    frames = SpectrogramTokenizer().features(noisy_tone(440.0, 1.0))
+    frames = SpectrogramTokenizer().features(noisy_tone(440.0, 1.0), RATE)
     torch.testing.assert_close(frames.mean(0), torch.zeros(80), atol=1e-4, rtol=0)
     torch.testing.assert_close(frames.std(0, unbiased=False), torch.ones(80), atol=1e-3, rtol=0)
+
+
+def speechlike(seed: int = 0) -> torch.Tensor:
+    """1.3 s of "words" as the built-in corpus has them: tone bursts of changing pitch and
+    loudness, short pauses (digital silence) between, 0.1 s of silence before and after."""
+    g = torch.Generator().manual_seed(seed)
+    parts = [torch.zeros(1600)]
+    for f in (220.0, 330.0, 180.0, 500.0):
+        parts += [noisy_tone(f, 0.25, seed=seed) * float(0.2 + torch.rand((), generator=g)), torch.zeros(800)]
+    return torch.cat(parts + [torch.zeros(800)])
+
+
+def test_speech_normalisation_is_blind_to_silence_around_the_speech():
+    wave, pad = speechlike(), 2 * RATE  # two seconds: 200 frames of 10 ms on each side
+    padded = torch.cat([torch.zeros(pad), wave, torch.zeros(pad)])
+    for normalize, blind in (("speech", True), ("utterance", False)):
+        tokenizer = SpectrogramTokenizer(normalize=normalize, floor_db=80.0)
+        alone, inside = tokenizer.features(wave, RATE), tokenizer.features(padded, RATE)[200:200 + 1 + len(wave) // 160]
+        gap = float((alone - inside).abs().max())
+        assert (gap < 1e-3) == blind, f"{normalize}: the utterance's frames moved by up to {gap:.3f}"
+    frames = SpectrogramTokenizer(normalize="speech").features(wave, RATE)
+    speech = speech_frames(SpectrogramTokenizer(normalize="none").features(wave, RATE), 40.0)
+    assert 0.7 < float(speech.float().mean()) < 1.0  # the pauses are not speech
+    torch.testing.assert_close(frames[speech].mean(0), torch.zeros(80), atol=1e-4, rtol=0)
+
+
+def test_trimming_cuts_silence_around_the_speech_but_not_noise_or_the_speech_itself():
+    from tokenizers_mm.wave_augment import add_noise
+
+    wave = speechlike()  # 0.1 s of silence before and after, as the built-in corpus has
+    padded = torch.cat([torch.zeros(2 * RATE), wave, torch.zeros(2 * RATE)])
+    tokenizer = SpectrogramTokenizer(normalize="speech", floor_db=80.0, trim_db=60.0)  # keeps 100 ms
+    alone, trimmed = tokenizer.features(wave, RATE), tokenizer.features(padded, RATE)
+    assert alone.shape == SpectrogramTokenizer(normalize="speech").features(wave, RATE).shape  # nothing to cut
+    assert abs(len(trimmed) - len(alone)) <= 2  # the 4 s of silence are gone, the margins stay
+    start = int((trimmed[:, 0] != trimmed[0, 0]).nonzero()[0]) - int((alone[:, 0] != alone[0, 0]).nonzero()[0])
+    torch.testing.assert_close(trimmed[start + 2:start + len(alone) - 2], alone[2:-2], atol=1e-3, rtol=0)
+    noisy = add_noise(padded, 20.0, "white", torch.Generator().manual_seed(0))
+    assert len(tokenizer.features(noisy, RATE)) == 1 + len(padded) // 160  # a noisy background is not silence
+
+
+def test_the_floor_makes_digital_silence_and_a_faint_noise_floor_read_the_same():
+    wave = speechlike()
+    hiss = 3e-6 * torch.randn(len(wave), generator=torch.Generator().manual_seed(1))  # -110 dB full scale
+    tokenizer = SpectrogramTokenizer(normalize="none", floor_db=80.0, log_offset=1e-10)
+    clean, hissy = tokenizer.features(wave, RATE), tokenizer.features(wave + hiss, RATE)
+    assert float(clean.min()) == pytest.approx(float(clean.max()) - 80 * math.log(10) / 10, abs=1e-4)
+    silent = (clean == clean.min()).all(dim=1)  # the pauses: every mel bin at the floor
+    assert int(silent.sum()) >= 20
+    torch.testing.assert_close(hissy[silent], clean[silent], atol=1e-4, rtol=0)
+    torch.testing.assert_close(clean, hissy, atol=0.05, rtol=0)  # speech hardly moves either
+    unfloored = SpectrogramTokenizer(normalize="none", log_offset=1e-10)
+    assert float((unfloored.features(wave, RATE) - unfloored.features(wave + hiss, RATE)).abs().max()) > 1.0
 
 
 def test_global_normalisation_uses_corpus_statistics():
     corpus = [noisy_tone(f, 0.4, seed=i) for i, f in enumerate((200.0, 500.0, 1200.0))]
     raw = SpectrogramTokenizer(normalize="none")
-    mean, std = raw.global_stats(corpus)
+    mean, std = raw.global_stats(corpus, RATE)
     assert len(mean) == len(std) == 80
     tokenizer = SpectrogramTokenizer(normalize="global", global_mean=mean, global_std=std)
-    frames = torch.cat([tokenizer.features(w) for w in corpus])
+    frames = torch.cat([tokenizer.features(w, RATE) for w in corpus])
     torch.testing.assert_close(frames.mean(0), torch.zeros(80), atol=1e-3, rtol=0)
     torch.testing.assert_close(frames.std(0, unbiased=False), torch.ones(80), atol=1e-2, rtol=0)
 
 
 def test_encode_pads_a_batch_and_keeps_each_utterances_length():
-    tokens = SpectrogramTokenizer().encode([noisy_tone(440, 1.0), noisy_tone(440, 0.25), noisy_tone(440, 0.5)])
+    tokens = SpectrogramTokenizer().encode([noisy_tone(440, 1.0), noisy_tone(440, 0.25), noisy_tone(440, 0.5)], RATE)
     assert isinstance(tokens, Tokens) and tokens.modality == "audio"
     assert tokens.features.shape == (3, 101, 80)
     assert tokens.attention_mask.sum(1).tolist() == [101, 26, 51]
     assert torch.all(tokens.features[1, 26:] == 0)
-    single = SpectrogramTokenizer().encode(noisy_tone(440, 0.25))
+    single = SpectrogramTokenizer().encode(noisy_tone(440, 0.25), RATE)
     torch.testing.assert_close(single.features[0], tokens.features[1, :26])
+
+
+def test_a_bare_waveform_needs_its_sample_rate_and_a_file_does_not(tmp_path):
+    wave = noisy_tone(440.0, 0.5)
+    for audio, kind in ((wave, "tensor"), (wave.numpy(), "numpy array"), ([wave, wave], "tensor")):
+        with pytest.raises(ValueError, match=rf"bare waveform \({kind} of shape \(8000,\)\) needs its sample rate: "
+                                             r"pass sample_rate="):
+            SpectrogramTokenizer().encode(audio)
+    with pytest.raises(ValueError, match="whole number of Hz"):
+        SpectrogramTokenizer().encode(wave, sample_rate=16000.5)
+    soundfile.write(tmp_path / "a.wav", wave.numpy(), RATE, subtype="FLOAT")
+    torch.testing.assert_close(SpectrogramTokenizer().features(tmp_path / "a.wav"),
+                               SpectrogramTokenizer().features(wave, RATE), atol=1e-4, rtol=0)
 
 
 def test_files_tensors_arrays_and_int16_pcm_give_the_same_frames(tmp_path):
@@ -113,9 +184,9 @@ def test_files_tensors_arrays_and_int16_pcm_give_the_same_frames(tmp_path):
     soundfile.write(tmp_path / "a.wav", pcm.numpy(), RATE, subtype="PCM_16")
     soundfile.write(tmp_path / "a.flac", pcm.numpy(), RATE, subtype="PCM_16")
     tokenizer = SpectrogramTokenizer()
-    reference = tokenizer.features(pcm.float() / 32768)
+    reference = tokenizer.features(pcm.float() / 32768, RATE)
     for audio in (str(tmp_path / "a.wav"), tmp_path / "a.flac", pcm, pcm.numpy(), (pcm.float() / 32768)[None]):
-        torch.testing.assert_close(tokenizer.features(audio), reference, atol=1e-5, rtol=0)
+        torch.testing.assert_close(tokenizer.features(audio, RATE), reference, atol=1e-5, rtol=0)
 
 
 def test_other_sample_rates_are_resampled_to_the_configured_rate(tmp_path):
@@ -123,7 +194,7 @@ def test_other_sample_rates_are_resampled_to_the_configured_rate(tmp_path):
     tokenizer = SpectrogramTokenizer(normalize="none")
     frames = tokenizer.features(at_8k, sample_rate=8000)
     assert frames.shape == (101, 80)  # one second at 16 kHz
-    reference = tokenizer.features(tone(500.0, 1.0))
+    reference = tokenizer.features(tone(500.0, 1.0), RATE)
     assert int(frames.mean(0).argmax()) == int(reference.mean(0).argmax())
     soundfile.write(tmp_path / "8k.wav", at_8k.numpy(), 8000, subtype="FLOAT")
     torch.testing.assert_close(tokenizer.features(tmp_path / "8k.wav"), frames, atol=1e-3, rtol=0)
@@ -174,25 +245,25 @@ def test_specaugment_without_masks_is_the_identity_and_is_picklable():
 
 def test_empty_audio_is_refused():
     with pytest.raises(ValueError, match="empty"):
-        SpectrogramTokenizer().encode(torch.zeros(0))
+        SpectrogramTokenizer().encode(torch.zeros(0), RATE)
     with pytest.raises(ValueError, match="empty list"):
         SpectrogramTokenizer().encode([])
 
 
 def test_audio_shorter_than_one_window_is_refused():
     with pytest.raises(ValueError, match="shorter than one 25 ms window"):
-        SpectrogramTokenizer().encode(torch.zeros(100))
+        SpectrogramTokenizer().encode(torch.zeros(100), RATE)
 
 
 def test_stereo_audio_is_refused_with_how_to_downmix(tmp_path):
     stereo = torch.stack([noisy_tone(440, 0.3), noisy_tone(660, 0.3)])
     with pytest.raises(ValueError, match=r"2 channels.*mono.*mean\(dim=0\)"):
-        SpectrogramTokenizer().encode(stereo)
+        SpectrogramTokenizer().encode(stereo, RATE)
     soundfile.write(tmp_path / "stereo.wav", stereo.T.numpy(), RATE)
     with pytest.raises(ValueError, match=r"stereo.wav has 2 channels"):
         SpectrogramTokenizer().encode(str(tmp_path / "stereo.wav"))
-    downmixed = SpectrogramTokenizer(downmix=True).features(stereo)
-    torch.testing.assert_close(downmixed, SpectrogramTokenizer().features(stereo.mean(0)))
+    downmixed = SpectrogramTokenizer(downmix=True).features(stereo, RATE)
+    torch.testing.assert_close(downmixed, SpectrogramTokenizer().features(stereo.mean(0), RATE))
 
 
 def test_a_wrong_sample_rate_without_resampling_names_both_rates(tmp_path):
@@ -207,10 +278,10 @@ def test_nan_in_audio_or_in_the_features_is_refused():
     wave = noisy_tone(440, 0.3)
     wave[100] = float("nan")
     with pytest.raises(ValueError, match="1 NaN/inf samples"):
-        SpectrogramTokenizer().encode(wave)
+        SpectrogramTokenizer().encode(wave, RATE)
     loud = noisy_tone(440, 0.3) * 1e30  # finite samples whose power overflows float32
     with pytest.raises(ValueError, match="spectrogram has .* NaN/inf"):
-        SpectrogramTokenizer(normalize="none").encode(loud)
+        SpectrogramTokenizer(normalize="none").encode(loud, RATE)
 
 
 def test_unsupported_inputs_name_what_is_accepted(tmp_path):
@@ -222,6 +293,6 @@ def test_unsupported_inputs_name_what_is_accepted(tmp_path):
     with pytest.raises(ValueError, match="cannot read audio file"):
         SpectrogramTokenizer().encode(str(tmp_path / "noise.wav"))
     with pytest.raises(ValueError, match=r"\(samples,\) or \(channels, samples\)"):
-        SpectrogramTokenizer().encode(torch.zeros(2, 1, 1000))
+        SpectrogramTokenizer().encode(torch.zeros(2, 1, 1000), RATE)
     with pytest.raises(TypeError, match="int16/int32"):
-        SpectrogramTokenizer().encode(np.zeros(1000, dtype=np.uint8))
+        SpectrogramTokenizer().encode(np.zeros(1000, dtype=np.uint8), RATE)

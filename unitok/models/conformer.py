@@ -173,8 +173,9 @@ class ConformerCTC(PretrainedModel):
     @torch.no_grad()
     def transcribe(self, audio: Any, decoder: Literal["greedy", "beam"] = "greedy", beam_size: int = 8,
                    sample_rate: int | None = None) -> list[str]:
-        """Audio files / waveforms -> text, with the stored spectrogram settings and vocabulary;
-        CTC greedy decoding or prefix beam search (``beam_size``)."""
+        """Audio files, or waveforms with their ``sample_rate`` (required: no rate is assumed),
+        -> text, with the stored spectrogram settings and vocabulary; CTC greedy decoding or
+        prefix beam search (``beam_size``). A clip with no speech in it gives ""."""
         from tokenizers_mm import CharacterVocabulary, SpectrogramConfig, SpectrogramTokenizer
         from unitok.ctc import ctc_greedy_decode, ctc_prefix_beam_search
 
@@ -184,7 +185,7 @@ class ConformerCTC(PretrainedModel):
             raise ValueError(f"decoder must be 'greedy' or 'beam', got {decoder!r}")
         tokenizer = SpectrogramTokenizer(SpectrogramConfig(**self.config.spectrogram))
         items = audio if isinstance(audio, (list, tuple)) else [audio]
-        tokens = tokenizer.encode(list(items), sample_rate=sample_rate) if sample_rate else tokenizer.encode(list(items))
+        tokens = tokenizer.encode(list(items), sample_rate=sample_rate)
         was_training = self.training
         self.eval()
         try:
