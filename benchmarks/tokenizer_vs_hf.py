@@ -1,16 +1,19 @@
-"""Throughput of unitok's byte-level BPE against the Hugging Face `tokenizers` engine it wraps.
+"""Throughput of unitok's byte-level BPE against the Hugging Face `tokenizers` engine it wraps
+and against raw tiktoken on the same vocabulary.
 
 One tokenizer is trained on a slice of the Python standard library's source (the built-in
-corpus), then both sides encode the same lines of *other* standard-library files:
+corpus), then every side encodes the same lines of *other* standard-library files:
 
 1. ``encode``: one string at a time — unitok's ``BPETokenizer.encode`` (ids as a tensor,
-   token strings and offsets on demand) against ``tokenizers.Tokenizer.encode``.
+   token strings and offsets on demand) against ``tokenizers.Tokenizer.encode`` and
+   ``tiktoken.Encoding.encode`` (special tokens allowed, as Hugging Face splits them out).
 2. ``batch_encode``: the whole batch — unitok's padded ``Tokens`` against
-   ``Tokenizer.encode_batch`` (the Rust batch path, no padding).
+   ``Tokenizer.encode_batch`` (the Rust batch path, no padding) and ``Encoding.encode_batch``.
 
-Both sides are checked to give the same ids first. Repetitions alternate between the two;
-the table reports MB/s (UTF-8 bytes of input per second, medians) and the ratio
-unitok / reference (> 1: unitok is faster).
+unitok runs its default path: tiktoken (`tokenizers_mm.tiktoken_engine`) where its ids are
+identical, else Hugging Face; the first printed line says which. All sides are checked to give
+the same ids first. Repetitions alternate between the sides; the table reports MB/s (UTF-8
+bytes of input per second, medians) and ratios (> 1: the first named is faster).
 
 Run::
 
@@ -52,6 +55,7 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(args.threads)
     from tasks.data.text import read_texts, stdlib_source_files
     from tokenizers_mm import BPETokenizer
+    from tokenizers_mm.tiktoken_engine import build_encoding
 
     files = stdlib_source_files()
     train, rest = [], []
@@ -61,29 +65,37 @@ def main(argv: list[str] | None = None) -> None:
         size += f.stat().st_size
     tok = BPETokenizer.train(files=train, vocab_size=args.vocab_size)
     raw = tok._tok  # the Hugging Face engine inside
+    fast = build_encoding(raw)  # raw tiktoken on the same vocabulary (NotRepresentable if none)
+    threads = args.threads or os.cpu_count() or 1
     lines = [line for text in read_texts(rest) for line in text.splitlines() if line.strip()][: args.lines]
     megabytes = sum(len(line.encode()) for line in lines) / 1e6
     batches = [lines[i:i + args.batch] for i in range(0, len(lines), args.batch)]
 
-    for line in lines[:200]:  # the same ids on both sides
-        assert tok.encode(line).ids.tolist() == raw.encode(line, add_special_tokens=False).ids, line
+    for line in lines:  # the same ids on every side
+        ids = raw.encode(line, add_special_tokens=False).ids
+        assert tok.encode(line).ids.tolist() == ids == fast.encode(line, allowed_special="all"), line
     batch = tok.batch_encode(batches[0])
     for i, enc in enumerate(raw.encode_batch(batches[0], add_special_tokens=False)):
         assert batch.ids[i][batch.attention_mask[i].bool()].tolist() == enc.ids
+    engine = "tiktoken" if tok._fast.available(raw) else f"Hugging Face ({tok._fast.reason})"
 
     runs = {
         "encode unitok": lambda: [tok.encode(line) for line in lines],
         "encode reference": lambda: [raw.encode(line, add_special_tokens=False) for line in lines],
+        "encode tiktoken": lambda: [fast.encode(line, allowed_special="all") for line in lines],
         "batch unitok": lambda: [tok.batch_encode(b) for b in batches],
         "batch reference": lambda: [raw.encode_batch(b, add_special_tokens=False) for b in batches],
+        "batch tiktoken": lambda: [fast.encode_batch(b, num_threads=threads, allowed_special="all")
+                                   for b in batches],
     }
     times = {k: statistics.median(v) for k, v in alternate(runs, args.repeats, warmup=1, device="cpu").items()}
     print(f"{len(lines)} lines, {megabytes:.2f} MB, vocabulary {tok.vocab_size}, batches of {args.batch}, "
-          f"threads={args.threads}")
-    print(f"{'workload':14} {'unitok MB/s':>12} {'reference MB/s':>15} {'ratio':>7}")
+          f"threads={args.threads}; unitok's engine: {engine}")
+    print(f"{'workload':10} {'unitok MB/s':>12} {'HF MB/s':>8} {'tiktoken MB/s':>14} "
+          f"{'unitok/HF':>10} {'unitok/tiktoken':>16} {'tiktoken/HF':>12}")
     for work in ("encode", "batch"):
-        ours, theirs = megabytes / times[f"{work} unitok"], megabytes / times[f"{work} reference"]
-        print(f"{work:14} {ours:12.2f} {theirs:15.2f} {ours / theirs:6.2f}x")
+        ours, hf, tk = (megabytes / times[f"{work} {side}"] for side in ("unitok", "reference", "tiktoken"))
+        print(f"{work:10} {ours:12.2f} {hf:8.2f} {tk:14.2f} {ours / hf:9.2f}x {ours / tk:15.2f}x {tk / hf:11.2f}x")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from torch import Tensor
 
-from tokenizers_mm.pairs import Truncation, encode_pair_ids, pad_pairs
+from tokenizers_mm.pairs import Truncation, encode_pair_ids, pad_pairs, pair_lengths
+from tokenizers_mm.tiktoken_engine import DeferredEncoding, TiktokenEngine
 from tokenizers_mm.tokens import Tokens
 
 DEFAULT_SPECIAL_TOKENS = ("<|endoftext|>",)
@@ -71,6 +72,7 @@ class BPETokenizer:
         bos_token: str | None = None,
     ) -> None:
         self._tok = tokenizer
+        self._fast = TiktokenEngine()  # encode/batch_encode's engine where its ids are identical
         self.eos_token = eos_token
         self.pad_token = pad_token or eos_token
         self.bos_token = bos_token
@@ -189,12 +191,16 @@ class BPETokenizer:
             raise ValueError("cannot encode empty text: give at least one character")
         if add_bos and self.bos_token is None:
             raise ValueError("add_bos=True but this tokenizer has no bos_token")
-        enc = self._tok.encode(text, add_special_tokens=False)
-        ids = enc.ids
+        ids = self._fast.encode(self._tok, text)  # tiktoken, or None: use Hugging Face
+        if ids is None:
+            enc = self._tok.encode(text, add_special_tokens=False)
+            ids = enc.ids
+        else:  # token strings and offsets, if asked for, come from Hugging Face
+            enc = DeferredEncoding(self._tok, text)
         if add_bos or add_eos:
             ids = [*([self.bos_id] if add_bos else []), *ids, *([self.eos_id] if add_eos else [])]
-        return TextEncoding(torch.tensor(ids, dtype=torch.long), enc, self.bos_token if add_bos else None,
-                            self.eos_token if add_eos else None, len(text))
+        return TextEncoding(torch.from_numpy(np.array(ids, dtype=np.int64)), enc,  # faster than torch.tensor
+                            self.bos_token if add_bos else None, self.eos_token if add_eos else None, len(text))
 
     def decode(self, ids: Tensor | Sequence[int], skip_special_tokens: bool = False) -> str:
         """Decode one sequence of ids back to text."""
@@ -243,13 +249,16 @@ class BPETokenizer:
                 raise ValueError(f"text {i} is empty text: every text needs at least one character")
         if add_bos and self.bos_token is None:
             raise ValueError("add_bos=True but this tokenizer has no bos_token")
-        # One call into the Rust batch encoder (parallel over texts), without offsets or
-        # token strings, which a batch of ids does not need.
-        encode = getattr(self._tok, "encode_batch_fast", self._tok.encode_batch)
+        # tiktoken where its ids are identical, else one call into Hugging Face's Rust batch
+        # encoder (parallel over texts), without offsets or token strings.
+        rows = self._fast.encode_batch(self._tok, texts)
+        if rows is None:
+            encode = getattr(self._tok, "encode_batch_fast", self._tok.encode_batch)
+            rows = [enc.ids for enc in encode(texts, add_special_tokens=False)]
         prefix = [self.bos_id] if add_bos else []
         suffix = [self.eos_id] if add_eos else []
-        rows = [[*prefix, *enc.ids, *suffix] if prefix or suffix else enc.ids
-                for enc in encode(texts, add_special_tokens=False)]
+        if prefix or suffix:
+            rows = [[*prefix, *ids, *suffix] for ids in rows]
         if max_length is not None:
             for i, ids in enumerate(rows):
                 if len(ids) > max_length:
@@ -275,6 +284,20 @@ class BPETokenizer:
                 if len(pending) == chunk:
                     yield from flush()
         yield from flush()
+
+    # ----------------------------------------------------------------- a classifier's input (GPT-1)
+    def encode_for_classifier(self, text: str, text_pair: str | None = None,
+                              max_length: int | None = None) -> tuple[Tensor, Tensor]:
+        """GPT-1's input for a classifier on the last token: ``text <eos>`` (``text <eos> pair
+        <eos>``), the longer text cut first to fit ``max_length``; ids and segment ids, each (N,)."""
+        a = self.encode(text).ids.tolist()
+        b = self.encode(text_pair).ids.tolist() if text_pair is not None else None
+        n_special = 1 if b is None else 2
+        budget = (len(a) + len(b or ())) if max_length is None else max_length - n_special
+        keep_a, keep_b = pair_lengths(len(a), None if b is None else len(b), budget, "longest_first")
+        ids = [*a[:keep_a], self.eos_id] + ([] if b is None else [*b[:keep_b], self.eos_id])
+        segments = [0] * (keep_a + 1) + ([] if b is None else [1] * (keep_b + 1))
+        return torch.tensor(ids, dtype=torch.long), torch.tensor(segments, dtype=torch.long)
 
     # ----------------------------------------------------------------- sentence pairs (BERT-style)
     def encode_pair(

@@ -150,3 +150,16 @@ def test_batch_encode_names_the_bad_item(tok):
         tok.batch_encode([])
     with pytest.raises(ValueError, match="no bos_token"):
         tok.batch_encode(["a"], add_bos=True)
+
+
+def test_a_classifiers_input_is_text_then_eos_and_fits_by_cutting_the_longer_text(tok):
+    a, b = tok.encode("def parse(text):").ids.tolist(), tok.encode("return the words of the text").ids.tolist()
+    ids, segments = tok.encode_for_classifier("def parse(text):")
+    assert ids.tolist() == [*a, tok.eos_id] and segments.tolist() == [0] * (len(a) + 1)
+    ids, segments = tok.encode_for_classifier("def parse(text):", "return the words of the text")
+    assert ids.tolist() == [*a, tok.eos_id, *b, tok.eos_id]
+    assert segments.tolist() == [0] * (len(a) + 1) + [1] * (len(b) + 1)
+    ids, _ = tok.encode_for_classifier("def parse(text):", "return the words of the text", max_length=len(a) + 4)
+    assert len(ids) == len(a) + 4 and ids.tolist().count(tok.eos_id) == 2 and ids[-1] == tok.eos_id
+    ids, _ = tok.encode_for_classifier("return the words of the text", max_length=3)
+    assert ids.tolist() == [*b[:2], tok.eos_id]
