@@ -32,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: fin
 from claim import ROOT, Claim, gap, mean_std, verdict  # noqa: E402
 
 # One module per lecture claim, in the table's order; a module's claims share its runs.
-# (claims_pretraining and claims_speech join when their fair data lands.)
-MODULES = ("claims_distillation", "claims_decoding", "claims_zero_shot", "claims_control")
+MODULES = ("claims_pretraining", "claims_distillation", "claims_decoding", "claims_zero_shot", "claims_speech",
+           "claims_control")
 OUT = ROOT / "runs" / "claims" / "claims.md"
 
 
@@ -102,8 +102,14 @@ def table(claims: dict[str, tuple[str, Claim]], results: dict[str, list[dict[str
         lines.append(f"| **{key}** {claim.title} | {claim.metric} | {better} | {base} | {g} | {target} | "
                      f"{'yes' if ok else 'no'} ({why}) |")
     lines += ["", "Per seed (every number each run returned):", ""]
+    shown: dict[str, str] = {}  # claims that share their runs (same rows) show them once
     for key, rows in results.items():
         claim = claims[key][1]
+        same = json.dumps(rows, sort_keys=True)
+        if same in shown:
+            lines += [f"*{key}* — the runs of *{shown[same]}*" + (f"; {claim.data}" if claim.data else ""), ""]
+            continue
+        shown[same] = key
         names = list(dict.fromkeys(n for r in rows for n in r))
         lines += [f"*{key}* — {claim.data}" if claim.data else f"*{key}*", "",
                   "| seed | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]

@@ -7,9 +7,11 @@
   new head.
 
 `SequenceClassificationTask` ([CLS] classification or regression, single texts or sentence
-pairs through segment ids), `TokenClassificationTask` (labels on first sub-tokens) and
-`QuestionAnsweringTask` (start/end spans). The body comes from a ``save_pretrained`` folder
-(BERT, or ELECTRA whose discriminator is used) or is built from a preset (from scratch).
+pairs through segment ids — or, with ``family="gpt"``, GPT-1's fine-tuning: a classifier on a
+GPT's last real token, optionally with its auxiliary language-modelling loss),
+`TokenClassificationTask` (labels on first sub-tokens) and `QuestionAnsweringTask`
+(start/end spans). The body comes from a ``save_pretrained`` folder (BERT, ELECTRA whose
+discriminator is used, or GPT) or is built from a preset (from scratch).
 
 Axis legend: B batch, N tokens, D width, K labels, L layers mixed.
 """
@@ -28,33 +30,53 @@ from torch import Tensor, nn
 from tasks.optim import adamw_warmup_cosine
 from tasks.predictions import Record, class_records, records
 from unitok.heads import ClassificationHead, ScalarMix
-from unitok.models import BERT, ELECTRA, BERTConfig
+from unitok.losses import causal_lm_loss
+from unitok.models import BERT, ELECTRA, GPT, BERTConfig, GPTConfig
 from unitok.models.bert import mean_pool, span_from_logits
 
 Mode = Literal["full", "frozen", "features"]
+Family = Literal["bert", "gpt"]
+
+
+def _saved_family(pretrained: str | Path, recipe: str) -> tuple[Path, str | None]:
+    """A ``save_pretrained`` folder and the model family its config.json names."""
+    folder = Path(pretrained)
+    config_file = folder / "config.json"
+    if not config_file.is_file():
+        raise FileNotFoundError(f"{folder} has no config.json; expected a folder written by save_pretrained "
+                                f"(e.g. the pretrained/ folder of `unitok fit --config configs/{recipe}.yaml`)")
+    return folder, json.loads(config_file.read_text()).get("family")
 
 
 def load_body(pretrained: str | Path) -> BERT:
     """A `BERT` body from a ``save_pretrained`` folder: a BERT, or an ELECTRA's discriminator
     (in training mode: loading gives eval mode, and Lightning keeps a module's mode)."""
-    folder = Path(pretrained)
-    config_file = folder / "config.json"
-    if not config_file.is_file():
-        raise FileNotFoundError(f"{folder} has no config.json; expected a folder written by save_pretrained "
-                                "(e.g. the pretrained/ folder of `unitok fit --config configs/bert/mlm_tiny.yaml`)")
-    family = json.loads(config_file.read_text()).get("family")
+    folder, family = _saved_family(pretrained, "bert/mlm_tiny")
     if family == "ELECTRA":
         return ELECTRA.from_pretrained(folder).discriminator_as_bert().train()
     if family != "BERT":
-        raise ValueError(f"{folder} holds a {family} checkpoint; fine-tuning needs a BERT or ELECTRA one")
+        raise ValueError(f"{folder} holds a {family} checkpoint; fine-tuning needs a BERT or ELECTRA one "
+                         "(family='gpt' fine-tunes a GPT)")
     return BERT.from_pretrained(folder).train()
 
 
-def build_body(vocab_size: int | None, context_length: int, pretrained: str | None, preset: str) -> BERT:
+def load_gpt(pretrained: str | Path) -> GPT:
+    """A `GPT` from a ``save_pretrained`` folder, in training mode."""
+    folder, family = _saved_family(pretrained, "gpt/tiny")
+    if family != "GPT":
+        raise ValueError(f"{folder} holds a {family} checkpoint; family='gpt' fine-tunes a GPT one")
+    return GPT.from_pretrained(folder).train()
+
+
+def build_body(vocab_size: int | None, context_length: int, pretrained: str | None, preset: str,
+               family: Family = "bert") -> BERT | GPT:
     """The body to fine-tune: loaded from ``pretrained`` (vocabulary and length checked against
-    the data's), or a fresh `BERT` from ``preset`` when training from scratch."""
+    the data's), or a fresh `BERT` (``family="gpt"``: `GPT`) from ``preset`` when training
+    from scratch."""
+    if family not in ("bert", "gpt"):
+        raise ValueError(f"family must be 'bert' or 'gpt', got {family!r}")
     if pretrained is not None:
-        body = load_body(pretrained)
+        body = load_body(pretrained) if family == "bert" else load_gpt(pretrained)
         if vocab_size is not None and vocab_size != body.config.vocab_size:
             raise ValueError(
                 f"the data's tokenizer has {vocab_size} tokens but the pretrained model {pretrained} has "
@@ -65,6 +87,8 @@ def build_body(vocab_size: int | None, context_length: int, pretrained: str | No
         return body
     if vocab_size is None:
         raise ValueError("training from scratch (no `pretrained`) needs vocab_size (from the data module)")
+    if family == "gpt":
+        return GPT(GPTConfig.from_name(preset, vocab_size=vocab_size, context_length=context_length))
     return BERT(BERTConfig.from_name(preset, vocab_size=vocab_size, context_length=context_length, heads=()))
 
 
@@ -154,10 +178,17 @@ class _LabelTask(_FineTuneTask):
 
     def _build(self, num_labels: int, vocab_size: int | None, context_length: int, pretrained: str | None,
                preset: str, mode: Mode, feature_layers: str | list[int], dropout: float | None,
-               classifier_dropout: float | None) -> None:
+               classifier_dropout: float | None, family: Family = "bert") -> None:
         self.num_labels = num_labels
-        body = build_body(vocab_size, context_length, pretrained, preset)
-        if mode == "features":
+        self.family = family
+        if family == "gpt" and (mode != "full" or self.per_token or num_labels < 2):
+            raise ValueError("family='gpt' classifies whole texts (num_labels ≥ 2) with every weight trained "
+                             f"(mode='full'); got mode={mode!r}, num_labels={num_labels}")
+        body = build_body(vocab_size, context_length, pretrained, preset, family)
+        if isinstance(body, GPT):
+            self.model = GPT.for_sequence_classification(body, num_labels, dropout)
+            self.feature_head = None
+        elif mode == "features":
             self.model = body.with_heads((), freeze_backbone=True)
             head_dropout = classifier_dropout if classifier_dropout is not None else \
                 (dropout if dropout is not None else body.config.dropout)
@@ -173,24 +204,34 @@ class _LabelTask(_FineTuneTask):
         """(B, K) scores per text, or (B, N, K) per token."""
         if self.feature_head is not None:
             return self.feature_head(self.model, batch)
+        if self.family == "gpt":
+            return self.model(batch["input_ids"], attention_mask=batch.get("attention_mask")).class_logits
         return self.model(batch["input_ids"], batch.get("attention_mask"), batch.get("segment_ids")).logits
 
 
 class SequenceClassificationTask(_LabelTask):
     """Fine-tunes a BERT body to classify (K ≥ 2) or regress (K = 1) whole texts or sentence
-    pairs from the [CLS] state. Logs ``loss`` and ``acc`` (classification) or ``mse``.
+    pairs from the [CLS] state — or a GPT (``family="gpt"``) to classify them from the last
+    real token's state, as GPT-1 did. Logs ``loss`` and ``acc`` (classification) or ``mse``
+    (and ``lm_loss`` with ``lm_loss_weight``).
 
     Args:
         num_labels: K (must equal the data module's; 1 = regression with float labels).
         vocab_size / context_length: linked from the data module by the CLI.
-        pretrained: a ``save_pretrained`` folder (BERT or ELECTRA); None trains from scratch.
-        preset: the `BERTConfig` preset used from scratch.
+        pretrained: a ``save_pretrained`` folder (BERT or ELECTRA; GPT for ``family="gpt"``);
+            None trains from scratch.
+        preset: the `BERTConfig` (`GPTConfig`) preset used from scratch.
         mode: "full", "frozen" (new head on a frozen body) or "features" (ScalarMix of
             ``feature_layers`` of the frozen body, mean-pooled, then a linear head).
         feature_layers: for "features": "all", "last4", or a list of hidden-state indices.
         dropout: the body's dropout while fine-tuning (BERT's 0.1; None keeps the checkpoint's).
         classifier_dropout: before the head (None: the body's dropout).
         learning_rate / weight_decay / betas / warmup_steps / min_lr_ratio: AdamW schedule.
+        family: "bert" ([CLS], segment ids) or "gpt" (the last real token; mode "full" only, the
+            head's dropout is the body's; the data module must give the GPT's tokenizer, e.g.
+            its export folder).
+        lm_loss_weight: GPT-1's auxiliary objective: this weight times the language-modelling
+            loss on the fine-tuning texts is added to the classification loss (GPT-1: 0.5).
     """
 
     def __init__(
@@ -209,22 +250,38 @@ class SequenceClassificationTask(_LabelTask):
         betas: tuple[float, float] = (0.9, 0.999),
         warmup_steps: int = 20,
         min_lr_ratio: float = 0.1,
+        family: Family = "bert",
+        lm_loss_weight: float = 0.0,
     ) -> None:
         super().__init__(mode)
         self.save_hyperparameters()
         if not isinstance(num_labels, int) or num_labels < 1:
             raise ValueError(f"num_labels must be an int ≥ 1 (1 = regression), got {num_labels!r}")
+        if lm_loss_weight < 0 or (lm_loss_weight > 0 and family != "gpt"):
+            raise ValueError(f"lm_loss_weight must be ≥ 0, and > 0 only with family='gpt'; got {lm_loss_weight} "
+                             f"with family={family!r}")
         self._build(num_labels, vocab_size, context_length, pretrained, preset, mode, feature_layers, dropout,
-                    classifier_dropout)
+                    classifier_dropout, family)
 
     def _metrics(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
-        logits, labels = self(batch), batch["labels"]
+        labels = batch["labels"]
+        lm_loss = None
+        if self.hparams.lm_loss_weight > 0:  # GPT-1: the classifier's and the LM's loss on the same pass
+            mask = batch["attention_mask"]
+            out = self.model(batch["input_ids"], attention_mask=mask)
+            logits = out.class_logits
+            lm_loss = causal_lm_loss(out.logits, batch["input_ids"].masked_fill(mask == 0, -100))
+        else:
+            logits = self(batch)
         if self.num_labels == 1:
             mse = F.mse_loss(logits.squeeze(-1).float(), labels.float())
             return {"loss": mse, "mse": mse}
         self._check_labels(labels, self.num_labels)
-        return {"loss": F.cross_entropy(logits.float(), labels),
-                "acc": (logits.argmax(-1) == labels).float().mean()}
+        loss = F.cross_entropy(logits.float(), labels)
+        metrics = {"loss": loss, "acc": (logits.argmax(-1) == labels).float().mean()}
+        if lm_loss is not None:
+            metrics |= {"loss": loss + self.hparams.lm_loss_weight * lm_loss, "lm_loss": lm_loss}
+        return metrics
 
     @torch.no_grad()
     def predict_step(self, batch: dict[str, Any], batch_idx: int) -> list[Record]:

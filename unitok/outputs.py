@@ -26,7 +26,8 @@ class BackboneOutput:
 @dataclass
 class CausalLMOutput:
     """``logits`` (B, N, V) for the next token at every position, plus what the backbone returned;
-    ``loss`` the mean next-token cross-entropy when ``labels`` were given (else None)."""
+    ``loss`` the mean next-token cross-entropy when ``labels`` were given (else None);
+    ``class_logits`` (B, K) of a sequence-classification head, when the model has one."""
 
     logits: Tensor
     last_hidden_state: Tensor
@@ -34,6 +35,7 @@ class CausalLMOutput:
     attentions: tuple[Tensor, ...] | None = None
     cache: KVCache | None = None
     loss: Tensor | None = None
+    class_logits: Tensor | None = None
 
 
 @dataclass

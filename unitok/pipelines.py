@@ -12,7 +12,7 @@ task                                family                 answer per input
 ==================================  =====================  ==========================================
 text-generation                     GPT                    ``[{"generated_text"}]``
 fill-mask                           BERT (MLM head)        ``[{"score", "token", "token_str", "sequence"}]``
-text-classification                 BERT (classifier)      ``{"label", "score"}`` (``top_k``: a list)
+text-classification                 BERT, GPT (classifier) ``{"label", "score"}`` (``top_k``: a list)
 token-classification                BERT (token head)      ``[{"entity", "score", "index", "word", "start", "end"}]``
 text2text-generation                T5                     ``[{"generated_text"}]``
 image-classification                ViT, DeiT, MLPMixer    ``[{"label", "score"}]`` (top 5)
@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from tokenizers_mm import Processor, Tokens, collate
+from tokenizers_mm import BPETokenizer, Processor, Tokens, collate, pad_pairs
 from tokenizers_mm.audio import SpectrogramTokenizer
 from unitok.auto import load
 from unitok.models.base import PretrainedModel
@@ -217,14 +217,40 @@ class _BERTPipeline(Pipeline):
 
 
 class TextClassificationPipeline(_BERTPipeline):
-    """Texts (or ``{"text", "text_pair"}``) -> the class and its probability."""
+    """Texts (or ``{"text", "text_pair"}``) -> the class and its probability; a BERT reads
+    ``[CLS] text [SEP]``, a GPT with a classifier ``text <eos>`` (GPT-1)."""
 
     task = "text-classification"
+    families = ("BERT", "GPT")
     head = "classifier"
     defaults = {"top_k": None}
 
+    def check_model(self) -> None:
+        if type(self.model).__name__ != "GPT":
+            return super().check_model()
+        if self.model.classifier is None:
+            raise ValueError("'text-classification' needs a GPT with a classifier (GPT.for_sequence_classification)")
+        if not isinstance(self.processor.part("text"), BPETokenizer):
+            raise ValueError("'text-classification' with a GPT needs its byte-level BPE tokenizer")
+        return None
+
+    def encode(self, items: list[Any]) -> Tokens:
+        if type(self.model).__name__ != "GPT":
+            return super().encode(items)
+        rows = []
+        for item in items:
+            text, pair = (item.get("text"), item.get("text_pair")) if isinstance(item, dict) else (item, None)
+            _texts([text] + ([pair] if pair is not None else []), self.task)
+            ids, segments = self.processor.text.encode_for_classifier(text, pair, self.model.config.context_length)
+            rows.append((ids.tolist(), segments.tolist()))
+        return pad_pairs(rows, self.processor.text.pad_id).to(self.device)
+
     def run_batch(self, items: list[Any], top_k: int | None) -> list[Any]:
-        logits = self.model(self.encode(items)).logits.float()
+        tokens = self.encode(items)
+        if type(self.model).__name__ == "GPT":
+            logits = self.model(tokens.ids, attention_mask=tokens.attention_mask).class_logits.float()
+        else:
+            logits = self.model(tokens).logits.float()
         probs = logits.sigmoid() if logits.shape[-1] == 1 else logits.softmax(-1)
         if top_k is None:
             return [_top(p, 1, self.label)[0] for p in probs]

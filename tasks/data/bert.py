@@ -23,7 +23,12 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
 from tasks.data.base import Split, SplitDataModule, default_cache_dir
-from tasks.data.text import read_texts, split_test_files, text_file_paths
+from tasks.data.text import (
+    read_texts,
+    split_test_files,
+    text_file_paths,
+    without_labelled_docstrings,
+)
 from tasks.predictions import prompt_loader
 from tokenizers_mm import WordPieceTokenizer, encode_pair_ids, pad_pairs
 from tokenizers_mm.pairs import pair_lengths
@@ -303,6 +308,8 @@ class BERTDataModule(SplitDataModule):
     Args:
         files: users' text files; None means the Python standard library's source.
         builtin_max_bytes: how much of the standard library to read.
+        builtin_first / held_out_docstrings: packages the built-in corpus reads first, and
+            packages whose labelled docstrings are cut out of the text (as in `TextDataModule`).
         tokenizer: a saved BERT-family tokenizer (folder, ``tokenizer.json`` or ``vocab.txt``);
             None trains a WordPiece vocabulary of ``vocab_size`` (``lowercase`` or cased).
         context_length: tokens per example, special tokens included.
@@ -323,6 +330,8 @@ class BERTDataModule(SplitDataModule):
         self,
         files: list[str] | None = None,
         builtin_max_bytes: int = 2_000_000,
+        builtin_first: list[str] | None = None,
+        held_out_docstrings: list[str] | None = None,
         tokenizer: str | None = None,
         vocab_size: int = 4096,
         lowercase: bool = False,
@@ -358,6 +367,7 @@ class BERTDataModule(SplitDataModule):
         self.files, self.test_files = text_file_paths(files, test_files)
         self.test_fraction = test_fraction
         self.builtin_max_bytes, self.tokenizer_path = builtin_max_bytes, tokenizer
+        self.builtin_first, self.held_out_docstrings = tuple(builtin_first or ()), tuple(held_out_docstrings or ())
         self.requested_vocab_size, self.lowercase = vocab_size, lowercase
         self.context_length, self.nsp, self.random_next = context_length, nsp, random_next
         self.mlm_probability, self.mask_ratio, self.random_ratio = mlm_probability, mask_ratio, random_ratio
@@ -372,12 +382,16 @@ class BERTDataModule(SplitDataModule):
         self._test_corpus: LineCorpus | None = None
 
     def source_files(self) -> list[Path]:
-        """The training and validation documents' files (the vocabulary's text too)."""
-        return split_test_files(self.files, self.builtin_max_bytes, self.test_fraction, self.test_files)[0]
+        """The training and validation documents' files (the vocabulary's text too), without
+        the ``held_out_docstrings``."""
+        files = split_test_files(self.files, self.builtin_max_bytes, self.test_fraction, self.test_files,
+                                 self.builtin_first)[0]
+        return without_labelled_docstrings(files, self.held_out_docstrings, self.cache_dir)
 
     def test_source_files(self) -> list[Path]:
         """The test documents' files, disjoint from `source_files` (empty: no test split)."""
-        return split_test_files(self.files, self.builtin_max_bytes, self.test_fraction, self.test_files)[1]
+        return split_test_files(self.files, self.builtin_max_bytes, self.test_fraction, self.test_files,
+                                self.builtin_first)[1]
 
     def _prepare(self) -> None:
         self._tokenizer, self._corpus = prepare_wordpiece_corpus(

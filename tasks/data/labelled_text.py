@@ -11,22 +11,21 @@ standard library (no downloads, no random labels):
   the name of the function it documents (extractive QA, start/end span).
 
 Each needs a BERT-family tokenizer: a pretrained checkpoint's (``tokenizer`` folder) or one
-trained on the corpus.
+trained on the corpus. ``DocstringDataModule`` also reads with a GPT's byte-level BPE
+(``text <eos>``, GPT-1's input for a classifier on the last token).
 """
 
 from __future__ import annotations
 
-import ast
 import builtins
 import hashlib
 import io
 import json
 import keyword
 import os
-import sysconfig
 import tokenize
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Literal
 
@@ -37,64 +36,37 @@ from torch.utils.data import DataLoader
 
 from tasks.data.base import Split, SplitDataModule, default_cache_dir
 from tasks.data.bert import prepare_wordpiece_corpus
-from tasks.data.text import stdlib_source_files
-from tokenizers_mm import WordPieceTokenizer, align_word_labels, pad_pairs
+from tasks.data.docstrings import Docstring, docstring_key, extract_docstrings
+from tasks.data.text import stdlib_package_files
+from tokenizers_mm import BPETokenizer, WordPieceTokenizer, align_word_labels, pad_pairs
 
 DEFAULT_PACKAGES = ("asyncio", "email", "logging", "tkinter")
 TOKEN_CLASSES = ("keyword", "builtin", "name", "operator", "number", "string", "comment")
 
 
-@dataclass(frozen=True)
-class Docstring:
-    """One documented definition: its first paragraph, top-level package, module and first line."""
-
-    text: str
-    package: str
-    module: str
-    signature: str
-    name: str
-
-
-def _package_of(path: Path, root: Path) -> tuple[str, str]:
-    parts = path.relative_to(root).with_suffix("").parts
-    return parts[0], ".".join(p for p in parts if p != "__init__")
-
-
-def stdlib_package_files(packages: Sequence[str]) -> list[Path]:
-    """The standard library's source files of the given top-level packages (or modules)."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    wanted = set(packages)
-    files = [p for p in stdlib_source_files() if _package_of(p, root)[0] in wanted]
-    found = {_package_of(p, root)[0] for p in files}
-    missing = sorted(wanted - found)
-    if missing:
-        raise ValueError(f"no standard-library source for {missing}; choose packages such as {list(DEFAULT_PACKAGES)}")
-    return files
+def distinct_docstrings(docs: Sequence[Docstring]) -> list[Docstring]:
+    """One docstring per text: a repeat — the same words (`docstring_key`: whitespace, case and
+    punctuation aside) — is dropped, and a text found in two packages is dropped altogether
+    (its label would be ambiguous), so no text is in two of the splits drawn from them."""
+    packages: dict[str, set[str]] = {}
+    for d in docs:
+        packages.setdefault(docstring_key(d.text), set()).add(d.package)
+    seen: set[str] = set()
+    kept = []
+    for d in docs:
+        key = docstring_key(d.text)
+        if len(packages[key]) == 1 and key not in seen:
+            seen.add(key)
+            kept.append(d)
+    return kept
 
 
-def extract_docstrings(files: Sequence[Path], min_chars: int = 30, max_chars: int = 500) -> list[Docstring]:
-    """Docstrings (first paragraph) of every function and class in ``files``, with their
-    package, module and ``def`` / ``class`` line."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    found = []
-    for path in files:
-        source = path.read_text(encoding="utf-8", errors="replace")
-        try:
-            tree = ast.parse(source)
-        except SyntaxError:
-            continue
-        lines = source.splitlines()
-        package, module = _package_of(path, root)
-        for node in ast.walk(tree):
-            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-                continue
-            doc = ast.get_docstring(node)
-            if not doc:
-                continue
-            text = " ".join(doc.split("\n\n")[0].split())[:max_chars]
-            if len(text) >= min_chars:
-                found.append(Docstring(text, package, module, lines[node.lineno - 1].strip(), node.name))
-    return found
+def load_text_tokenizer(path: str | Path) -> WordPieceTokenizer | BPETokenizer:
+    """A saved tokenizer folder (a run's export, say): byte-level BPE (a GPT's) or WordPiece
+    (a BERT's), as its ``tokenizer_config.json`` says."""
+    config = Path(path) / "tokenizer_config.json"
+    kind = json.loads(config.read_text()).get("type") if config.is_file() else None
+    return BPETokenizer.load(path) if kind == "bpe" else WordPieceTokenizer.load(path)
 
 
 def _cached(cache_dir: Path, name: str, key: str, build) -> Any:
@@ -118,6 +90,7 @@ class _LabelledTextModule(SplitDataModule):
     """Tokenizer handling, splits and loaders shared by the built-in labelled data modules."""
 
     drop_last_train = False  # a label budget of a few examples per class: every one trains
+    reads_bpe = False  # whether `_encode` also takes a GPT's byte-level BPE tokenizer
 
     def __init__(self, tokenizer: str | None, vocab_size: int, context_length: int, batch_size: int,
                  num_workers: int, train_per_class: int | None, val_per_class: int, seed: int,
@@ -134,7 +107,7 @@ class _LabelledTextModule(SplitDataModule):
         self.train_per_class, self.val_per_class, self.seed = train_per_class, val_per_class, seed
         self.test_per_class = val_per_class if test_per_class is None else test_per_class
         self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-        self._tokenizer: WordPieceTokenizer | None = None
+        self._tokenizer: WordPieceTokenizer | BPETokenizer | None = None
         self._splits: dict[str, list[dict[str, Any]]] | None = None
 
     # -- to implement: labelled examples as dicts with "label" and the text fields
@@ -154,10 +127,13 @@ class _LabelledTextModule(SplitDataModule):
         return len(self.label_names)
 
     @property
-    def tokenizer(self) -> WordPieceTokenizer:
+    def tokenizer(self) -> WordPieceTokenizer | BPETokenizer:
         if self._tokenizer is None:
             if self.tokenizer_path is not None:
-                self._tokenizer = WordPieceTokenizer.load(self.tokenizer_path)
+                self._tokenizer = load_text_tokenizer(self.tokenizer_path)
+                if isinstance(self._tokenizer, BPETokenizer) and not self.reads_bpe:
+                    raise ValueError(f"{type(self).__name__} needs a WordPiece (BERT-family) tokenizer; "
+                                     f"{self.tokenizer_path} holds a byte-level BPE one")
             else:  # a vocabulary of the same source files, cached like the pretraining corpus
                 self._tokenizer, _ = prepare_wordpiece_corpus(self._source_files(), self.cache_dir,
                                                               vocab_size=self.requested_vocab_size)
@@ -252,8 +228,10 @@ class DocstringDataModule(_LabelledTextModule):
             "match" — ``[CLS] def-line [SEP] docstring [SEP]``: does the docstring document
             that definition (1) or another one of the same package (0)?
         packages: top-level standard-library packages used as classes / sources.
-        tokenizer: a saved BERT-family tokenizer (use the pretrained checkpoint's); None
-            trains a WordPiece vocabulary of ``vocab_size`` on the packages' source.
+        tokenizer: a saved tokenizer (use the pretrained checkpoint's): WordPiece gives
+            ``[CLS] text [SEP]`` (BERT), byte-level BPE ``text <eos>`` (``text <eos> pair <eos>``;
+            GPT-1's input, the classifier reads the last token); None trains a WordPiece
+            vocabulary of ``vocab_size`` on the packages' source.
         context_length: tokens per example, special tokens included (longer ones are cut).
         train_per_class: labelled training examples per class (the label budget); None = all
             but the validation and test ones.
@@ -261,7 +239,12 @@ class DocstringDataModule(_LabelledTextModule):
         test_per_class: test examples per class (``unitok test``), shared with neither
             training nor validation (`_LabelledTextModule.splits`); None: as many as
             ``val_per_class``; 0: no test split.
+
+    Each docstring text is used once (`distinct_docstrings`: repeats dropped, whitespace, case
+    and punctuation aside), so no text is in two splits.
     """
+
+    reads_bpe = True
 
     def __init__(
         self,
@@ -291,10 +274,11 @@ class DocstringDataModule(_LabelledTextModule):
         return stdlib_package_files(self.packages)
 
     def docstrings(self) -> list[Docstring]:
+        """The packages' docstrings, each text once (`distinct_docstrings`)."""
         files = self._source_files()
         rows = _cached(self.cache_dir, "docstrings", _files_key(files),
                        lambda: [asdict(d) for d in extract_docstrings(files)])
-        return [Docstring(**row) for row in rows]
+        return distinct_docstrings([Docstring(**row) for row in rows])
 
     def _examples(self) -> list[dict[str, Any]]:
         docs = self.docstrings()
@@ -316,8 +300,12 @@ class DocstringDataModule(_LabelledTextModule):
         return examples
 
     def _encode(self, example: dict[str, Any]) -> dict[str, Any]:
-        enc = self.tokenizer.encode(example["text"], example.get("pair"), max_length=self.context_length,
-                                    truncation="longest_first")
+        tok = self.tokenizer
+        if isinstance(tok, BPETokenizer):  # GPT-1: text <eos> (pair <eos>)
+            ids, segments = tok.encode_for_classifier(example["text"], example.get("pair"), self.context_length)
+            return {"input_ids": ids.tolist(), "segment_ids": segments.tolist(), "labels": example["label"]}
+        enc = tok.encode(example["text"], example.get("pair"), max_length=self.context_length,
+                         truncation="longest_first")
         return {"input_ids": enc.ids.tolist(), "segment_ids": enc.segments.tolist(), "labels": example["label"]}
 
 

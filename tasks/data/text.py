@@ -15,6 +15,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from tasks.data.base import Split, SplitDataModule, default_cache_dir
+from tasks.data.docstrings import docstring_key, extract_docstrings, package_of, without_docstrings
 from tasks.predictions import prompt_loader
 from tokenizers_mm import BPETokenizer
 
@@ -23,8 +24,9 @@ _SKIP_PARTS = {"site-packages", "dist-packages", "test", "tests", "idlelib", "li
 
 
 @functools.cache
-def _stdlib_files() -> tuple[Path, ...]:
-    """Every corpus file of the standard library, sorted (scanned once per process)."""
+def _stdlib_files(first: tuple[str, ...] = ()) -> tuple[Path, ...]:
+    """Every corpus file of the standard library: those of the ``first`` top-level packages (in
+    that order), then the rest, each group sorted (scanned once per process)."""
     root = Path(sysconfig.get_paths()["stdlib"])
     files = sorted(
         p for p in root.rglob("*.py")
@@ -32,14 +34,22 @@ def _stdlib_files() -> tuple[Path, ...]:
     )
     if not files:
         raise FileNotFoundError(f"no Python source files under the standard library at {root}")
+    if first:
+        rank = {name: i for i, name in enumerate(first)}
+        missing = sorted(set(first) - {package_of(p)[0] for p in files})
+        if missing:
+            raise ValueError(f"no standard-library source for {missing}; choose packages such as "
+                             "['asyncio', 'email', 'logging', 'tkinter']")
+        files.sort(key=lambda p: rank.get(package_of(p)[0], len(rank)))  # stable: each group stays sorted
     return tuple(files)
 
 
-def stdlib_source_files(max_bytes: int | None = None) -> list[Path]:
+def stdlib_source_files(max_bytes: int | None = None, first: Sequence[str] = ()) -> list[Path]:
     """The Python standard library's own ``.py`` files (found through `sysconfig`), in a fixed
-    order, up to ``max_bytes`` in total: the built-in text corpus, on every Python install."""
+    order — the ``first`` packages' files, then the rest — up to ``max_bytes`` in total: the
+    built-in text corpus, on every Python install."""
     chosen, total = [], 0
-    for path in _stdlib_files():
+    for path in _stdlib_files(tuple(first)):
         size = path.stat().st_size
         if max_bytes is not None and total + size > max_bytes and chosen:
             break
@@ -48,16 +58,16 @@ def stdlib_source_files(max_bytes: int | None = None) -> list[Path]:
     return chosen
 
 
-def stdlib_test_files(max_bytes: int | None, test_bytes: int) -> list[Path]:
+def stdlib_test_files(max_bytes: int | None, test_bytes: int, first: Sequence[str] = ()) -> list[Path]:
     """The built-in corpus's test files: of the standard-library files that follow the first
     ``max_bytes`` of them (`stdlib_source_files`), in order, each (non-empty) one that still fits
     in ``test_bytes`` — never read for training or validation. Empty when ``max_bytes`` is None
     (every file is read already)."""
     if max_bytes is None or test_bytes <= 0:
         return []
-    files = _stdlib_files()
+    files = _stdlib_files(tuple(first))
     chosen, total = [], 0
-    for path in files[len(stdlib_source_files(max_bytes)):]:
+    for path in files[len(stdlib_source_files(max_bytes, first)):]:
         size = path.stat().st_size
         if 0 < size <= test_bytes - total:
             chosen.append(path)
@@ -65,15 +75,41 @@ def stdlib_test_files(max_bytes: int | None, test_bytes: int) -> list[Path]:
     return chosen
 
 
+def stdlib_package_files(packages: Sequence[str]) -> list[Path]:
+    """The standard library's source files of the given top-level packages (or modules)."""
+    wanted = set(packages)
+    files = [p for p in _stdlib_files() if package_of(p)[0] in wanted]
+    missing = sorted(wanted - {package_of(p)[0] for p in files})
+    if missing:
+        raise ValueError(f"no standard-library source for {missing}; choose packages such as "
+                         "['asyncio', 'email', 'logging', 'tkinter']")
+    return files
+
+
+def without_labelled_docstrings(files: Sequence[Path], packages: Sequence[str], cache_dir: Path) -> list[Path]:
+    """``files`` with every docstring that holds one of the ``packages``' labelled docstrings
+    (those `tasks.data.labelled_text.DocstringDataModule` draws its examples from, wherever
+    in the corpus they are repeated) cut out (`tasks.data.docstrings.without_docstrings`)."""
+    if not packages:
+        return list(files)
+    return without_docstrings(files, _labelled_keys(tuple(sorted(set(packages)))), cache_dir)
+
+
+@functools.cache
+def _labelled_keys(packages: tuple[str, ...]) -> frozenset[str]:
+    return frozenset(docstring_key(d.text) for d in extract_docstrings(stdlib_package_files(packages)))
+
+
 def split_test_files(
     files: Sequence[Path] | None, builtin_max_bytes: int | None, test_fraction: float,
-    test_files: Sequence[Path] | None = None,
+    test_files: Sequence[Path] | None = None, builtin_first: Sequence[str] = (),
 ) -> tuple[list[Path], list[Path]]:
     """(training-and-validation files, test files) of a text corpus, disjoint by file.
 
     ``test_files`` given: those are the test set and ``files`` stay whole. The built-in corpus
-    (``files`` None): the `stdlib_test_files` after ``builtin_max_bytes``, ``test_fraction`` of
-    that many bytes — the training and validation text is the same with or without them.
+    (``files`` None; its ``builtin_first`` packages first, `stdlib_source_files`): the
+    `stdlib_test_files` after ``builtin_max_bytes``, ``test_fraction`` of that many bytes — the
+    training and validation text is the same with or without them.
     Users' ``files``: the last of them, as many as hold at most ``test_fraction`` of the bytes
     (none when even the last file holds more, and never all of them). An empty test list means
     no test split (``unitok test`` then scores the validation split).
@@ -81,10 +117,10 @@ def split_test_files(
     if not 0.0 <= test_fraction < 1.0:
         raise ValueError(f"test_fraction must be in [0, 1), got {test_fraction}")
     if files is None:
-        source = stdlib_source_files(builtin_max_bytes)
+        source = stdlib_source_files(builtin_max_bytes, builtin_first)
         if test_files is None:
             budget = int(test_fraction * builtin_max_bytes) if builtin_max_bytes is not None else 0
-            return source, stdlib_test_files(builtin_max_bytes, budget)
+            return source, stdlib_test_files(builtin_max_bytes, budget, builtin_first)
     elif test_files is not None:
         source = list(files)
     else:
@@ -173,6 +209,12 @@ class TextDataModule(SplitDataModule):
     Args:
         files: users' text files; None means the Python standard library's source.
         builtin_max_bytes: how much of the standard library to read.
+        builtin_first: standard-library packages the built-in corpus reads first (a fine-tuning
+            domain), the rest following in order up to ``builtin_max_bytes``.
+        held_out_docstrings: packages whose labelled docstrings (`DocstringDataModule`'s
+            examples) are cut out of the training and validation text, with their repeats
+            anywhere in it (`without_labelled_docstrings`): a corpus that covers the fine-tuning
+            domain, never its labelled examples.
         tokenizer: a saved `BPETokenizer` folder; None trains one with ``vocab_size``.
         vocab_size: BPE vocabulary to train. context_length: tokens per window.
         batch_size / num_workers: data loading.
@@ -189,6 +231,8 @@ class TextDataModule(SplitDataModule):
         self,
         files: list[str] | None = None,
         builtin_max_bytes: int = 2_000_000,
+        builtin_first: list[str] | None = None,
+        held_out_docstrings: list[str] | None = None,
         tokenizer: str | None = None,
         vocab_size: int = 4096,
         context_length: int = 128,
@@ -214,6 +258,7 @@ class TextDataModule(SplitDataModule):
             raise ValueError("files is an empty list; leave it unset to use the built-in corpus")
         self.files, self.test_files = text_file_paths(files, test_files)
         self.builtin_max_bytes = builtin_max_bytes
+        self.builtin_first, self.held_out_docstrings = tuple(builtin_first or ()), tuple(held_out_docstrings or ())
         self.test_fraction = test_fraction
         self.tokenizer_path = tokenizer
         self.requested_vocab_size = vocab_size
@@ -231,12 +276,16 @@ class TextDataModule(SplitDataModule):
 
     # ------------------------------------------------------------------ sources and cache
     def source_files(self) -> list[Path]:
-        """The files of the training and validation token stream (the tokenizer's text too)."""
-        return split_test_files(self.files, self.builtin_max_bytes, self.test_fraction, self.test_files)[0]
+        """The files of the training and validation token stream (the tokenizer's text too),
+        without the ``held_out_docstrings``."""
+        files = split_test_files(self.files, self.builtin_max_bytes, self.test_fraction, self.test_files,
+                                 self.builtin_first)[0]
+        return without_labelled_docstrings(files, self.held_out_docstrings, self.cache_dir)
 
     def test_source_files(self) -> list[Path]:
         """The held-out test files, disjoint from `source_files` (empty: no test split)."""
-        return split_test_files(self.files, self.builtin_max_bytes, self.test_fraction, self.test_files)[1]
+        return split_test_files(self.files, self.builtin_max_bytes, self.test_fraction, self.test_files,
+                                self.builtin_first)[1]
 
     def _cache_key(self, files: list[Path]) -> str:
         h = hashlib.sha1()

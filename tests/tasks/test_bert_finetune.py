@@ -1,6 +1,8 @@
 """Fine-tuning tasks on a tiny random BERT: every mode trains only what it should, sentence
 pairs go through segment ids, regression, token labels, QA spans, and bad setups (label count
-mismatch, wrong vocabulary, GPT checkpoints) are refused with clear errors."""
+mismatch, wrong vocabulary, GPT checkpoints) are refused with clear errors. GPT-1's way
+(``family="gpt"``): a classifier on the last real token learns, with or without the auxiliary
+LM loss, from a GPT export and from scratch."""
 
 from __future__ import annotations
 
@@ -20,12 +22,16 @@ from unitok.models import BERT, GPT, BERTConfig, GPTConfig
 V = 300
 
 
+def saved(folder, model_class, config_class, preset: str) -> str:
+    """A tiny random model of ``preset`` saved in ``folder`` (seeded)."""
+    torch.manual_seed(0)
+    model_class(config_class.from_name(preset, vocab_size=V, context_length=64)).save_pretrained(folder)
+    return str(folder)
+
+
 @pytest.fixture(scope="module")
 def body_folder(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("body")
-    torch.manual_seed(0)
-    BERT(BERTConfig.from_name("bert-nano", vocab_size=V, context_length=64)).save_pretrained(folder)
-    return str(folder)
+    return saved(tmp_path_factory.mktemp("body"), BERT, BERTConfig, "bert-nano")
 
 
 def batch(B=4, N=12, labels=None):
@@ -90,6 +96,72 @@ def test_bad_setups_are_refused(body_folder, tmp_path):
         SequenceClassificationTask(num_labels=2, vocab_size=V, pretrained=str(tmp_path / "nothing"))
     with pytest.raises(ValueError, match="mode must be"):
         SequenceClassificationTask(num_labels=2, vocab_size=V, mode="partial")  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def gpt_folder(tmp_path_factory):
+    return saved(tmp_path_factory.mktemp("gpt"), GPT, GPTConfig, "gpt-nano")
+
+
+def first_token_batch(B: int = 16, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Label = which of two tokens opens the row, right-padded to varied lengths: the last real
+    token must look back to the first one."""
+    g = torch.Generator().manual_seed(seed)
+    labels = torch.randint(0, 2, (B,), generator=g)
+    ids = torch.randint(10, V, (B, 12), generator=g)
+    ids[:, 0] = 5 + labels
+    lengths = torch.randint(4, 13, (B,), generator=g)
+    mask = (torch.arange(12)[None] < lengths[:, None]).long()
+    return {"input_ids": ids.masked_fill(mask == 0, 0), "attention_mask": mask,
+            "segment_ids": torch.zeros_like(ids), "labels": labels}
+
+
+def test_gpt_family_fine_tunes_a_gpt_export_from_its_last_real_token(gpt_folder):
+    task = SequenceClassificationTask(num_labels=2, vocab_size=V, context_length=64, pretrained=gpt_folder,
+                                      family="gpt", learning_rate=3e-3)
+    assert isinstance(task.model, GPT) and task.model.config.num_labels == 2
+    body = GPT.from_pretrained(gpt_folder)
+    torch.testing.assert_close(task.model.backbone.state_dict(), body.backbone.state_dict())
+    b = first_token_batch()
+    assert task(b).shape == (16, 2)
+    optimizer = torch.optim.AdamW(task.parameters(), lr=3e-3)
+    with torch.no_grad():
+        first = float(task._metrics(b)["loss"])
+    for step in range(60):
+        metrics = task._metrics(first_token_batch(seed=step))
+        optimizer.zero_grad()
+        metrics["loss"].backward()
+        optimizer.step()
+    task.eval()
+    with torch.no_grad():
+        held_out = task._metrics(first_token_batch(B=64, seed=1000))
+    assert float(held_out["loss"]) < first and float(held_out["acc"]) > 0.9
+
+
+def test_gpt_1s_auxiliary_lm_loss_is_added_with_its_weight(gpt_folder):
+    options = dict(num_labels=2, vocab_size=V, context_length=64, pretrained=gpt_folder, family="gpt", dropout=0.0)
+    plain = SequenceClassificationTask(**options)
+    aux = SequenceClassificationTask(**options, lm_loss_weight=0.5)
+    aux.model.classifier.load_state_dict(plain.model.classifier.state_dict())
+    b = first_token_batch()
+    p, a = plain._metrics(b), aux._metrics(b)
+    assert "lm_loss" not in p and float(a["lm_loss"].detach()) > 0
+    torch.testing.assert_close(a["loss"], p["loss"] + 0.5 * a["lm_loss"])
+    a["loss"].backward()
+    assert aux.model.tok_embed.weight.grad is not None
+
+
+def test_gpt_family_from_scratch_and_its_bad_setups(gpt_folder, body_folder):
+    task = SequenceClassificationTask(num_labels=3, vocab_size=V, context_length=32, family="gpt", preset="gpt-nano")
+    assert task.model.config.context_length == 32 and task.model.config.d_model == 64
+    with pytest.raises(ValueError, match="family='gpt' classifies whole texts"):
+        SequenceClassificationTask(num_labels=2, vocab_size=V, pretrained=gpt_folder, family="gpt", mode="frozen")
+    with pytest.raises(ValueError, match="holds a BERT checkpoint; family='gpt' fine-tunes a GPT"):
+        SequenceClassificationTask(num_labels=2, vocab_size=V, pretrained=body_folder, family="gpt")
+    with pytest.raises(ValueError, match="lm_loss_weight must be ≥ 0, and > 0 only with family='gpt'"):
+        SequenceClassificationTask(num_labels=2, vocab_size=V, pretrained=body_folder, lm_loss_weight=0.5)
+    with pytest.raises(ValueError, match="family must be 'bert' or 'gpt'"):
+        SequenceClassificationTask(num_labels=2, vocab_size=V, family="t5")  # type: ignore[arg-type]
 
 
 def trainer(steps: int) -> L.Trainer:

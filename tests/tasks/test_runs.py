@@ -156,6 +156,7 @@ def test_a_stop_signal_saves_a_resumable_checkpoint_and_exits_non_zero(tmp_path,
 
 
 @pytest.mark.parametrize("recipe, writer", [("bert/finetune_cls", "configs/bert/mlm_tiny.yaml"),
+                                            ("gpt/finetune_cls", "configs/gpt/tiny.yaml"),
                                             ("t5/text_to_text", "configs/t5/span_corruption_tiny.yaml")])
 def test_a_recipe_missing_the_export_it_starts_from_names_the_recipe_to_run(recipe, writer, tmp_path, monkeypatch,
                                                                                capsys):

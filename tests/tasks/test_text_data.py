@@ -1,14 +1,22 @@
 """TextDataModule: built-in corpus, cached token file, windows, held-out splits (validation
-tail, test files), bad input."""
+tail, test files), bad input; a built-in corpus that starts with chosen packages, and the
+shipped pretraining recipes' corpora, which cover the fine-tuning packages but none of the
+docstrings the fine-tuning recipes label."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+import yaml
 
-from tasks import TextDataModule, stdlib_source_files
-from tasks.data.text import split_test_files, stdlib_test_files
+from tasks import BERTDataModule, DocstringDataModule, TextDataModule, stdlib_source_files
+from tasks.data.docstrings import docstring_key, package_of
+from tasks.data.text import read_texts, split_test_files, stdlib_test_files
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
 def test_builtin_corpus_is_the_standard_library_source():
@@ -16,6 +24,38 @@ def test_builtin_corpus_is_the_standard_library_source():
     assert files and all(f.suffix == ".py" for f in files)
     assert sum(f.stat().st_size for f in files) <= 100_000 or len(files) == 1
     assert files == stdlib_source_files(max_bytes=100_000)  # a fixed order
+
+
+def test_the_builtin_corpus_can_start_with_chosen_packages():
+    files = stdlib_source_files(max_bytes=400_000, first=["logging", "json"])
+    packages = [package_of(f)[0] for f in files]
+    assert packages[0] == "logging" and set(packages[:packages.index("json")]) == {"logging"}
+    rest = [f for f, p in zip(files, packages) if p not in ("logging", "json")]
+    others = [f for f in stdlib_source_files(None) if package_of(f)[0] not in ("logging", "json")]
+    assert rest and rest == others[:len(rest)]  # then the others, in their usual order
+    test = stdlib_test_files(400_000, 40_000, first=["logging", "json"])
+    assert test and not set(test) & set(files)
+    with pytest.raises(ValueError, match="no standard-library source"):
+        stdlib_source_files(1000, first=["no_such_package"])
+
+
+@pytest.mark.parametrize("pretrain, finetune", [("bert/mlm_tiny", "bert/finetune_cls"),
+                                                ("gpt/tiny", "gpt/finetune_cls")])
+def test_pretraining_text_covers_the_fine_tuning_packages_but_holds_none_of_their_labelled_docstrings(
+        pretrain, finetune, tmp_path):
+    data = yaml.safe_load((CONFIGS / f"{pretrain}.yaml").read_text())["data"]
+    labelled = yaml.safe_load((CONFIGS / f"{finetune}.yaml").read_text())["data"]["init_args"]
+    options = {k: data["init_args"][k] for k in ("builtin_max_bytes", "builtin_first", "held_out_docstrings")}
+    module = {"tasks.BERTDataModule": BERTDataModule, "tasks.TextDataModule": TextDataModule}[data["class_path"]]
+    source = module(**options, cache_dir=str(tmp_path)).source_files()
+    covered = {package_of(f)[0] for f in stdlib_source_files(options["builtin_max_bytes"], options["builtin_first"])}
+    assert set(labelled["packages"]) <= covered  # every fine-tuning package's code is read
+    text = docstring_key(" ".join(read_texts(source)))
+    keys = {docstring_key(d.text) for d in DocstringDataModule(packages=labelled["packages"],
+                                                               cache_dir=str(tmp_path)).docstrings()}
+    assert len(keys) > 1000 and not [k for k in keys if k in text]
+    raw = docstring_key(" ".join(read_texts(stdlib_source_files(options["builtin_max_bytes"], options["builtin_first"]))))
+    assert sum(k in raw for k in keys) > 0.95 * len(keys)  # without held_out_docstrings they would all be there
 
 
 @pytest.fixture

@@ -181,3 +181,40 @@ def test_config_typos_and_unknown_presets_are_named():
         GPTConfig.from_dict({"n_layer": 2})
     with pytest.raises(ValueError, match="eos_token_id=99 is outside"):
         GPTConfig(vocab_size=50, eos_token_id=99)
+
+
+# ------------------------------------------------------------------ GPT-1's classifier
+def test_the_classifier_reads_each_rows_last_real_token():
+    torch.manual_seed(0)
+    model = GPT.for_sequence_classification(tiny(), num_labels=3).eval()
+    ids = torch.randint(2, 50, (2, 9))
+    mask = torch.ones_like(ids)
+    mask[1, 5:] = 0  # row 1: five real tokens, then padding
+    out = model(ids, attention_mask=mask)
+    assert out.class_logits.shape == (2, 3) and out.logits.shape == (2, 9, 50)
+    torch.testing.assert_close(out.class_logits[1], model(ids[1:, :5]).class_logits[0])
+    padded_otherwise = ids.clone()
+    padded_otherwise[1, 5:] = 7
+    torch.testing.assert_close(model(padded_otherwise, attention_mask=mask).class_logits, out.class_logits)
+    cut_earlier = mask.clone()
+    cut_earlier[1, 4] = 0
+    assert not torch.allclose(model(ids, attention_mask=cut_earlier).class_logits[1], out.class_logits[1])
+    assert tiny()(ids).class_logits is None  # no classifier, no class scores
+
+
+def test_a_classifier_on_a_pretrained_body_keeps_its_weights_and_round_trips(tmp_path):
+    torch.manual_seed(0)
+    body = tiny().eval()
+    model = GPT.for_sequence_classification(body, num_labels=4, dropout=0.0).eval()
+    assert body.classifier is None and model.config.num_labels == 4 and model.config.dropout == 0.0
+    assert model.lm_head.weight is model.tok_embed.weight  # the LM head stays (GPT-1's auxiliary loss)
+    ids = torch.randint(2, 50, (2, 8))
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, body(ids).logits)
+        model.save_pretrained(tmp_path)
+        loaded = GPT.from_pretrained(tmp_path)
+        torch.testing.assert_close(loaded(ids).class_logits, model(ids).class_logits)
+    with pytest.raises(ValueError, match="num_labels must be an int ≥ 1"):
+        GPT.for_sequence_classification(body, num_labels=0)
+    with pytest.raises(ValueError, match="num_labels must be an int ≥ 0"):
+        GPTConfig(num_labels=-1)

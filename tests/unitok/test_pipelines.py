@@ -141,6 +141,25 @@ def test_text_and_token_classification_name_their_labels(tmp_path, wordpiece):
     assert len(tagger(text, ignore_labels=())) == len(enc.ids) - 2  # every word piece, no [CLS]/[SEP]
 
 
+def test_a_gpt_classifier_reads_text_then_eos_as_gpt_1_did(tmp_path, bpe):
+    torch.manual_seed(0)
+    model = GPT.for_sequence_classification(GPT(GPTConfig_nano(bpe.vocab_size)), num_labels=2)
+    classify = pipeline("text-classification", model=saved(model, tmp_path / "gpt",
+                                                           Processor(text=bpe, labels=("other", "parser"))))
+    texts = ["the parser reads the text", "def parse(text):"]
+    answers = classify(texts)
+    with torch.no_grad():
+        for text, answer in zip(texts, answers, strict=True):
+            ids = torch.tensor([[*bpe.encode(text).ids.tolist(), bpe.eos_id]])
+            probs = model.eval()(ids).class_logits.softmax(-1)[0]
+            assert answer == {"label": ("other", "parser")[int(probs.argmax())],
+                              "score": pytest.approx(float(probs.max()), abs=1e-5)}
+    assert classify({"text": "the parser", "text_pair": "reads the text"})["label"] in ("other", "parser")
+    with pytest.raises(ValueError, match="needs a GPT with a classifier"):
+        pipeline("text-classification", model=saved(GPT(GPTConfig_nano(bpe.vocab_size)), tmp_path / "lm",
+                                                    Processor(text=bpe)))
+
+
 def test_text2text_generation_equals_t5_generate(tmp_path, bpe):
     torch.manual_seed(0)
     t5 = T5(T5Config.from_name("t5-tiny", vocab_size=bpe.vocab_size, pad_token_id=bpe.pad_id, eos_token_id=bpe.eos_id,

@@ -1,6 +1,7 @@
-"""GPT: token + position embedding -> causal backbone -> tied LM head.
+"""GPT: token + position embedding -> causal backbone -> tied LM head (and, for fine-tuning
+as GPT-1 did, a classifier on the last real token's state).
 
-Axis legend: B batch, N new tokens, T tokens seen (cache + new), D width, V vocabulary.
+Axis legend: B batch, N new tokens, T tokens seen (cache + new), D width, V vocabulary, K labels.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from unitok.backbone import Backbone, BackboneConfig, init_weights
 from unitok.config import Config
 from unitok.embed import TokenEmbedding, make_positions
 from unitok.generate import GenerationConfig, generate
+from unitok.heads import ClassificationHead, pool_tokens
 from unitok.layers.activations import Activation
 from unitok.layers.attention import Kernel
 from unitok.layers.kv_cache import KVCache
@@ -37,6 +39,8 @@ class GPTConfig(Config):
         positions: "learned" (GPT-2) or "sinusoidal" (the original Transformer).
         tie_embeddings: the LM head reuses the token embedding matrix.
         eos_token_id / pad_token_id: defaults for generation.
+        num_labels: K > 0 adds a sequence-classification head on the last real token's state
+            (GPT-1's fine-tuning: that token has read the whole text); 0: none.
     """
 
     vocab_size: int = 50257
@@ -53,6 +57,7 @@ class GPTConfig(Config):
     tie_embeddings: bool = True
     eos_token_id: int | None = None
     pad_token_id: int | None = None
+    num_labels: int = 0
 
     presets = {
         # The four GPT-2 sizes (Radford et al., 2019), with GPT-2's tokenizer size and EOS id.
@@ -73,6 +78,8 @@ class GPTConfig(Config):
             raise ValueError(f"context_length must be ≥ 1, got {self.context_length}")
         if self.positions not in ("learned", "sinusoidal"):
             raise ValueError(f"positions must be 'learned' or 'sinusoidal', got {self.positions!r}")
+        if not isinstance(self.num_labels, int) or self.num_labels < 0:
+            raise ValueError(f"num_labels must be an int ≥ 0 (0: no classifier), got {self.num_labels!r}")
         for name in ("eos_token_id", "pad_token_id"):
             value = getattr(self, name)
             if value is not None and not 0 <= value < self.vocab_size:
@@ -101,6 +108,8 @@ class GPT(PretrainedModel):
         self.drop = nn.Dropout(config.dropout)
         self.backbone = Backbone(config.backbone_config())
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.classifier = ClassificationHead(config.d_model, config.num_labels, config.dropout) \
+            if config.num_labels else None
         # GPT-2 init; residual projections scaled by 1/sqrt(2L) so the residual stream stays O(1).
         init_weights(self, std=0.02, residual_std=0.02 / math.sqrt(2 * config.n_layers))
         if config.tie_embeddings:
@@ -134,10 +143,18 @@ class GPT(PretrainedModel):
             labels: (B, N) targets aligned with the inputs (usually the input ids themselves);
                 shifted inside, as in Hugging Face's ``GPT2LMHeadModel``: ``.loss`` is the mean
                 cross-entropy of position t's logits against ``labels[:, t + 1]``, -100 ignored.
+
+        With a classifier (``num_labels`` > 0), ``.class_logits`` (B, K) score each row from its
+        last real token (right padding: the last one the mask keeps).
         """
         hidden = self._run_backbone(input_ids, attention_mask, position_ids, cache, use_cache,
                                     output_hidden_states, output_attentions, kernel)
         logits = self.lm_head(hidden.last_hidden_state)
+        class_logits = None
+        if self.classifier is not None:
+            h = hidden.last_hidden_state  # (B, N, D)
+            mask = attention_mask[:, -h.shape[1]:] if attention_mask is not None else None  # the new tokens'
+            class_logits = self.classifier(pool_tokens(h, mask, "last"))  # (B, K)
         return CausalLMOutput(
             logits=logits,
             last_hidden_state=hidden.last_hidden_state,
@@ -145,6 +162,7 @@ class GPT(PretrainedModel):
             attentions=hidden.attentions,
             cache=hidden.cache,
             loss=causal_lm_loss(logits, labels) if labels is not None else None,
+            class_logits=class_logits,
         )
 
     def _run_backbone(self, input_ids, attention_mask, position_ids, cache, use_cache,
@@ -193,6 +211,25 @@ class GPT(PretrainedModel):
         n = input_ids.shape[1]
         counted = attention_mask.long().cumsum(-1) - 1
         return counted.masked_fill(attention_mask == 0, 0)[:, -n:]
+
+    # ------------------------------------------------------------------ fine-tuning
+    @classmethod
+    def for_sequence_classification(cls, gpt: GPT, num_labels: int, dropout: float | None = None) -> GPT:
+        """A new GPT with ``gpt``'s weights (embeddings, backbone, LM head) and a fresh classifier
+        of ``num_labels`` on the last real token (GPT-1); ``dropout`` replaces the body's when
+        given. The LM head stays, for GPT-1's auxiliary language-modelling loss. ``gpt`` is left
+        as it is."""
+        if not isinstance(num_labels, int) or num_labels < 1:
+            raise ValueError(f"num_labels must be an int ≥ 1, got {num_labels!r}")
+        changes = {"num_labels": num_labels} | ({} if dropout is None else {"dropout": dropout})
+        ref = gpt.tok_embed.weight
+        model = cls(gpt.config.replace(**changes)).to(device=ref.device, dtype=ref.dtype)
+        body = {k: v for k, v in gpt.state_dict().items() if not k.startswith("classifier.")}
+        result = model.load_state_dict(body, strict=False)
+        missing = [k for k in result.missing_keys if not k.startswith("classifier.")]
+        if missing or result.unexpected_keys:
+            raise RuntimeError(f"body weights did not transfer: missing {missing}, unexpected {result.unexpected_keys}")
+        return model
 
     # ------------------------------------------------------------------ generation
     def new_cache(self, capacity: int = 0) -> KVCache:
