@@ -171,6 +171,14 @@ class ImageClassificationTask(L.LightningModule):
     def forward(self, pixel_values: Tensor, **kwargs: Any) -> ImageClassifierOutput:
         return self.model(pixel_values, **kwargs)
 
+    def _classify(self, pixel_values: Tensor) -> ImageClassifierOutput:
+        """The model's logits, a class-token ViT / DeiT computing only its class tokens in the
+        last block (the same logits, less work)."""
+        model = self.model
+        if isinstance(model, ViT) and model.reads_class_tokens:
+            return model(pixel_values, class_tokens_only=True)
+        return model(pixel_values)
+
     def setup(self, stage: str) -> None:
         """Check the data against the model, adopt its normalisation, and ready the teacher."""
         datamodule = getattr(self.trainer, "datamodule", None)
@@ -241,7 +249,7 @@ class ImageClassificationTask(L.LightningModule):
     def training_loss(self, batch: dict[str, Tensor]) -> Tensor:
         """Cross-entropy (both heads for DeiT, averaged), or DeiT's hard / soft distillation."""
         h = self.hparams
-        out = self.model(batch["pixel_values"])
+        out = self._classify(batch["pixel_values"])
         labels = batch["labels"]
         if out.logits_dist is None:
             return F.cross_entropy(out.logits.float(), labels, label_smoothing=h.label_smoothing)
@@ -262,7 +270,7 @@ class ImageClassificationTask(L.LightningModule):
         return loss
 
     def _eval_logits(self, batch: dict[str, Tensor], stage: str) -> Tensor:
-        logits = self.model(batch["pixel_values"]).logits.float()  # DeiT: the two heads' average
+        logits = self._classify(batch["pixel_values"]).logits.float()  # DeiT: the two heads' average
         loss = F.cross_entropy(logits, batch["labels"])
         self.log(f"{stage}_loss", loss, prog_bar=True, batch_size=batch["labels"].shape[0])
         return logits
@@ -295,7 +303,7 @@ class ImageClassificationTask(L.LightningModule):
         predicted class — its name from the data module's ``class_names``, else its index — with
         its probability (DeiT: of the two heads' averaged logits) and the true class as ``target``."""
         pixels = batch["pixel_values"] if isinstance(batch, dict) else batch
-        logits = self.model(pixels).logits
+        logits = self._classify(pixels).logits
         datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
         names = getattr(datamodule, "class_names", None)
         names = names if names is not None and len(names) == logits.shape[-1] else None

@@ -219,14 +219,27 @@ class Block(nn.Module):
             self.sublayers[key] = SUBLAYERS[name](cfg, layer_idx)
         self.norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.bias) if cfg.block_norm else None
 
-    def forward(self, x: Tensor, ctx: AttentionContext) -> Tensor:  # (B, N, D) -> (B, N, D)
+    def forward(self, x: Tensor, ctx: AttentionContext, keep: int | None = None) -> Tensor:
+        """(B, N, D) -> (B, N, D); with ``keep`` = R, -> (B, R, D): only the first R tokens come
+        out (`Backbone.forward`'s ``keep_last``)."""
         drop = self.drop if self.training and self.drop.p > 0 else None
         for sub in self.sublayers.values():
-            y = sub(sub.norm(x) if self.pre_norm else x, ctx)
+            h = sub.norm(x) if self.pre_norm else x
+            if keep is not None and isinstance(sub, AttentionSublayer):
+                y, x = sub(h, ctx, queries=keep), x[:, :keep]  # every token is read, R answer
+            else:
+                y = sub(h, ctx)
             if drop is not None:
                 y = drop(y)
             x = x + y if self.pre_norm else sub.norm(x + y)
         return self.norm(x) if self.norm is not None else x
+
+    def answers_a_subset(self) -> bool:
+        """Whether `forward` can keep a subset of tokens: self-attention first, then only
+        position-wise sublayers (a convolution or token-mixing MLP needs every token)."""
+        names = [type(s) for s in self.sublayers.values()]
+        return bool(names) and names[0] is AttentionSublayer and all(
+            n in (MLPSublayer, HalfMLPSublayer) for n in names[1:])
 
 
 class Backbone(nn.Module):
@@ -255,6 +268,7 @@ class Backbone(nn.Module):
         encoder_hidden_states: Tensor | None = None,
         encoder_attention_mask: Tensor | None = None,
         mask: Tensor | None = None,
+        keep_last: int | None = None,
     ) -> BackboneOutput:
         """Run the stack.
 
@@ -274,6 +288,12 @@ class Backbone(nn.Module):
                 may attend), replacing the one built from ``attention_mask`` and ``causal``
                 (packed multimodal sequences, `unitok.packing`); ``attention_mask`` then only
                 tells sublayers that mix along N which tokens are padding.
+            keep_last: R, or None: only the first R tokens leave the last block (a class-token
+                classifier reads nothing else). That block still reads every token as keys and
+                values, but computes queries, the output projection and the MLP for R tokens
+                only: the same values for those R, a layer's worth of work saved on the rest.
+                ``last_hidden_state`` is then (B, R, D). Bidirectional stacks without a cache
+                or per-layer outputs only.
         """
         if x.dim() != 3 or x.shape[-1] != self.config.d_model:
             raise ValueError(f"backbone expects (batch, tokens, {self.config.d_model}), got {tuple(x.shape)}")
@@ -312,9 +332,12 @@ class Backbone(nn.Module):
         ctx = AttentionContext(mask=mask, is_causal=is_causal, cache=cache, kernel=kernel,
                                attentions=[] if output_attentions else None, memory=encoder_hidden_states,
                                memory_mask=memory_mask, padding=padding)
+        if keep_last is not None:
+            self._check_keep(keep_last, n_new, is_causal or causal, cache, output_hidden_states or output_attentions)
         hidden: list[Tensor] | None = [x] if output_hidden_states else None
-        for block in self.blocks:
-            x = block(x, ctx)
+        last = len(self.blocks) - 1
+        for i, block in enumerate(self.blocks):
+            x = block(x, ctx, keep_last if i == last else None)
             if hidden is not None:
                 hidden.append(x)
         if self.norm is not None:
@@ -327,6 +350,17 @@ class Backbone(nn.Module):
             attentions=tuple(ctx.attentions) if ctx.attentions is not None else None,
             cache=cache,
         )
+
+
+    def _check_keep(self, keep: int, n: int, causal: bool, cache: KVCache | None, outputs: bool) -> None:
+        if isinstance(keep, bool) or not isinstance(keep, int) or not 1 <= keep <= n:
+            raise ValueError(f"keep_last must be a number of tokens in 1..{n}, got {keep!r}")
+        if causal or cache is not None or outputs:
+            raise ValueError("keep_last needs a bidirectional stack, no cache, and no per-layer hidden states or "
+                             "attentions (they would be cut short)")
+        if not self.blocks[-1].answers_a_subset():
+            raise ValueError(f"keep_last needs a last block of self-attention then position-wise sublayers; this "
+                             f"one has {self.config.block}")
 
 
 def init_weights(module: nn.Module, std: float = 0.02, residual_std: float | None = None) -> None:

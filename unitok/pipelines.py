@@ -340,7 +340,8 @@ class ImageClassificationPipeline(Pipeline):
     def run_batch(self, items: list[Any], top_k: int, resize: bool) -> list[Any]:
         config = self.model.config.preprocess_config(resize)
         tokens = Processor(image=config).encode_image(items).to(self.device)
-        probs = self.model(tokens).logits.float().softmax(-1)
+        fast = {"class_tokens_only": True} if getattr(self.model, "reads_class_tokens", False) else {}
+        probs = self.model(tokens, **fast).logits.float().softmax(-1)  # a ViT's last block: class tokens only
         return [_top(p, top_k, self.label) for p in probs]
 
 

@@ -86,3 +86,42 @@ def test_wrong_width_input_is_refused():
     model = Backbone(BackboneConfig(d_model=8, n_layers=1, n_heads=2))
     with pytest.raises(ValueError, match="expects \\(batch, tokens, 8\\)"):
         model(torch.randn(1, 3, 9))
+
+
+@pytest.mark.parametrize("overrides", [{}, dict(norm_position="post", final_norm=False), dict(d_ff=40)],
+                         ids=["pre-norm", "post-norm", "wide mlp"])
+def test_keep_last_gives_the_first_tokens_exactly_as_the_full_stack_does(overrides):
+    torch.manual_seed(0)
+    model = Backbone(BackboneConfig(d_model=16, n_layers=3, n_heads=4, **overrides)).eval()
+    x = torch.randn(2, 7, 16)
+    padding = torch.tensor([[1] * 7, [1] * 5 + [0] * 2])  # the second row is padded
+    for mask in (None, padding):
+        full = model(x, attention_mask=mask).last_hidden_state
+        kept = model(x, attention_mask=mask, keep_last=2).last_hidden_state
+        assert kept.shape == (2, 2, 16)
+        torch.testing.assert_close(kept, full[:, :2], atol=1e-6, rtol=0)
+
+
+def test_keep_last_gradients_equal_those_of_the_full_stack_through_the_kept_tokens():
+    torch.manual_seed(0)
+    model = Backbone(BackboneConfig(d_model=16, n_layers=2, n_heads=4))
+    x, w = torch.randn(2, 6, 16), torch.randn(16)  # a linear read-out (a sum of squares after a LayerNorm is ~constant)
+    (model(x).last_hidden_state[:, :1] @ w).sum().backward()
+    full = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    (model(x, keep_last=1).last_hidden_state @ w).sum().backward()
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, full[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+@pytest.mark.parametrize("config, kwargs, message", [
+    (dict(), dict(keep_last=0), "keep_last must be a number of tokens in 1..6"),
+    (dict(), dict(keep_last=7), "keep_last must be a number of tokens in 1..6"),
+    (dict(causal=True), dict(keep_last=1), "bidirectional"),
+    (dict(), dict(keep_last=1, output_hidden_states=True), "per-layer hidden states"),
+    (dict(block=("half_mlp", "attn", "conv", "half_mlp")), dict(keep_last=1), "self-attention then position-wise"),
+])
+def test_keep_last_is_refused_where_it_would_change_the_answer(config, kwargs, message):
+    model = Backbone(BackboneConfig(d_model=16, n_layers=1, n_heads=4, **config))
+    with pytest.raises(ValueError, match=message):
+        model(torch.randn(1, 6, 16), **kwargs)

@@ -374,3 +374,27 @@ def test_sincos_positions_first_built_under_inference_mode_serve_training():
         model(normalised(raw_digits(1)))
     model.train()(normalised(raw_digits(2))).logits.sum().backward()
     assert model.patch_embed.weight.grad is not None
+
+
+@pytest.mark.parametrize("preset, prefix", [("vit-digits", 1), ("deit-digits", 2)])
+def test_class_tokens_only_gives_the_same_logits_and_gradients(preset, prefix):
+    model = build(preset)
+    pixels = normalised(raw_digits(4))
+    full, fast = model(pixels), model(pixels, class_tokens_only=True)
+    assert model.reads_class_tokens and fast.last_hidden_state.shape == (4, prefix, model.config.d_model)
+    torch.testing.assert_close(fast.logits, full.logits, atol=1e-5, rtol=0)
+    model.train()
+    labels = torch.arange(4)
+    model(pixels, labels=labels).loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    model(pixels, labels=labels, class_tokens_only=True).loss.backward()
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, grads[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_class_tokens_only_needs_class_token_pooling():
+    model = build("vit-digits", pool="avg", fc_norm=True)
+    assert not model.reads_class_tokens
+    with pytest.raises(ValueError, match="class_tokens_only needs class-token pooling"):
+        model(normalised(raw_digits(1)), class_tokens_only=True)

@@ -187,19 +187,30 @@ class ViT(ImageModel):
         output_attentions: bool = False,
         kernel: Kernel = "sdpa",
         labels: Tensor | None = None,
+        class_tokens_only: bool = False,
     ) -> ImageClassifierOutput:
         """Normalised (B, C, H, W) pixels, or image `Tokens`, -> class logits.
 
         Any H×W divisible by the patch size works; positions are resampled (bicubic).
+        ``class_tokens_only`` (class-token pooling): the last block computes the class (and
+        distillation) tokens alone — the same logits for a layer's worth less work on the
+        patches (`Backbone.forward`'s ``keep_last``); ``last_hidden_state`` then holds just
+        those tokens (B, R, D). Training and the pipelines read the logits this way.
         ``labels`` (B,) class ids give ``loss``: the cross-entropy of ``logits`` (for DeiT in eval
         mode the averaged heads; in train mode the mean of both heads' cross-entropies, the
         no-teacher objective of `tasks`; distillation from a teacher lives in `tasks`).
         """
         if labels is not None and self.head is None:
             raise ValueError("labels given, but this model has no classification head (num_classes=0)")
+        keep = None
+        if class_tokens_only:
+            if not self.reads_class_tokens:
+                raise ValueError(f"class_tokens_only needs class-token pooling; this model pools with "
+                                 f"{self.config.pool!r} (every patch token)")
+            keep = self.config.n_prefix
         x, grid = self.embed(pixel_values)
         out = self.backbone(x, output_hidden_states=output_hidden_states,
-                            output_attentions=output_attentions, kernel=kernel)
+                            output_attentions=output_attentions, kernel=kernel, keep_last=keep)
         h = out.last_hidden_state
         result = ImageClassifierOutput(logits=None, pooled=self.pool(h), last_hidden_state=h, grid=grid,
                                        hidden_states=out.hidden_states, attentions=out.attentions)
@@ -219,6 +230,12 @@ class ViT(ImageModel):
             else:
                 result.loss = cross_entropy(result.logits, labels)
         return result
+
+    @property
+    def reads_class_tokens(self) -> bool:
+        """Whether the head reads only the prefix (class, distillation) tokens, so that
+        ``class_tokens_only=True`` gives the same logits."""
+        return self.config.pool == "cls" or self.head_dist is not None
 
     def pool(self, hidden: Tensor) -> Tensor:
         """(B, R + N, D) -> (B, D): the class token, or the mean of the patch tokens."""
