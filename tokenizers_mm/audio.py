@@ -11,6 +11,7 @@ Axis legend: B batch, T samples, C channels, N frames, F mel bins.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, fields
@@ -166,13 +167,12 @@ class SpectrogramTokenizer:
             raise ValueError("give either a SpectrogramConfig or keyword options, not both")
         self.config = config if config is not None else SpectrogramConfig(**options)
         self._mel: Any = None
-        self._resamplers: dict[int, Any] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         return {"config": self.config}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.config, self._mel, self._resamplers = state["config"], None, {}
+        self.config, self._mel = state["config"], None
 
     @property
     def n_mels(self) -> int:
@@ -225,18 +225,11 @@ class SpectrogramTokenizer:
             if not self.config.resample:
                 raise ValueError(f"{name} is at {rate} Hz but the tokenizer expects {self.config.sample_rate} Hz; "
                                  f"resample it to {self.config.sample_rate} Hz or set resample=True")
-            wave = self._resampler(rate)(wave)
+            wave = resample(wave, rate, self.config.sample_rate)
         if wave.numel() < self.config.win_length:
             raise ValueError(f"{name} has {wave.numel()} samples at {self.config.sample_rate} Hz, shorter than one "
                              f"{self.config.win_ms:g} ms window ({self.config.win_length} samples)")
         return wave
-
-    def _resampler(self, rate: int) -> Any:
-        if rate not in self._resamplers:
-            import torchaudio
-
-            self._resamplers[rate] = torchaudio.transforms.Resample(rate, self.config.sample_rate)
-        return self._resamplers[rate]
 
     # ------------------------------------------------------------------ frames
     def log_mel(self, wave: Tensor) -> Tensor:
@@ -327,6 +320,22 @@ def speech_frames(frames: Tensor, within_db: float) -> Tensor:
     and a faint background fall below; the loudest frame is always speech."""
     energy = torch.logsumexp(frames, dim=1)  # (N,) log of each frame's mel power
     return energy >= energy.max() - within_db * DB
+
+
+@functools.lru_cache(maxsize=64)
+def _resampler(orig_freq: int, new_freq: int) -> torch.nn.Module:
+    """A torchaudio resampler, its windowed-sinc kernel built once per pair of rates."""
+    import torchaudio
+
+    return torchaudio.transforms.Resample(orig_freq, new_freq)
+
+
+def resample(wave: Tensor, orig_freq: int, new_freq: int) -> Tensor:
+    """``wave`` (T,) from ``orig_freq`` to ``new_freq`` samples a second (torchaudio's sinc filter)."""
+    if orig_freq == new_freq:
+        return wave
+    with torch.no_grad():
+        return _resampler(int(orig_freq), int(new_freq))(wave)
 
 
 def read_audio(path: str | Path) -> tuple[Tensor, int]:

@@ -287,12 +287,17 @@ class BPETokenizer:
 
     # ----------------------------------------------------------------- a classifier's input (GPT-1)
     def encode_for_classifier(self, text: str, text_pair: str | None = None,
-                              max_length: int | None = None) -> tuple[Tensor, Tensor]:
+                              max_length: int | None = None, truncation: bool = True) -> tuple[Tensor, Tensor]:
         """GPT-1's input for a classifier on the last token: ``text <eos>`` (``text <eos> pair
-        <eos>``), the longer text cut first to fit ``max_length``; ids and segment ids, each (N,)."""
+        <eos>``), the longer text cut first to fit ``max_length`` (``truncation=False``: an
+        input longer than that is an error); ids and segment ids, each (N,)."""
         a = self.encode(text).ids.tolist()
         b = self.encode(text_pair).ids.tolist() if text_pair is not None else None
         n_special = 1 if b is None else 2
+        total = len(a) + len(b or ()) + n_special
+        if not truncation and max_length is not None and total > max_length:
+            raise ValueError(f"the input encodes to {total} tokens (with its <eos>), more than max_length="
+                             f"{max_length}; shorten it or pass truncation=True to cut the longer text")
         budget = (len(a) + len(b or ())) if max_length is None else max_length - n_special
         keep_a, keep_b = pair_lengths(len(a), None if b is None else len(b), budget, "longest_first")
         ids = [*a[:keep_a], self.eos_id] + ([] if b is None else [*b[:keep_b], self.eos_id])

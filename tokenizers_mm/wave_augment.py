@@ -19,25 +19,11 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from tokenizers_mm.audio import resample
+
 NoiseColor = Literal["white", "pink", "brown"]
 NOISE_COLORS: tuple[NoiseColor, ...] = ("white", "pink", "brown")
 TELEPHONE_RATE = 8000  # narrow-band telephony: 8 kHz samples, 300–3400 Hz
-
-
-@functools.lru_cache(maxsize=64)
-def _resampler(orig_freq: int, new_freq: int) -> torch.nn.Module:
-    """A torchaudio resampler, its windowed-sinc kernel built once per pair of rates."""
-    import torchaudio
-
-    return torchaudio.transforms.Resample(orig_freq, new_freq)
-
-
-def resample(wave: Tensor, orig_freq: int, new_freq: int) -> Tensor:
-    """``wave`` (T,) from ``orig_freq`` to ``new_freq`` samples a second (torchaudio's sinc filter)."""
-    if orig_freq == new_freq:
-        return wave
-    with torch.no_grad():
-        return _resampler(int(orig_freq), int(new_freq))(wave)
 
 
 def _uniform(low: float, high: float, generator: torch.Generator | None) -> float:

@@ -241,7 +241,8 @@ class TextClassificationPipeline(_BERTPipeline):
         for item in items:
             text, pair = (item.get("text"), item.get("text_pair")) if isinstance(item, dict) else (item, None)
             _texts([text] + ([pair] if pair is not None else []), self.task)
-            ids, segments = self.processor.text.encode_for_classifier(text, pair, self.model.config.context_length)
+            ids, segments = self.processor.text.encode_for_classifier(text, pair, self.model.config.context_length,
+                                                                          truncation=False)  # as BERT's: no silent cut
             rows.append((ids.tolist(), segments.tolist()))
         return pad_pairs(rows, self.processor.text.pad_id).to(self.device)
 

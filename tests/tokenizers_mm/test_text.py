@@ -163,3 +163,8 @@ def test_a_classifiers_input_is_text_then_eos_and_fits_by_cutting_the_longer_tex
     assert len(ids) == len(a) + 4 and ids.tolist().count(tok.eos_id) == 2 and ids[-1] == tok.eos_id
     ids, _ = tok.encode_for_classifier("return the words of the text", max_length=3)
     assert ids.tolist() == [*b[:2], tok.eos_id]
+
+
+def test_classifier_input_longer_than_max_length_is_refused_without_truncation(tok):
+    with pytest.raises(ValueError, match="more than max_length=3"):
+        tok.encode_for_classifier("return the words of the text", max_length=3, truncation=False)

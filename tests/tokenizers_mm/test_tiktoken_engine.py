@@ -7,6 +7,7 @@ from __future__ import annotations
 import pickle
 
 import pytest
+import tiktoken  # a dependency (pyproject): a missing install fails here, never skips
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -21,7 +22,6 @@ from tokenizers_mm.tiktoken_engine import (
     byte_alphabet,
 )
 
-tiktoken = pytest.importorskip("tiktoken")
 torch.set_num_threads(1)
 
 TRAIN_BYTES = 400_000

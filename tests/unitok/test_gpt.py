@@ -205,7 +205,9 @@ def test_the_classifier_reads_each_rows_last_real_token():
 def test_a_classifier_on_a_pretrained_body_keeps_its_weights_and_round_trips(tmp_path):
     torch.manual_seed(0)
     body = tiny().eval()
-    model = GPT.for_sequence_classification(body, num_labels=4, dropout=0.0).eval()
+    model = GPT.for_sequence_classification(body, num_labels=4, dropout=0.0)
+    assert not model.training  # the mode of its body: a loaded (eval) body gives an eval model
+    assert GPT.for_sequence_classification(tiny().train(), num_labels=4).training
     assert body.classifier is None and model.config.num_labels == 4 and model.config.dropout == 0.0
     assert model.lm_head.weight is model.tok_embed.weight  # the LM head stays (GPT-1's auxiliary loss)
     ids = torch.randint(2, 50, (2, 8))

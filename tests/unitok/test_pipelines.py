@@ -155,6 +155,8 @@ def test_a_gpt_classifier_reads_text_then_eos_as_gpt_1_did(tmp_path, bpe):
             assert answer == {"label": ("other", "parser")[int(probs.argmax())],
                               "score": pytest.approx(float(probs.max()), abs=1e-5)}
     assert classify({"text": "the parser", "text_pair": "reads the text"})["label"] in ("other", "parser")
+    with pytest.raises(ValueError, match="more than max_length"):  # too long for the model: refused, not cut
+        classify("the parser reads the text " * 200)
     with pytest.raises(ValueError, match="needs a GPT with a classifier"):
         pipeline("text-classification", model=saved(GPT(GPTConfig_nano(bpe.vocab_size)), tmp_path / "lm",
                                                     Processor(text=bpe)))

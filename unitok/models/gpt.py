@@ -218,7 +218,7 @@ class GPT(PretrainedModel):
         """A new GPT with ``gpt``'s weights (embeddings, backbone, LM head) and a fresh classifier
         of ``num_labels`` on the last real token (GPT-1); ``dropout`` replaces the body's when
         given. The LM head stays, for GPT-1's auxiliary language-modelling loss. ``gpt`` is left
-        as it is."""
+        as it is; the new model is in ``gpt``'s mode (eval for a loaded one)."""
         if not isinstance(num_labels, int) or num_labels < 1:
             raise ValueError(f"num_labels must be an int ≥ 1, got {num_labels!r}")
         changes = {"num_labels": num_labels} | ({} if dropout is None else {"dropout": dropout})
@@ -229,7 +229,7 @@ class GPT(PretrainedModel):
         missing = [k for k in result.missing_keys if not k.startswith("classifier.")]
         if missing or result.unexpected_keys:
             raise RuntimeError(f"body weights did not transfer: missing {missing}, unexpected {result.unexpected_keys}")
-        return model
+        return model.train(gpt.training)  # the mode of the model it came from (a loaded one: eval)
 
     # ------------------------------------------------------------------ generation
     def new_cache(self, capacity: int = 0) -> KVCache:
