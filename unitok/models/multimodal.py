@@ -307,6 +307,7 @@ class MultimodalConfig(Config):
         # Backbone sizes; modalities and heads come from the data (tasks.MultiTaskTask) or the caller.
         "mm-tiny": dict(d_model=64, n_layers=2, n_heads=4),
         "mm-small": dict(d_model=128, n_layers=4, n_heads=4),
+        "mm-medium": dict(d_model=192, n_layers=4, n_heads=6),  # the four-task recipe: room for two sequence tasks
         "mm-base": dict(d_model=256, n_layers=6, n_heads=8),
     }
 
