@@ -5,9 +5,10 @@ What it measures, from one recipe (default ``configs/multimodal/four_tasks.yaml`
 1. **Held-out metrics.** The recipe's four-task run, then four single-task runs of the same
    model (same preset, same data modules, same settings) at the same number of steps *per
    task* — each single run takes the recipe's ``max_steps``, and the four-task run trains
-   every task at every step. Each run's model is scored on every task's held-out data after
-   training (``trainer.validate``); the table shows both columns and the relative change
-   (positive = the four-task model is worse, in the metric's own direction).
+   every task at every step. Each run's model is scored on each task's two held-out splits
+   after training (``trainer.validate`` and ``trainer.test``: twice the evidence for a noisy
+   metric such as CER); the tables show both columns and the relative change (positive = the
+   four-task model is worse, in the metric's own direction).
 2. **Step cost.** In one process, on the four-task model and one batch of each task: a
    four-task training step (four forward/backward passes, one AdamW step) against the four
    single-task steps (each one forward/backward and an AdamW step over its own model's
@@ -76,15 +77,21 @@ def load(config: Path, tasks: list[str] | None, extra: list[str]) -> Any:
     return cli
 
 
-def run(config: Path, tasks: list[str], extra: list[str]) -> tuple[dict[str, float], float]:
-    """Fit the recipe restricted to ``tasks``; -> each task's held-out metric and the fit's seconds."""
+SPLITS = ("val", "test")
+
+
+def run(config: Path, tasks: list[str], extra: list[str]) -> tuple[dict[str, dict[str, float]], float]:
+    """Fit the recipe restricted to ``tasks``; -> {split: each task's held-out metric} for the
+    validation and test splits, and the fit's seconds."""
     cli = load(config, tasks, extra)
     start = time.perf_counter()
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     seconds = time.perf_counter() - start
-    results = cli.trainer.validate(cli.model, datamodule=cli.datamodule, verbose=False)
-    merged = {k: v for r in results for k, v in r.items()}
-    return {n: merged[f"{n}/val_{o.metric}"] for n, o in cli.model.objectives.items()}, seconds
+    metrics = {}
+    for split, evaluate in zip(SPLITS, (cli.trainer.validate, cli.trainer.test)):
+        merged = {k: v for r in evaluate(cli.model, datamodule=cli.datamodule, verbose=False) for k, v in r.items()}
+        metrics[split] = {n: merged[f"{n}/{split}_{o.metric}"] for n, o in cli.model.objectives.items()}
+    return metrics, seconds
 
 
 def step_costs(config: Path, tasks: list[str] | None, repeats: int) -> dict[str, float]:
@@ -146,18 +153,21 @@ def main(argv: list[str] | None = None) -> None:
 
     if not args.speed_only:
         multi, multi_seconds = run(args.config, names, extra)
-        single, single_seconds = {}, {}
+        single: dict[str, dict[str, float]] = {split: {} for split in SPLITS}
+        single_seconds = {}
         for n in names:
             values, single_seconds[n] = run(args.config, [n], extra)
-            single[n] = values[n]
+            for split in SPLITS:
+                single[split][n] = values[split][n]
         objectives = load(args.config, names, []).model.objectives
-        print("\nheld-out metric, same steps per task, same model size")
-        print("| task | metric | alone | four tasks, one model | relative change |\n|---|---|---|---|---|")
-        for n in names:
-            o = objectives[n]
-            sign = -1 if o.higher_is_better else 1
-            change = sign * (multi[n] - single[n]) / abs(single[n]) if single[n] else math.nan
-            print(f"| {n} | {o.metric} | {single[n]:.4g} | {multi[n]:.4g} | {change:+.1%} |")
+        for split in SPLITS:
+            print(f"\nheld-out metric ({split} split), same steps per task, same model size")
+            print("| task | metric | alone | four tasks, one model | relative change |\n|---|---|---|---|---|")
+            for n in names:
+                o, alone, together = objectives[n], single[split][n], multi[split][n]
+                sign = -1 if o.higher_is_better else 1
+                change = sign * (together - alone) / abs(alone) if alone else math.nan
+                print(f"| {n} | {o.metric} | {alone:.4g} | {together:.4g} | {change:+.1%} |")
         print(f"\nfit time: four tasks {multi_seconds / 60:.1f} min; alone "
               + ", ".join(f"{n} {s / 60:.1f} min" for n, s in single_seconds.items()))
         report.update(single=single, multi=multi, multi_seconds=multi_seconds, single_seconds=single_seconds)
