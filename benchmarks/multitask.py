@@ -17,7 +17,7 @@ What it measures, from one recipe (default ``configs/multimodal/four_tasks.yaml`
 
 Run::
 
-    python benchmarks/multitask.py --threads 2             # both measurements (about 30 minutes on 2 cores)
+    python benchmarks/multitask.py --threads 2             # both measurements (the four-task fit alone: ~9 minutes on 2 cores)
     python benchmarks/multitask.py --speed-only --threads 1
     python benchmarks/multitask.py --max-steps 200 --tasks digits cartpole   # a quick look
 """
