@@ -200,7 +200,7 @@ class DecisionTransformerTask(L.LightningModule):
     def _loss(self, batch: dict[str, Tensor]) -> tuple[Tensor, DecisionTransformerOutput]:
         model = self._require_model()
         out = model(batch["states"], batch["actions"], batch["returns_to_go"], batch["timesteps"],
-                    batch["attention_mask"])
+                    batch["attention_mask"], actions_only=True)  # the loss reads actions alone
         return action_loss(out, batch["actions"], batch["attention_mask"], model.config.discrete), out
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
@@ -238,7 +238,7 @@ class DecisionTransformerTask(L.LightningModule):
         window, conditioned on the logged returns-to-go (see `action_records`)."""
         model = self._require_model()
         out = model(batch["states"], batch["actions"], batch["returns_to_go"], batch["timesteps"],
-                    batch["attention_mask"])
+                    batch["attention_mask"], actions_only=True)
         return action_records(out.action_preds, batch, model.tokenizer())
 
     # ------------------------------------------------------------------ rollouts

@@ -219,14 +219,15 @@ class Block(nn.Module):
             self.sublayers[key] = SUBLAYERS[name](cfg, layer_idx)
         self.norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.bias) if cfg.block_norm else None
 
-    def forward(self, x: Tensor, ctx: AttentionContext, keep: int | None = None) -> Tensor:
-        """(B, N, D) -> (B, N, D); with ``keep`` = R, -> (B, R, D): only the first R tokens come
-        out (`Backbone.forward`'s ``keep_last``)."""
+    def forward(self, x: Tensor, ctx: AttentionContext, keep: int | Tensor | None = None) -> Tensor:
+        """(B, N, D) -> (B, N, D); with ``keep`` (R, or R positions), -> (B, R, D): only those
+        tokens come out (`Backbone.forward`'s ``keep_last``)."""
         drop = self.drop if self.training and self.drop.p > 0 else None
         for sub in self.sublayers.values():
             h = sub.norm(x) if self.pre_norm else x
             if keep is not None and isinstance(sub, AttentionSublayer):
-                y, x = sub(h, ctx, queries=keep), x[:, :keep]  # every token is read, R answer
+                kept = x[:, :keep] if isinstance(keep, int) else x[:, keep]
+                y, x = sub(h, ctx, queries=keep), kept  # every token is read, R answer
             else:
                 y = sub(h, ctx)
             if drop is not None:
@@ -268,7 +269,7 @@ class Backbone(nn.Module):
         encoder_hidden_states: Tensor | None = None,
         encoder_attention_mask: Tensor | None = None,
         mask: Tensor | None = None,
-        keep_last: int | None = None,
+        keep_last: int | Tensor | None = None,
     ) -> BackboneOutput:
         """Run the stack.
 
@@ -289,11 +290,12 @@ class Backbone(nn.Module):
                 (packed multimodal sequences, `unitok.packing`); ``attention_mask`` then only
                 tells sublayers that mix along N which tokens are padding.
             keep_last: R, or None: only the first R tokens leave the last block (a class-token
-                classifier reads nothing else). That block still reads every token as keys and
-                values, but computes queries, the output projection and the MLP for R tokens
-                only: the same values for those R, a layer's worth of work saved on the rest.
-                ``last_hidden_state`` is then (B, R, D). Bidirectional stacks without a cache
-                or per-layer outputs only.
+                classifier reads nothing else); or a (R,) tensor of increasing positions, causal
+                stacks too (the Decision Transformer's action head reads only state tokens).
+                That block still reads every token as keys and values, but computes queries,
+                the output projection and the MLP for R tokens only: the same values for those
+                R, a layer's worth of work saved on the rest. ``last_hidden_state`` is then
+                (B, R, D). Without a cache or per-layer outputs only.
         """
         if x.dim() != 3 or x.shape[-1] != self.config.d_model:
             raise ValueError(f"backbone expects (batch, tokens, {self.config.d_model}), got {tuple(x.shape)}")
@@ -352,12 +354,21 @@ class Backbone(nn.Module):
         )
 
 
-    def _check_keep(self, keep: int, n: int, causal: bool, cache: KVCache | None, outputs: bool) -> None:
-        if isinstance(keep, bool) or not isinstance(keep, int) or not 1 <= keep <= n:
-            raise ValueError(f"keep_last must be a number of tokens in 1..{n}, got {keep!r}")
-        if causal or cache is not None or outputs:
-            raise ValueError("keep_last needs a bidirectional stack, no cache, and no per-layer hidden states or "
-                             "attentions (they would be cut short)")
+    def _check_keep(self, keep: int | Tensor, n: int, causal: bool, cache: KVCache | None, outputs: bool) -> None:
+        if isinstance(keep, Tensor):
+            if keep.dim() != 1 or keep.dtype != torch.long or not len(keep):
+                raise ValueError(f"keep_last positions must be a non-empty (R,) long tensor, got {keep.dtype} "
+                                 f"{tuple(keep.shape)}")
+            if int(keep.min()) < 0 or int(keep.max()) >= n or bool((keep[1:] <= keep[:-1]).any()):
+                raise ValueError(f"keep_last positions must increase within 0..{n - 1}, got {keep.tolist()}")
+        elif isinstance(keep, bool) or not isinstance(keep, int) or not 1 <= keep <= n:
+            raise ValueError(f"keep_last must be a number of tokens in 1..{n} or a tensor of positions, got {keep!r}")
+        elif causal:
+            raise ValueError("keep_last=R (the first R tokens) needs a bidirectional stack; a causal one takes "
+                             "a tensor of positions")
+        if cache is not None or outputs:
+            raise ValueError("keep_last needs no cache, and no per-layer hidden states or attentions (they would "
+                             "be cut short)")
         if not self.blocks[-1].answers_a_subset():
             raise ValueError(f"keep_last needs a last block of self-attention then position-wise sublayers; this "
                              f"one has {self.config.block}")

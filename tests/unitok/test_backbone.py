@@ -114,10 +114,27 @@ def test_keep_last_gradients_equal_those_of_the_full_stack_through_the_kept_toke
         torch.testing.assert_close(p.grad, full[name], atol=1e-5, rtol=1e-4, msg=name)
 
 
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+def test_keep_last_positions_give_those_tokens_exactly_as_the_full_stack_does(causal):
+    torch.manual_seed(0)
+    model = Backbone(BackboneConfig(d_model=16, n_layers=2, n_heads=4, causal=causal)).eval()
+    x = torch.randn(2, 9, 16)
+    positions = torch.tensor([1, 4, 7])  # every third token, as the Decision Transformer keeps its states
+    padding = torch.tensor([[1] * 9, [0] * 3 + [1] * 6])  # the second row is left-padded
+    for mask in (None, padding):
+        full = model(x, attention_mask=mask).last_hidden_state
+        kept = model(x, attention_mask=mask, keep_last=positions).last_hidden_state
+        assert kept.shape == (2, 3, 16)
+        torch.testing.assert_close(kept, full[:, positions], atol=1e-6, rtol=0)
+
+
 @pytest.mark.parametrize("config, kwargs, message", [
     (dict(), dict(keep_last=0), "keep_last must be a number of tokens in 1..6"),
     (dict(), dict(keep_last=7), "keep_last must be a number of tokens in 1..6"),
     (dict(causal=True), dict(keep_last=1), "bidirectional"),
+    (dict(causal=True), dict(keep_last=torch.tensor([2, 1])), "positions must increase within 0..5"),
+    (dict(causal=True), dict(keep_last=torch.tensor([0, 6])), "positions must increase within 0..5"),
+    (dict(causal=True), dict(keep_last=torch.tensor([0.0])), "non-empty \\(R,\\) long tensor"),
     (dict(), dict(keep_last=1, output_hidden_states=True), "per-layer hidden states"),
     (dict(block=("half_mlp", "attn", "conv", "half_mlp")), dict(keep_last=1), "self-attention then position-wise"),
 ])

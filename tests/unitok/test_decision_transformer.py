@@ -108,6 +108,29 @@ def test_left_padding_changes_nothing_at_real_steps():
     torch.testing.assert_close(out, m(**x).action_preds, atol=1e-6, rtol=0)
 
 
+@pytest.mark.parametrize("variant", [{}, {"discrete": True}, {"condition_on_returns": False}],
+                         ids=["continuous", "discrete", "behaviour-cloning"])
+def test_actions_only_predicts_the_same_actions_and_gradients_as_the_full_forward(variant):
+    m = model(n_layers=3, **variant).train()  # dropout 0: both passes are the same function
+    x = inputs(m, B=3, K=5)
+    x["attention_mask"][1, :2] = 0  # a left-padded window (an episode's start)
+    x["timesteps"][1, :2] = 0
+    real = x["attention_mask"].bool()
+    full = m(**x)
+    only = m(**x, actions_only=True)
+    assert only.state_preds is None and only.return_preds is None
+    assert only.last_hidden_state.shape == (3, 5, 32)  # the state tokens alone
+    torch.testing.assert_close(only.action_preds[real], full.action_preds[real], atol=1e-6, rtol=0)
+    grads = []
+    for out in (full, only):
+        m.zero_grad()
+        out.action_preds[real].float().pow(2).sum().backward()
+        grads.append({n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys()
+    for name in grads[0]:
+        torch.testing.assert_close(grads[1][name], grads[0][name], atol=1e-5, rtol=1e-4, msg=name)
+
+
 def test_discrete_ids_and_one_hot_vectors_embed_alike():
     m = model(discrete=True)
     x = inputs(m)

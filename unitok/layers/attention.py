@@ -163,19 +163,32 @@ class SelfAttention(_MultiHead):
         self.qkv = nn.Linear(d_model, 3 * self.inner, bias=bias, device=device, dtype=dtype)
         self.proj = nn.Linear(self.inner, d_model, bias=bias, device=device, dtype=dtype)
 
-    def forward(self, x: Tensor, ctx: AttentionContext, queries: int | None = None) -> Tensor:
-        """(B, N, D) -> (B, N, D); with ``queries`` = Q, only the first Q tokens ask (-> (B, Q, D)),
-        still reading all N as keys and values (a classifier's last layer needs no more)."""
+    def forward(self, x: Tensor, ctx: AttentionContext, queries: int | Tensor | None = None) -> Tensor:
+        """(B, N, D) -> (B, N, D); with ``queries`` only some tokens ask, still reading all N as keys
+        and values (a head that reads a few positions needs no more from the last layer):
+        Q = an int, the first Q tokens (bidirectional only) -> (B, Q, D); a (Q,) tensor of
+        positions, those tokens, causal or not -> (B, Q, D). No cache."""
         B, N, _ = x.shape
         q, k, v = self.qkv(x).view(B, N, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         if ctx.cache is not None:
             k, v = ctx.cache.update(self.layer_idx, k, v)  # (B, H, T, K) with T ≥ N
         if queries is None:
             return self._output(q, k, v, ctx.mask, ctx.is_causal, ctx)
-        if ctx.is_causal or ctx.cache is not None:
-            raise ValueError("only a bidirectional attention without a cache can answer a subset of queries")
-        mask = ctx.mask[..., :queries, :] if ctx.mask is not None else None
-        return self._output(q[:, :, :queries], k, v, mask, False, ctx)
+        if ctx.cache is not None:
+            raise ValueError("an attention with a cache cannot answer a subset of queries")
+        if isinstance(queries, int):
+            if ctx.is_causal:
+                raise ValueError("only a bidirectional attention answers its first Q queries; pass positions")
+            mask = ctx.mask[..., :queries, :] if ctx.mask is not None else None
+            return self._output(q[:, :, :queries], k, v, mask, False, ctx)
+        # the kept rows of the mask; causal without a mask: row i sees keys 0..queries[i]
+        if ctx.mask is not None:
+            mask = ctx.mask[..., queries, :]
+        elif ctx.is_causal:
+            mask = (torch.arange(N, device=x.device) <= queries[:, None])[None, None]  # (1, 1, Q, N)
+        else:
+            mask = None
+        return self._output(q[:, :, queries], k, v, mask, False, ctx)
 
 
 class CrossAttention(_MultiHead):

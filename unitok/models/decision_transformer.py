@@ -128,7 +128,8 @@ class DecisionTransformerOutput:
     """``action_preds`` (B, K, A): actions (in [-1, 1] with tanh) or logits (discrete),
     predicted at each state token; ``state_preds`` (B, K, S) and ``return_preds`` (B, K, 1) at
     each action token (None without those heads); ``last_hidden_state`` (B, N, D) for the
-    interleaved tokens, plus what the backbone returned when asked."""
+    interleaved tokens ((B, K, D), the state tokens', with ``actions_only``), plus what the
+    backbone returned when asked."""
 
     action_preds: Tensor
     state_preds: Tensor | None
@@ -173,6 +174,7 @@ class DecisionTransformer(PretrainedModel):
         output_hidden_states: bool = False,
         output_attentions: bool = False,
         kernel: Kernel = "sdpa",
+        actions_only: bool = False,
     ) -> DecisionTransformerOutput:
         """Predict the action at every step of (B, K) windows, in the model's units.
 
@@ -186,6 +188,10 @@ class DecisionTransformer(PretrainedModel):
                 tokens). timesteps: (B, K) step indices in [0, max_ep_len).
             attention_mask: (B, K) 1 for real steps, 0 for padding.
             rewards: accepted for Hugging Face compatibility and ignored (as there).
+            actions_only: predict actions alone (``state_preds`` and ``return_preds`` None):
+                the last block then computes only the state tokens the action head reads
+                (`Backbone.forward`'s ``keep_last``), the same actions and gradients for about
+                two thirds of a layer less work; how `tasks.DecisionTransformerTask` trains.
         """
         if isinstance(states, TrajectoryWindows):
             batch = states
@@ -209,17 +215,24 @@ class DecisionTransformer(PretrainedModel):
         if self.training and self.drop.p > 0:
             x = self.drop(x)
         mask = None if attention_mask is None else attention_mask.repeat_interleave(G, dim=1)  # (B, N)
+        keep = None
+        if actions_only:  # the state tokens s_1 … s_K sit at G − 2, 2G − 2, …
+            keep = torch.arange(G - 2, G * K, G, device=x.device)
         out = self.backbone(x, mask, output_hidden_states=output_hidden_states,
-                            output_attentions=output_attentions, kernel=kernel)
-        h = out.last_hidden_state.reshape(B, K, G, c.d_model)  # (B, K, G, D)
-        state_tok, action_tok = h[:, :, G - 2], h[:, :, G - 1]  # (B, K, D) each
+                            output_attentions=output_attentions, kernel=kernel, keep_last=keep)
+        if actions_only:
+            state_tok, action_tok = out.last_hidden_state, None  # (B, K, D)
+        else:
+            h = out.last_hidden_state.reshape(B, K, G, c.d_model)  # (B, K, G, D)
+            state_tok, action_tok = h[:, :, G - 2], h[:, :, G - 1]  # (B, K, D) each
         action_preds = self.action_head(state_tok)  # a_t from the tokens up to s_t
         if not c.discrete and c.action_tanh:
             action_preds = torch.tanh(action_preds)
         return DecisionTransformerOutput(
             action_preds=action_preds,
-            state_preds=self.state_head(action_tok) if self.state_head is not None else None,
-            return_preds=self.return_head(action_tok) if self.return_head is not None else None,
+            state_preds=self.state_head(action_tok) if self.state_head is not None and action_tok is not None else None,
+            return_preds=(self.return_head(action_tok) if self.return_head is not None and action_tok is not None
+                          else None),
             last_hidden_state=out.last_hidden_state,
             hidden_states=out.hidden_states,
             attentions=out.attentions,
