@@ -6,7 +6,7 @@ Axis legend: B batch, N frames in, N' frames after subsampling, V = 1 + characte
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any
 
 import lightning as L
 import torch
@@ -17,11 +17,9 @@ from torchmetrics.text import CharErrorRate, WordErrorRate
 from tasks.optim import adamw_warmup_cosine
 from tasks.predictions import Record, records
 from tokenizers_mm import CharacterVocabulary, SpectrogramConfig
-from unitok.ctc import ctc_greedy_decode, ctc_prefix_beam_search
+from unitok.ctc import Decoder, Lexicon, ctc_decode
 from unitok.models import ConformerConfig, ConformerCTC
 from unitok.outputs import CTCOutput
-
-Decoder = Literal["greedy", "beam"]
 
 
 def ctc_loss(logits: Tensor, output_lengths: Tensor, targets: Tensor, target_lengths: Tensor) -> Tensor:
@@ -68,6 +66,8 @@ class CTCSpeechTask(L.LightningModule):
         learning_rate / weight_decay / betas / warmup_steps / min_lr_ratio: AdamW (no decay on
             biases and norm gains), linear warm-up then cosine decay.
         decoder / beam_size: decoding for test and predict: "greedy" or CTC prefix beam search.
+        lexicon: words the transcripts consist of (e.g. the ten digit names): beam search then
+            spells only those (`unitok.ctc.Lexicon`); needs ``decoder="beam"``.
     """
 
     def __init__(
@@ -88,16 +88,19 @@ class CTCSpeechTask(L.LightningModule):
         min_lr_ratio: float = 0.01,
         decoder: Decoder = "greedy",
         beam_size: int = 8,
+        lexicon: list[str] | None = None,
     ) -> None:
         super().__init__()
         # Decoding is an evaluation choice, not part of the trained model: left out of the
         # checkpoint's hyperparameters so `unitok test --ckpt_path … --model.decoder beam` applies.
-        self.save_hyperparameters(ignore=["decoder", "beam_size"])
+        self.save_hyperparameters(ignore=["decoder", "beam_size", "lexicon"])
         if decoder not in ("greedy", "beam"):
             raise ValueError(f"decoder must be 'greedy' or 'beam', got {decoder!r}")
         if beam_size < 1:
             raise ValueError(f"beam_size must be ≥ 1, got {beam_size}")
-        self.decoder, self.beam_size = decoder, beam_size
+        if lexicon is not None and decoder != "beam":
+            raise ValueError(f"a lexicon needs decoder='beam', got decoder={decoder!r}")
+        self.decoder, self.beam_size, self.lexicon = decoder, beam_size, lexicon
         overrides = self._overrides()
         if pretrained is not None and overrides:
             raise ValueError(f"a pretrained model's {', '.join(overrides)} cannot be overridden")
@@ -167,15 +170,19 @@ class CTCSpeechTask(L.LightningModule):
         self.log("lr", self.optimizers().param_groups[0]["lr"], prog_bar=False)  # type: ignore[union-attr]
         return loss
 
-    def decode(self, out: CTCOutput, decoder: Decoder = "greedy", beam_size: int = 8) -> list[str]:
-        """Model output -> transcripts with greedy decoding or CTC prefix beam search."""
-        log_probs = out.logits.float().log_softmax(dim=-1)
-        if decoder == "greedy":
-            paths = ctc_greedy_decode(log_probs, out.lengths)
-        else:
-            paths = ctc_prefix_beam_search(log_probs, out.lengths, beam_size=beam_size)
+    def decode(self, out: CTCOutput, decoder: Decoder = "greedy", beam_size: int = 8,
+               lexicon: list[str] | None = None) -> list[str]:
+        """Model output -> transcripts with greedy decoding or CTC prefix beam search (held to
+        ``lexicon``'s words when given)."""
+        paths = self._paths(out.logits.float().log_softmax(dim=-1), out.lengths, decoder, beam_size, lexicon)
         vocabulary = CharacterVocabulary(self._model.config.vocabulary)
         return [vocabulary.decode(p) for p in paths]
+
+    def _paths(self, log_probs: Tensor, lengths: Tensor, decoder: Decoder, beam_size: int,
+               lexicon: list[str] | None) -> list[list[int]]:
+        vocabulary = CharacterVocabulary(self._model.config.vocabulary)
+        words = Lexicon.from_words(lexicon, vocabulary) if lexicon is not None else None
+        return ctc_decode(log_probs, lengths, decoder, beam_size, words)
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         loss, out = self._loss(batch)
@@ -189,7 +196,7 @@ class CTCSpeechTask(L.LightningModule):
 
     def test_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         loss, out = self._loss(batch)
-        hypotheses = self.decode(out, self.decoder, self.beam_size)
+        hypotheses = self.decode(out, self.decoder, self.beam_size, self.lexicon)
         self.test_cer.update(hypotheses, batch["texts"])
         self.test_wer.update(hypotheses, batch["texts"])
         size = len(batch["texts"])
@@ -207,10 +214,7 @@ class CTCSpeechTask(L.LightningModule):
         else:
             out = self._model(batch)
         log_probs = out.logits.float().log_softmax(dim=-1)
-        if self.decoder == "greedy":
-            paths = ctc_greedy_decode(log_probs, out.lengths)
-        else:
-            paths = ctc_prefix_beam_search(log_probs, out.lengths, beam_size=self.beam_size)
+        paths = self._paths(log_probs, out.lengths, self.decoder, self.beam_size, self.lexicon)
         vocabulary = CharacterVocabulary(self._model.config.vocabulary)
         return records([vocabulary.decode(p) for p in paths], ctc_log_likelihood(log_probs, out.lengths, paths),
                        target=batch.get("texts") if isinstance(batch, dict) else None)

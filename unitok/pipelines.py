@@ -407,27 +407,28 @@ def _audio_tokens(processor: Processor, items: list[Any], sample_rate: int | Non
 
 
 class SpeechRecognitionPipeline(Pipeline):
-    """Audio -> ``{"text"}`` with a Conformer-CTC (greedy or prefix beam search)."""
+    """Audio -> ``{"text"}`` with a Conformer-CTC (greedy or prefix beam search, optionally
+    held to a ``lexicon`` of words)."""
 
     task = "automatic-speech-recognition"
     families = ("ConformerCTC",)
-    defaults = {"sample_rate": None, "decoder": "greedy", "beam_size": 8}
+    defaults = {"sample_rate": None, "decoder": "greedy", "beam_size": 8, "lexicon": None}
 
     def check_model(self) -> None:
         self.processor.part("characters")
 
-    def run_batch(self, items: list[Any], sample_rate: int | None, decoder: str, beam_size: int) -> list[Any]:
-        from unitok.ctc import ctc_greedy_decode, ctc_prefix_beam_search
+    def run_batch(self, items: list[Any], sample_rate: int | None, decoder: str, beam_size: int,
+                  lexicon: list[str] | None) -> list[Any]:
+        from unitok.ctc import Lexicon, ctc_decode
 
+        words = Lexicon.from_words(lexicon, self.processor.characters) if lexicon is not None else None
+        if decoder not in ("greedy", "beam"):
+            raise ValueError(f"decoder must be 'greedy' or 'beam', got {decoder!r}")
+        if words is not None and decoder != "beam":
+            raise ValueError(f"a lexicon needs decoder='beam', got decoder={decoder!r}")
         tokens = _audio_tokens(self.processor, items, sample_rate).to(self.device)
         out = self.model(tokens.features, tokens.attention_mask.sum(dim=1))
-        log_probs = out.logits.float().log_softmax(-1)
-        if decoder == "greedy":
-            paths = ctc_greedy_decode(log_probs, out.lengths)
-        elif decoder == "beam":
-            paths = ctc_prefix_beam_search(log_probs, out.lengths, beam_size=beam_size)
-        else:
-            raise ValueError(f"decoder must be 'greedy' or 'beam', got {decoder!r}")
+        paths = ctc_decode(out.logits.float().log_softmax(-1), out.lengths, decoder, beam_size, words)  # type: ignore[arg-type]
         return [{"text": self.processor.characters.decode(p)} for p in paths]
 
 

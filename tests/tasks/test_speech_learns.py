@@ -101,6 +101,8 @@ def test_the_task_needs_a_vocabulary_or_a_data_module_and_refuses_nan_features()
         CTCSpeechTask().configure_model()
     with pytest.raises(ValueError, match="decoder must be"):
         CTCSpeechTask(decoder="viterbi")
+    with pytest.raises(ValueError, match="a lexicon needs decoder='beam'"):
+        CTCSpeechTask(lexicon=["one", "two"])
     vocabulary = CharacterVocabulary.build(["one two"])
     task = CTCSpeechTask(n_layers=1, vocabulary=list(vocabulary.chars))
     features = torch.randn(1, 40, 80)
@@ -135,3 +137,8 @@ def test_a_tiny_conformer_transcribes_voices_it_never_heard(tmp_path):
     utterances = dm.val_utterances[:8]
     texts = model.transcribe([str(u.audio_filepath) for u in utterances])
     assert sum(t == u.text for t, u in zip(texts, utterances)) >= 5, list(zip(texts, [u.text for u in utterances]))
+    # held to the ten digit names, beam search spells only those, and reads at least as many right
+    digits = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+    held = model.transcribe([str(u.audio_filepath) for u in utterances], "beam", lexicon=digits)
+    assert all(w in digits for t in held for w in t.split()), held
+    assert sum(t == u.text for t, u in zip(held, utterances)) >= sum(t == u.text for t, u in zip(texts, utterances))

@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from unitok.ctc import ctc_greedy_decode, ctc_prefix_beam_search
+from unitok.ctc import Lexicon, ctc_decode, ctc_greedy_decode, ctc_prefix_beam_search
 
 
 def table(rows: list[list[float]]) -> torch.Tensor:
@@ -134,3 +134,78 @@ def test_bad_decoder_input_is_refused():
         ctc_prefix_beam_search(torch.zeros(1, 4, 3), beam_size=0)
     with pytest.raises(ValueError, match="blank=3"):
         ctc_greedy_decode(torch.zeros(1, 4, 3), blank=3)
+
+
+# --------------------------------------------------------------------------- lexicon
+
+# ids: 0 blank, 1 "e", 2 "n", 3 "o", 4 "t", 5 "w", 6 " " (the delimiter)
+ONE, TWO, SPACE = (3, 2, 1), (4, 5, 3), 6
+
+
+def lexicon() -> Lexicon:
+    return Lexicon([ONE, TWO], delimiter=SPACE)
+
+
+def spelled(*frames: int, sure: float = 0.6) -> torch.Tensor:
+    """(1, T, 7) log-probabilities: each frame's label holds ``sure`` of the mass, the rest spread."""
+    probs = torch.full((len(frames), 7), (1 - sure) / 6)
+    probs[torch.arange(len(frames)), torch.tensor(frames)] = sure
+    return probs.log()[None]
+
+
+def words(path: list[int]) -> list[tuple[int, ...]]:
+    out, word = [], []
+    for label in path + [SPACE]:
+        if label == SPACE:
+            out.append(tuple(word))
+            word = []
+        else:
+            word.append(label)
+    return out
+
+
+def test_a_lexicon_turns_a_half_heard_word_into_the_likeliest_lexicon_word():
+    heard = spelled(3, 0, 2, 0, 5)  # "o n w": not a word; "one" differs in its last letter
+    assert ctc_greedy_decode(heard) == [[3, 2, 5]]
+    assert ctc_prefix_beam_search(heard, beam_size=8, lexicon=lexicon()) == [list(ONE)]
+
+
+def test_a_lexicon_puts_delimiters_only_between_whole_words():
+    heard = spelled(4, 5, 3, 6, 3, 2, 1)  # "two one", heard cleanly
+    assert ctc_prefix_beam_search(heard, beam_size=8, lexicon=lexicon()) == [[*TWO, SPACE, *ONE]]
+    leading = spelled(6, 3, 2, 1)  # a delimiter before any word is dropped, not kept
+    assert ctc_prefix_beam_search(leading, beam_size=8, lexicon=lexicon()) == [list(ONE)]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_every_word_a_lexicon_search_returns_is_a_lexicon_word(seed):
+    g = torch.Generator().manual_seed(seed)
+    log_probs = torch.randn(3, 12, 7, generator=g).log_softmax(-1)
+    for path in ctc_prefix_beam_search(log_probs, beam_size=6, lexicon=lexicon()):
+        assert path == [] or all(w in (ONE, TWO) for w in words(path)), path
+
+
+def test_a_lexicon_from_words_spells_them_with_the_vocabulary():
+    from tokenizers_mm import CharacterVocabulary
+
+    vocab = CharacterVocabulary(list("enotw "))
+    lex = Lexicon.from_words(["one", "two"], vocab)
+    assert lex.words == {ONE, TWO} and lex.delimiter == SPACE
+    with pytest.raises(ValueError, match=r"not in the vocabulary"):
+        Lexicon.from_words(["three"], vocab)
+    with pytest.raises(ValueError, match="must not contain the delimiter"):
+        Lexicon.from_words(["one two"], vocab)
+    with pytest.raises(ValueError, match="at least one word"):
+        Lexicon.from_words([], vocab)
+    with pytest.raises(TypeError, match="list of words"):
+        Lexicon.from_words("one", vocab)
+
+
+def test_decoding_by_name_refuses_a_lexicon_without_beam_search():
+    heard = spelled(3, 0, 2, 0, 1)
+    assert ctc_decode(heard, decoder="greedy") == ctc_greedy_decode(heard)
+    assert ctc_decode(heard, decoder="beam", lexicon=lexicon()) == [list(ONE)]
+    with pytest.raises(ValueError, match="a lexicon needs decoder='beam'"):
+        ctc_decode(heard, decoder="greedy", lexicon=lexicon())
+    with pytest.raises(ValueError, match="decoder must be 'greedy' or 'beam'"):
+        ctc_decode(heard, decoder="viterbi")  # type: ignore[arg-type]

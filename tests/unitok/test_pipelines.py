@@ -234,6 +234,23 @@ def test_speech_recognition_decodes_the_ctc_head_with_the_saved_characters(tmp_p
     assert asr(waves[0], sample_rate=16000, decoder="beam", beam_size=4)["text"] is not None
 
 
+def test_speech_recognition_held_to_a_lexicon_spells_only_its_words(tmp_path):
+    torch.manual_seed(0)
+    model = ConformerCTC(ConformerConfig.from_name("conformer-digits", vocabulary=tuple("onetw ")))
+    asr = pipeline("automatic-speech-recognition", model=saved(model, tmp_path))
+    waves = [(0.1 * np.random.default_rng(i).standard_normal(n)).astype(np.float32) for i, n in ((0, 16000), (1, 24000))]
+    answers = asr(waves, sample_rate=16000, decoder="beam", lexicon=["one", "two"])
+    assert answers == [{"text": t} for t in model.transcribe(waves, "beam", sample_rate=16000, lexicon=["one", "two"])]
+    for answer in answers:
+        assert all(word in ("one", "two") for word in answer["text"].split()), answer
+    with pytest.raises(ValueError, match="a lexicon needs decoder='beam'"):
+        asr(waves[0], sample_rate=16000, lexicon=["one"])
+    with pytest.raises(ValueError, match=r"characters \['h', 'r'\] that are not in the vocabulary"):
+        asr(waves[0], sample_rate=16000, decoder="beam", lexicon=["three"])
+    with pytest.raises(ValueError, match="a lexicon needs decoder='beam'"):
+        model.transcribe(waves[0], sample_rate=16000, lexicon=["one"])
+
+
 def test_decision_acts_for_a_target_return_as_the_model_does(tmp_path):
     torch.manual_seed(0)
     dt = DecisionTransformer(DecisionTransformerConfig.from_name("dt-cartpole", return_scale=100.0))

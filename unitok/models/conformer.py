@@ -10,6 +10,7 @@ Axis legend: B batch, N frames in, N' frames after subsampling, F mel bins, D wi
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -172,17 +173,22 @@ class ConformerCTC(PretrainedModel):
 
     @torch.no_grad()
     def transcribe(self, audio: Any, decoder: Literal["greedy", "beam"] = "greedy", beam_size: int = 8,
-                   sample_rate: int | None = None) -> list[str]:
+                   sample_rate: int | None = None, lexicon: Sequence[str] | None = None) -> list[str]:
         """Audio files, or waveforms with their ``sample_rate`` (required: no rate is assumed),
         -> text, with the stored spectrogram settings and vocabulary; CTC greedy decoding or
-        prefix beam search (``beam_size``). A clip with no speech in it gives ""."""
+        prefix beam search (``beam_size``), which ``lexicon`` (words, e.g. the ten digit names)
+        holds to those words. A clip with no speech in it gives ""."""
         from tokenizers_mm import CharacterVocabulary, SpectrogramConfig, SpectrogramTokenizer
-        from unitok.ctc import ctc_greedy_decode, ctc_prefix_beam_search
+        from unitok.ctc import Lexicon, ctc_decode
 
         if not self.config.vocabulary or self.ctc_head is None:
             raise ValueError("this model has no character vocabulary / CTC head to transcribe with")
         if decoder not in ("greedy", "beam"):
             raise ValueError(f"decoder must be 'greedy' or 'beam', got {decoder!r}")
+        vocab = CharacterVocabulary.from_list(list(self.config.vocabulary))
+        words = Lexicon.from_words(lexicon, vocab) if lexicon is not None else None
+        if words is not None and decoder != "beam":
+            raise ValueError(f"a lexicon needs decoder='beam', got decoder={decoder!r}")
         tokenizer = SpectrogramTokenizer(SpectrogramConfig(**self.config.spectrogram))
         items = audio if isinstance(audio, (list, tuple)) else [audio]
         tokens = tokenizer.encode(list(items), sample_rate=sample_rate)
@@ -193,10 +199,5 @@ class ConformerCTC(PretrainedModel):
             out = self(tokens.features.to(param.device, param.dtype), tokens.attention_mask.sum(dim=1))
         finally:
             self.train(was_training)
-        log_probs = out.logits.float().log_softmax(dim=-1)
-        if decoder == "greedy":
-            paths = ctc_greedy_decode(log_probs, out.lengths)
-        else:
-            paths = ctc_prefix_beam_search(log_probs, out.lengths, beam_size=beam_size)
-        vocab = CharacterVocabulary.from_list(list(self.config.vocabulary))
+        paths = ctc_decode(out.logits.float().log_softmax(dim=-1), out.lengths, decoder, beam_size, words)
         return [vocab.decode(p) for p in paths]
