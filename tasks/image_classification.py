@@ -79,7 +79,8 @@ class ImageClassificationTask(L.LightningModule):
         distillation: "none", "hard" or "soft" (DeiT only) with ``distill_alpha`` /
             ``distill_tau`` (soft); see `hard_distillation_loss`, `soft_distillation_loss`.
         teacher: ``"cnn:train"`` (train a `SmallCNN` on the training split for ``teacher_steps``
-            before fitting, seeded by the run's seed; its state dict is saved as
+            before fitting, with mixup at ``teacher_mixup`` (a Beta(α, α) mixing weight; 0: none),
+            seeded by the run's seed; its state dict is saved as
             ``teacher_cnn.pt`` in the log dir), a ``.pt`` SmallCNN
             state dict, or a ``save_pretrained`` folder of a unitok image model.
         teacher_module: a ready teacher ``nn.Module`` (from Python) instead of ``teacher``.
@@ -109,6 +110,7 @@ class ImageClassificationTask(L.LightningModule):
         distill_tau: float = 3.0,
         teacher: str | None = None,
         teacher_steps: int = 200,
+        teacher_mixup: float = 0.0,
         teacher_module: nn.Module | None = None,
     ) -> None:
         super().__init__()
@@ -119,6 +121,8 @@ class ImageClassificationTask(L.LightningModule):
             raise ValueError(f"distillation={distillation!r} needs family='deit' (a distillation token)")
         if distillation == "none" and (teacher is not None or teacher_module is not None):
             raise ValueError("a teacher was given but distillation='none'; choose 'hard' or 'soft'")
+        if teacher_mixup < 0:
+            raise ValueError(f"teacher_mixup must be ≥ 0 (a Beta(α, α) mixing weight; 0: no mixup), got {teacher_mixup}")
         if not 0.0 <= distill_alpha <= 1.0 or distill_tau <= 0:
             raise ValueError(f"need 0 ≤ distill_alpha ≤ 1 and distill_tau > 0, got {distill_alpha}, {distill_tau}")
         self.model = self._build_model()
@@ -227,7 +231,7 @@ class ImageClassificationTask(L.LightningModule):
         if datamodule is None:
             raise ValueError(f"teacher={TRAIN_CNN!r} trains on the data module; fit with datamodule=…")
         rank_zero_info(f"training a SmallCNN teacher for {h.teacher_steps} steps (seed {run_seed()})")
-        teacher = train_cnn_teacher(datamodule, steps=h.teacher_steps, seed=run_seed(),
+        teacher = train_cnn_teacher(datamodule, steps=h.teacher_steps, seed=run_seed(), mixup=h.teacher_mixup,
                                     device=self.trainer.strategy.root_device)
         if self.trainer.logger is not None and self.trainer.is_global_zero:
             path = log_dir(self.trainer) / "teacher_cnn.pt"

