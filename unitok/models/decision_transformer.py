@@ -326,7 +326,8 @@ class DecisionTransformer(PretrainedModel):
         was_training = self.training
         self.eval()
         try:
-            out = self(states[:, -K:], actions[:, -K:], returns_to_go[:, -K:], timesteps[:, -K:])
+            out = self(states[:, -K:], actions[:, -K:], returns_to_go[:, -K:], timesteps[:, -K:],
+                       actions_only=True)
         finally:
             self.train(was_training)
         last = out.action_preds[:, -1]
