@@ -17,7 +17,7 @@ from torchmetrics.text import CharErrorRate, WordErrorRate
 from tasks.optim import adamw_warmup_cosine
 from tasks.predictions import Record, records
 from tokenizers_mm import CharacterVocabulary, SpectrogramConfig
-from unitok.ctc import Decoder, Lexicon, ctc_decode
+from unitok.ctc import Decoder, Lexicon, check_decoder, ctc_decode
 from unitok.models import ConformerConfig, ConformerCTC
 from unitok.outputs import CTCOutput
 
@@ -94,13 +94,11 @@ class CTCSpeechTask(L.LightningModule):
         # Decoding is an evaluation choice, not part of the trained model: left out of the
         # checkpoint's hyperparameters so `unitok test --ckpt_path … --model.decoder beam` applies.
         self.save_hyperparameters(ignore=["decoder", "beam_size", "lexicon"])
-        if decoder not in ("greedy", "beam"):
-            raise ValueError(f"decoder must be 'greedy' or 'beam', got {decoder!r}")
+        check_decoder(decoder, lexicon)
         if beam_size < 1:
             raise ValueError(f"beam_size must be ≥ 1, got {beam_size}")
-        if lexicon is not None and decoder != "beam":
-            raise ValueError(f"a lexicon needs decoder='beam', got decoder={decoder!r}")
         self.decoder, self.beam_size, self.lexicon = decoder, beam_size, lexicon
+        self._words: Lexicon | None = None  # ``lexicon`` spelled in the model's characters, once it exists
         overrides = self._overrides()
         if pretrained is not None and overrides:
             raise ValueError(f"a pretrained model's {', '.join(overrides)} cannot be overridden")
@@ -137,6 +135,7 @@ class CTCSpeechTask(L.LightningModule):
             # Recorded so `load_from_checkpoint` rebuilds the same model without the data module.
             self.hparams["vocabulary"] = list(vocabulary.chars)
             self.hparams["spectrogram"] = spectrogram.to_dict()
+            self._lexicon()  # a lexicon word the characters cannot spell fails now, not after a run
             return
         c = self.model.config
         if vocabulary is not None and tuple(vocabulary.chars) != c.vocabulary:
@@ -147,6 +146,7 @@ class CTCSpeechTask(L.LightningModule):
                       if c.spectrogram.get(k) != v and k not in ("global_mean", "global_std")}
             raise ValueError(f"the data's spectrogram settings differ from the model's (data, model): {differ or 'stats'}; "
                              f"give the data module spectrogram={c.spectrogram}")
+        self._lexicon()
 
     def forward(self, features: Tensor, lengths: Tensor | None = None) -> CTCOutput:
         return self._model(features, lengths)
@@ -180,9 +180,17 @@ class CTCSpeechTask(L.LightningModule):
 
     def _paths(self, log_probs: Tensor, lengths: Tensor, decoder: Decoder, beam_size: int,
                lexicon: list[str] | None) -> list[list[int]]:
-        vocabulary = CharacterVocabulary(self._model.config.vocabulary)
-        words = Lexicon.from_words(lexicon, vocabulary) if lexicon is not None else None
+        if lexicon is self.lexicon and lexicon is not None:
+            words = self._lexicon()
+        else:
+            words = Lexicon.from_words(lexicon, CharacterVocabulary(self._model.config.vocabulary)) if lexicon else None
         return ctc_decode(log_probs, lengths, decoder, beam_size, words)
+
+    def _lexicon(self) -> Lexicon | None:
+        """``lexicon`` in the model's characters, built once (a word it cannot spell is an error)."""
+        if self.lexicon is not None and self._words is None:
+            self._words = Lexicon.from_words(self.lexicon, CharacterVocabulary(self._model.config.vocabulary))
+        return self._words
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         loss, out = self._loss(batch)

@@ -121,8 +121,10 @@ class ImageClassificationTask(L.LightningModule):
             raise ValueError(f"distillation={distillation!r} needs family='deit' (a distillation token)")
         if distillation == "none" and (teacher is not None or teacher_module is not None):
             raise ValueError("a teacher was given but distillation='none'; choose 'hard' or 'soft'")
-        if teacher_mixup < 0:
+        if not teacher_mixup >= 0:  # NaN too
             raise ValueError(f"teacher_mixup must be ≥ 0 (a Beta(α, α) mixing weight; 0: no mixup), got {teacher_mixup}")
+        if teacher_mixup > 0 and teacher != TRAIN_CNN:
+            raise ValueError(f"teacher_mixup trains the {TRAIN_CNN!r} teacher; teacher={teacher!r} is not trained here")
         if not 0.0 <= distill_alpha <= 1.0 or distill_tau <= 0:
             raise ValueError(f"need 0 ≤ distill_alpha ≤ 1 and distill_tau > 0, got {distill_alpha}, {distill_tau}")
         self.model = self._build_model()

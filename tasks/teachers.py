@@ -86,6 +86,8 @@ def train_cnn_teacher(
     the training split only: never a validation or test scan. About 300 steps of 64 digits
     reach ≈ 97 % held-out accuracy on the full training split, ≈ 95 % on 10 scans a class.
     """
+    if not mixup >= 0:
+        raise ValueError(f"mixup must be ≥ 0 (a Beta(α, α) mixing weight; 0: no mixup), got {mixup}")
     seed = run_seed() if seed is None else int(seed)
     datamodule.setup("fit")
     with torch.random.fork_rng(devices=[]):

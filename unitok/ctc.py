@@ -172,14 +172,21 @@ def ctc_prefix_beam_search(log_probs: Tensor, lengths: Tensor | None = None, bea
     return results
 
 
+def check_decoder(decoder: str, lexicon: object | None = None) -> None:
+    """Refuse an unknown decoder, or a lexicon (words or a `Lexicon`) without beam search —
+    before any audio is read."""
+    if decoder not in ("greedy", "beam"):
+        raise ValueError(f"decoder must be 'greedy' or 'beam', got {decoder!r}")
+    if lexicon is not None and decoder != "beam":
+        raise ValueError(f"a lexicon needs decoder='beam' (greedy decoding follows the best frame path), "
+                         f"got decoder={decoder!r}")
+
+
 def ctc_decode(log_probs: Tensor, lengths: Tensor | None = None, decoder: Decoder = "greedy", beam_size: int = 8,
                lexicon: Lexicon | None = None, blank: int = 0) -> list[list[int]]:
     """Decode by name: "greedy" (`ctc_greedy_decode`) or "beam" (`ctc_prefix_beam_search`,
     with ``beam_size`` and an optional ``lexicon``, which greedy decoding cannot follow)."""
+    check_decoder(decoder, lexicon)
     if decoder == "greedy":
-        if lexicon is not None:
-            raise ValueError("a lexicon needs decoder='beam' (greedy decoding follows the best frame path)")
         return ctc_greedy_decode(log_probs, lengths, blank)
-    if decoder == "beam":
-        return ctc_prefix_beam_search(log_probs, lengths, beam_size=beam_size, blank=blank, lexicon=lexicon)
-    raise ValueError(f"decoder must be 'greedy' or 'beam', got {decoder!r}")
+    return ctc_prefix_beam_search(log_probs, lengths, beam_size=beam_size, blank=blank, lexicon=lexicon)

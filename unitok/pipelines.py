@@ -419,13 +419,10 @@ class SpeechRecognitionPipeline(Pipeline):
 
     def run_batch(self, items: list[Any], sample_rate: int | None, decoder: str, beam_size: int,
                   lexicon: list[str] | None) -> list[Any]:
-        from unitok.ctc import Lexicon, ctc_decode
+        from unitok.ctc import Lexicon, check_decoder, ctc_decode
 
+        check_decoder(decoder, lexicon)
         words = Lexicon.from_words(lexicon, self.processor.characters) if lexicon is not None else None
-        if decoder not in ("greedy", "beam"):
-            raise ValueError(f"decoder must be 'greedy' or 'beam', got {decoder!r}")
-        if words is not None and decoder != "beam":
-            raise ValueError(f"a lexicon needs decoder='beam', got decoder={decoder!r}")
         tokens = _audio_tokens(self.processor, items, sample_rate).to(self.device)
         out = self.model(tokens.features, tokens.attention_mask.sum(dim=1))
         paths = ctc_decode(out.logits.float().log_softmax(-1), out.lengths, decoder, beam_size, words)  # type: ignore[arg-type]

@@ -103,6 +103,8 @@ def test_the_task_needs_a_vocabulary_or_a_data_module_and_refuses_nan_features()
         CTCSpeechTask(decoder="viterbi")
     with pytest.raises(ValueError, match="a lexicon needs decoder='beam'"):
         CTCSpeechTask(lexicon=["one", "two"])
+    with pytest.raises(ValueError, match=r"'three' has characters \['h', 'r'\] that are not in the vocabulary"):
+        CTCSpeechTask(n_layers=1, vocabulary=list("enotw "), decoder="beam", lexicon=["one", "three"]).configure_model()
     vocabulary = CharacterVocabulary.build(["one two"])
     task = CTCSpeechTask(n_layers=1, vocabulary=list(vocabulary.chars))
     features = torch.randn(1, 40, 80)

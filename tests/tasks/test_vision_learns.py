@@ -182,8 +182,11 @@ def test_mixup_blends_images_and_targets_by_the_same_weight():
         weights.add(round(lam, 5))
         torch.testing.assert_close(mixed[i], lam * pixels[i] + (1 - lam) * pixels[j])
     assert len(weights) == 1  # one λ for the batch
-    with pytest.raises(ValueError, match="teacher_mixup must be ≥ 0"):
-        ImageClassificationTask(family="deit", distillation="soft", teacher="cnn:train", teacher_mixup=-1.0)
+    for bad in (-1.0, float("nan")):
+        with pytest.raises(ValueError, match="teacher_mixup must be ≥ 0"):
+            ImageClassificationTask(family="deit", distillation="soft", teacher="cnn:train", teacher_mixup=bad)
+    with pytest.raises(ValueError, match="teacher_mixup trains the 'cnn:train' teacher"):
+        ImageClassificationTask(family="deit", distillation="soft", teacher="teacher.pt", teacher_mixup=1.0)
 
 
 def test_distillation_needs_deit_and_a_teacher():

@@ -179,16 +179,13 @@ class ConformerCTC(PretrainedModel):
         prefix beam search (``beam_size``), which ``lexicon`` (words, e.g. the ten digit names)
         holds to those words. A clip with no speech in it gives ""."""
         from tokenizers_mm import CharacterVocabulary, SpectrogramConfig, SpectrogramTokenizer
-        from unitok.ctc import Lexicon, ctc_decode
+        from unitok.ctc import Lexicon, check_decoder, ctc_decode
 
         if not self.config.vocabulary or self.ctc_head is None:
             raise ValueError("this model has no character vocabulary / CTC head to transcribe with")
-        if decoder not in ("greedy", "beam"):
-            raise ValueError(f"decoder must be 'greedy' or 'beam', got {decoder!r}")
+        check_decoder(decoder, lexicon)
         vocab = CharacterVocabulary.from_list(list(self.config.vocabulary))
         words = Lexicon.from_words(lexicon, vocab) if lexicon is not None else None
-        if words is not None and decoder != "beam":
-            raise ValueError(f"a lexicon needs decoder='beam', got decoder={decoder!r}")
         tokenizer = SpectrogramTokenizer(SpectrogramConfig(**self.config.spectrogram))
         items = audio if isinstance(audio, (list, tuple)) else [audio]
         tokens = tokenizer.encode(list(items), sample_rate=sample_rate)
