@@ -123,7 +123,7 @@ class ImageClassificationTask(L.LightningModule):
             raise ValueError("a teacher was given but distillation='none'; choose 'hard' or 'soft'")
         if not teacher_mixup >= 0:  # NaN too
             raise ValueError(f"teacher_mixup must be ≥ 0 (a Beta(α, α) mixing weight; 0: no mixup), got {teacher_mixup}")
-        if teacher_mixup > 0 and teacher != TRAIN_CNN:
+        if teacher_mixup > 0 and teacher is not None and teacher != TRAIN_CNN:  # no teacher: unused, as teacher_steps
             raise ValueError(f"teacher_mixup trains the {TRAIN_CNN!r} teacher; teacher={teacher!r} is not trained here")
         if not 0.0 <= distill_alpha <= 1.0 or distill_tau <= 0:
             raise ValueError(f"need 0 ≤ distill_alpha ≤ 1 and distill_tau > 0, got {distill_alpha}, {distill_tau}")
