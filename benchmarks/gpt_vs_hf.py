@@ -9,6 +9,8 @@ random weights and converted with ``unitok.convert.from_transformers``):
 2. Generation: new tokens/s of greedy decoding with a KV cache, batch 1, ``--new-tokens``
    tokens after a ``--prompt-len`` random prompt. EOS stopping is off on both sides, so both
    generate exactly the same number of tokens; the two outputs are checked to be equal.
+   ``--compile-decode`` also times ``generate(compile=True)`` (a `StaticKVCache` and the decode
+   step compiled by inductor once, in the warm-up) against the same Hugging Face runs.
 
 Repetitions alternate between the two libraries (unitok, HF, HF, unitok, ...) so slow drifts
 of the machine hit both alike; the table reports the median of the repetitions and the ratio
@@ -64,6 +66,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip-train", action="store_true")
     p.add_argument("--skip-generate", action="store_true")
+    p.add_argument("--compile-decode", action="store_true",
+                   help="also time generate(compile=True): the static-cache step compiled by inductor "
+                        "(compilation in the warm-up, not timed)")
     return p.parse_args(argv)
 
 
@@ -151,21 +156,26 @@ def bench_generate(ours: nn.Module, hf: nn.Module, args: argparse.Namespace) -> 
         outputs["hf"] = hf.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
                                     do_sample=False, eos_token_id=None, pad_token_id=0)
 
+    def run_compiled() -> None:
+        outputs["unitok compiled"] = ours.generate(ids, max_new_tokens=n, strategy="greedy",
+                                                   eos_token_id=None, compile=True)
+
     ours.eval()
     hf.eval()
-    times = alternate({"unitok": run_ours, "hf": run_hf}, args.repeats, args.warmup, args.device,
-                      label="gpt generate")
+    runs = {"unitok": run_ours} | ({"unitok compiled": run_compiled} if args.compile_decode else {}) | {"hf": run_hf}
+    times = alternate(runs, args.repeats, args.warmup, args.device, label="gpt generate")
     a, b = outputs["unitok"], outputs["hf"]
     if a.shape != (1, args.prompt_len + n) or b.shape != a.shape:
         raise AssertionError(f"generated shapes differ: unitok {tuple(a.shape)}, "
                              f"hf {tuple(b.shape)}")
     same = bool(torch.equal(a.cpu(), b.cpu()))
+    if args.compile_decode and not torch.equal(outputs["unitok compiled"].cpu(), a.cpu()):
+        raise AssertionError("the compiled decode step generated other tokens than the eager one")
     if not same:
         first = int((a != b).nonzero()[0, 1])
         raise AssertionError(f"greedy outputs differ from position {first}: "
                              f"unitok {a[0, first:].tolist()[:8]}, hf {b[0, first:].tolist()[:8]}")
-    return {"unitok": n / statistics.median(times["unitok"]),
-            "hf": n / statistics.median(times["hf"]), "same_output": same}
+    return {name: n / statistics.median(t) for name, t in times.items()} | {"same_output": same}
 
 
 # --------------------------------------------------------------------------- report
@@ -206,6 +216,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"generate: greedy, batch 1, prompt {args.prompt_len}, {args.new_tokens} new tokens; "
               f"identical outputs: {gen['same_output']}")
         rows.append(("generate new tokens/s", gen["unitok"], gen["hf"]))
+        if args.compile_decode:
+            rows.append(("  compiled decode step", gen["unitok compiled"], gen["hf"]))
     print_table(rows)
     result["seconds"] = time.perf_counter() - start
     print(f"({result['seconds']:.0f} s)")

@@ -30,7 +30,7 @@ from unitok.layers.attention import (
     causal_mask,
 )
 from unitok.layers.conv_module import ConvModule, ConvNorm
-from unitok.layers.kv_cache import KVCache
+from unitok.layers.kv_cache import KVCache, StaticKVCache
 from unitok.layers.mlp import MLP
 from unitok.layers.norms import NormKind, make_norm
 from unitok.outputs import BackboneOutput
@@ -192,7 +192,22 @@ class TokenMLPSublayer(MLP):
                 f"the token-mixing MLP was built for {self.fc_in.in_features} tokens, got {x.shape[1]}; "
                 "MLP-Mixer needs the image size it was configured with"
             )
-        return super().forward(x.transpose(1, 2)).transpose(1, 2)  # mix along N for each of D channels
+        # Mix along N for each of the D channels: fc(xᵀ)ᵀ, computed as W (F, N) @ x (B, N, D) so
+        # that neither the input nor the output is transposed into a copy (the same products).
+        h = self._token_linear(self.fc_in, x)  # (B, F, D)
+        h = self.act(h)
+        if self.training and self.drop.p > 0:
+            h = self.drop(h)
+        return self._token_linear(self.fc_out, h)  # (B, N, D)
+
+    @staticmethod
+    def _token_linear(fc: nn.Linear, x: Tensor) -> Tensor:
+        """fc applied along dim 1 of (B, in, D) -> (B, out, D)."""
+        B, _, D = x.shape
+        weight = fc.weight.expand(B, -1, -1)
+        if fc.bias is None:
+            return torch.bmm(weight, x)
+        return torch.baddbmm(fc.bias[:, None].expand(B, -1, D), weight, x)
 
 
 # name -> constructor(cfg, layer_idx). Every sublayer has `.norm` and `forward(x, ctx)`.
@@ -261,7 +276,7 @@ class Backbone(nn.Module):
         self,
         x: Tensor,
         attention_mask: Tensor | None = None,
-        cache: KVCache | None = None,
+        cache: KVCache | StaticKVCache | None = None,
         output_hidden_states: bool = False,
         output_attentions: bool = False,
         kernel: Kernel = "sdpa",
@@ -277,7 +292,8 @@ class Backbone(nn.Module):
             x: (B, N, D) embedded tokens.
             attention_mask: (B, T) 1 for real tokens, 0 for padding; with a cache it covers
                 the cached positions followed by the N new ones.
-            cache: a `KVCache` to read and extend (incremental decoding).
+            cache: a `KVCache` to read and extend (incremental decoding), or a `StaticKVCache`
+                (fixed capacity, read whole: ``mask`` then says which positions are written).
             output_hidden_states / output_attentions: also return per-layer states / weights
                 (attention weights come from the reference kernel, which materialises them).
             kernel: "sdpa" (fused) or "reference" (plain math, for tests and inspection).
@@ -300,11 +316,14 @@ class Backbone(nn.Module):
         if x.dim() != 3 or x.shape[-1] != self.config.d_model:
             raise ValueError(f"backbone expects (batch, tokens, {self.config.d_model}), got {tuple(x.shape)}")
         n_new = x.shape[1]
-        n_keys = n_new + (cache.seq_len if cache is not None else 0)
+        n_keys = cache.key_length(n_new) if cache is not None else n_new
         if mask is not None:
             if mask.dtype != torch.bool or mask.dim() != 4 or tuple(mask.shape[-2:]) != (n_new, n_keys):
                 raise ValueError(f"mask must be a boolean (batch|1, 1, {n_new}, {n_keys}) tensor, got "
                                  f"{mask.dtype} {tuple(mask.shape)}")
+        if mask is None and isinstance(cache, StaticKVCache):
+            raise ValueError("a StaticKVCache is read whole: pass mask= (batch|1, 1, N, capacity) saying which "
+                             "positions each query may see")
         if attention_mask is not None and bool(attention_mask.all()):
             attention_mask = None  # nothing padded: let the fused kernel take its fast path
         causal = self.config.causal if causal is None else causal

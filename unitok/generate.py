@@ -9,6 +9,7 @@ Axis legend: B batch, W beams, V vocabulary, S prompt length, T total length.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -16,9 +17,21 @@ import torch
 from torch import Tensor
 
 from unitok.config import Config
-from unitok.layers.kv_cache import KVCache
+from unitok.layers.kv_cache import KVCache, StaticKVCache
 
 Strategy = Literal["greedy", "sample", "beam"]
+
+
+class StaticDecoder(Protocol):
+    """What ``compile=`` decoding needs of a model (GPT has it)."""
+
+    def new_static_cache(self, capacity: int) -> StaticKVCache: ...
+
+    def decode_step(self, new_ids: Tensor, positions: Tensor, mask: Tensor, cache: StaticKVCache,
+                    check: bool = False) -> Tensor:
+        """(B, N) ids at (B, N) positions, written at ``cache.index``, each query seeing the keys
+        ``mask`` (B, 1, N, capacity) allows -> (B, V) logits after the last id."""
+        ...
 
 
 class Decoder(Protocol):
@@ -36,7 +49,10 @@ class GenerationConfig(Config):
     (generated length, EOS included) ** ``length_penalty`` (0: the plain log-likelihood; 1, the
     default: the mean log-probability per token), and returns the best-scoring one — never one
     that scores below the greedy answer's. ``early_stopping`` ends a beam search as soon as
-    ``num_beams`` hypotheses are finished (the Hugging Face convention)."""
+    ``num_beams`` hypotheses are finished (the Hugging Face convention). ``compile`` (greedy and
+    sampling, for models with a ``decode_step``) decodes over a `StaticKVCache` with the step
+    compiled by `torch.compile` (True: inductor; or a backend's name): the same tokens, every
+    step one shape, no host sync but the end-of-sequence check."""
 
     max_new_tokens: int = 32
     strategy: Strategy = "greedy"
@@ -48,10 +64,16 @@ class GenerationConfig(Config):
     early_stopping: bool = False
     eos_token_id: int | None = None
     pad_token_id: int | None = None
+    compile: bool | str = False
 
     def __post_init__(self) -> None:
         if self.strategy not in ("greedy", "sample", "beam"):
             raise ValueError(f"unknown strategy {self.strategy!r}; expected 'greedy', 'sample' or 'beam'")
+        if not isinstance(self.compile, (bool, str)) or self.compile == "":
+            raise ValueError(f"compile must be True/False or a torch.compile backend name, got {self.compile!r}")
+        if self.compile and self.strategy == "beam":
+            raise ValueError("compile serves greedy and sampled decoding; beam search reorders its cache every "
+                             "step (use compile=False)")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be ≥ 1, got {self.max_new_tokens}")
         if self.temperature <= 0:
@@ -119,9 +141,29 @@ def generate(
     Rows that reach EOS are filled with ``pad_token_id`` (default: EOS) until all rows end.
     """
     mask = _check_prompt(input_ids, attention_mask)
+    if cfg.compile:
+        return _static_generate(model, input_ids, mask, cfg, generator)
     if cfg.strategy == "beam":
         return _beam_search(model, input_ids, mask, cfg)
+    return _decode(model, input_ids, mask, cfg, generator)
+
+
+def _next_tokens(logits: Tensor, running: Tensor, cfg: GenerationConfig,
+                 generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+    """(B, V) logits -> each row's next token (argmax or sampled; a row past its EOS gets the pad
+    id) and which rows still run after it."""
+    logits = logits.float()
+    token = logits.argmax(dim=-1) if cfg.strategy == "greedy" else sample_next(logits, cfg, generator)
+    if cfg.eos_token_id is None:
+        return token, running
     pad = cfg.pad_token_id if cfg.pad_token_id is not None else cfg.eos_token_id
+    token = torch.where(running, token, torch.full_like(token, pad))
+    return token, running & (token != cfg.eos_token_id)
+
+
+def _decode(model: Decoder, input_ids: Tensor, mask: Tensor, cfg: GenerationConfig,
+            generator: torch.Generator | None) -> Tensor:
+    """Greedy or sampled decoding over a growing `KVCache`."""
     B, S = input_ids.shape
     cache = model.new_cache(S + cfg.max_new_tokens)
     # Without padding the model needs no mask: no per-step concatenation, and the backbone
@@ -131,20 +173,74 @@ def generate(
     new = input_ids
     running = torch.ones(B, dtype=torch.bool, device=ids.device)
     for _ in range(cfg.max_new_tokens):
-        logits = model.next_token_logits(new, step_mask, cache).float()
-        if cfg.strategy == "greedy":
-            token = logits.argmax(dim=-1)
-        else:
-            token = sample_next(logits, cfg, generator)
-        if cfg.eos_token_id is not None:
-            token = torch.where(running, token, torch.full_like(token, pad))
-            running = running & (token != cfg.eos_token_id)
+        logits = model.next_token_logits(new, step_mask, cache)
+        token, running = _next_tokens(logits, running, cfg, generator)
         ids = torch.cat([ids, token[:, None]], dim=1)
         if cfg.eos_token_id is not None and not bool(running.any()):
             break
         new = token[:, None]
         if step_mask is not None:
             step_mask = torch.cat([step_mask, step_mask.new_ones(B, 1)], dim=1)
+    return ids
+
+
+def _static_step(model: StaticDecoder, new_ids: Tensor, positions: Tensor, keys: Tensor, index: Tensor,
+                 cache: StaticKVCache) -> Tensor:
+    """One token a row, written at ``index`` (1,), seeing the written (``keys`` (B, T), up to
+    ``index``) positions -> (B, V) logits. Shape-stable: what `torch.compile` traces once."""
+    written = torch.arange(keys.shape[1], device=keys.device) <= index  # (T,)
+    return model.decode_step(new_ids, positions, (keys & written)[:, None, None, :], cache)
+
+
+_compiled_steps: dict[str, Callable[..., Tensor]] = {}
+
+
+def compiled_step(backend: str) -> Callable[..., Tensor]:
+    """`_static_step` compiled for ``backend`` (once a process: traces are cached per model and shape)."""
+    if backend not in _compiled_steps:
+        _compiled_steps[backend] = torch.compile(_static_step, backend=backend, fullgraph=True, dynamic=False)
+    return _compiled_steps[backend]
+
+
+def _static_generate(model: Decoder, input_ids: Tensor, mask: Tensor, cfg: GenerationConfig,
+                     generator: torch.Generator | None) -> Tensor:
+    """Greedy or sampled decoding over a `StaticKVCache`, each new token through the compiled step.
+
+    The prompt fills positions 0..S-1 in one eager pass (its own shape); then every step writes
+    one token at ``index`` and attends over the whole buffer, the unwritten positions masked.
+    Positions count from each row's first real token, as the growing-cache path counts them.
+    """
+    if not all(hasattr(model, name) for name in ("decode_step", "new_static_cache")):
+        raise ValueError(f"compile needs a model with a decode_step and a new_static_cache (GPT has them); "
+                         f"{type(model).__name__} decodes with compile=False")
+    step = compiled_step("inductor" if cfg.compile is True else str(cfg.compile))
+    B, S = input_ids.shape
+    T = S + cfg.max_new_tokens
+    device = input_ids.device
+    cache = model.new_static_cache(T)  # type: ignore[attr-defined]
+    keys = torch.ones(B, T, dtype=torch.bool, device=device)  # which positions hold real tokens
+    keys[:, :S] = mask.bool()
+    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)  # (B, S)
+    query = torch.arange(S, device=device)[:, None]
+    key = torch.arange(T, device=device)[None, :]
+    # Causal over the prompt's real tokens; a padding query sees itself (never NaN, never used).
+    prompt_mask = ((key <= query) & keys[:, None, None, :]) | (key == query)  # (B, 1, S, T)
+    cache.index = torch.arange(S, device=device)
+    logits = model.decode_step(input_ids, positions, prompt_mask, cache, check=True)  # type: ignore[attr-defined]
+    cache.length = S
+    cache.index = index = torch.full((1,), S, dtype=torch.long, device=device)
+    position = positions[:, -1:] + 1  # (B, 1)
+    ids = input_ids
+    running = torch.ones(B, dtype=torch.bool, device=device)
+    for t in range(cfg.max_new_tokens):
+        token, running = _next_tokens(logits, running, cfg, generator)
+        ids = torch.cat([ids, token[:, None]], dim=1)
+        if t + 1 == cfg.max_new_tokens or (cfg.eos_token_id is not None and not bool(running.any())):
+            break
+        logits = step(model, token[:, None], position, keys, index, cache)
+        cache.length += 1
+        index += 1  # in place: the cache reads the same tensor
+        position = position + 1
     return ids
 
 

@@ -290,6 +290,29 @@ def test_mixer_token_mixing_sees_patch_order():
     assert _permuted_patches_change_logits(model)
 
 
+@pytest.mark.parametrize("bias", [True, False])
+def test_mixer_token_mixing_is_the_mlp_over_transposed_tokens_with_its_gradients(bias):
+    # The sublayer multiplies W (F, N) @ x (B, N, D) instead of transposing x into a copy:
+    # the same outputs and gradients as the MLP applied to xᵀ (timm's form).
+    from unitok.backbone import BackboneConfig, TokenMLPSublayer
+
+    torch.manual_seed(0)
+    cfg = BackboneConfig(d_model=12, n_layers=1, n_heads=1, block=("token_mlp", "mlp"), n_tokens=7,
+                         token_mlp_dim=5, bias=bias)
+    sub = TokenMLPSublayer(cfg, 0)
+    x = torch.randn(3, 7, 12, requires_grad=True)
+    ours = sub(x)
+    fc_in, fc_out = sub.fc_in, sub.fc_out
+    theirs = fc_out(sub.act(fc_in(x.transpose(1, 2)))).transpose(1, 2)
+    torch.testing.assert_close(ours, theirs, atol=1e-6, rtol=1e-5)
+    g = torch.randn_like(ours)
+    inputs = [x, *fc_in.parameters(), *fc_out.parameters()]  # (the sublayer's norm is the block's to apply)
+    grads = torch.autograd.grad(ours, inputs, g)
+    expected = torch.autograd.grad(theirs, inputs, g)
+    for a, b in zip(grads, expected, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
 # --------------------------------------------------------------------------- presets and configs
 
 

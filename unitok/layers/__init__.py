@@ -9,11 +9,11 @@ from unitok.layers.attention import (
     reference_attention,
     sdpa_attention,
 )
-from unitok.layers.kv_cache import KVCache
+from unitok.layers.kv_cache import KVCache, StaticKVCache
 from unitok.layers.mlp import MLP
 from unitok.layers.norms import RMSNorm, make_norm
 
 __all__ = [
-    "MLP", "AttentionContext", "KVCache", "RMSNorm", "SelfAttention", "build_attention_mask",
+    "MLP", "AttentionContext", "KVCache", "StaticKVCache", "RMSNorm", "SelfAttention", "build_attention_mask",
     "causal_mask", "make_activation", "make_norm", "reference_attention", "sdpa_attention",
 ]

@@ -34,6 +34,10 @@ class KVCache:
     def seq_len(self) -> int:
         return self._lengths[0]
 
+    def key_length(self, n_new: int) -> int:
+        """How many keys attention sees once ``n_new`` tokens are added: cached + new."""
+        return self._lengths[0] + n_new
+
     def update(self, layer: int, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
         """Append (B, H, T_new, K) keys/values for ``layer``; return all cached (B, H, T, K)."""
         start = self._lengths[layer]
@@ -87,3 +91,52 @@ class KVCache:
         self._values = [v.to(device) if v is not None else None for v in self._values]
         self.cross = {i: (k.to(device), v.to(device)) for i, (k, v) in self.cross.items()}
         return self
+
+
+class StaticKVCache:
+    """Keys and values in buffers of one fixed capacity, written where ``index`` says.
+
+    Every decode step then has the same shapes — attention reads the whole buffer, a mask
+    hides the positions not written yet — which is what a compiled decode step (or a CUDA
+    graph) needs: nothing grows, no shape changes from one token to the next. ``index`` is a
+    (N,) tensor of the positions the next N tokens are written to, set by the caller (the
+    decoding loop advances it in place, without a host sync); ``seq_len`` counts filled
+    positions on the host. Buffers are made at the first write (their batch, heads and width
+    come from the keys).
+    """
+
+    def __init__(self, n_layers: int, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError(f"a static cache needs a capacity ≥ 1, got {capacity}")
+        self.n_layers = n_layers
+        self.capacity = capacity
+        self.index: Tensor | None = None
+        self.length = 0
+        self._keys: list[Tensor | None] = [None] * n_layers
+        self._values: list[Tensor | None] = [None] * n_layers
+        self.cross: dict[int, tuple[Tensor, Tensor]] = {}
+
+    def __len__(self) -> int:
+        return self.length
+
+    @property
+    def seq_len(self) -> int:
+        return self.length
+
+    def key_length(self, n_new: int) -> int:
+        """Attention always reads the whole buffer (masked past what is written)."""
+        return self.capacity
+
+    def update(self, layer: int, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
+        """Write (B, H, N, K) keys/values at ``index``; return the whole (B, H, capacity, K) buffers."""
+        if self.index is None or self.index.shape != (keys.shape[2],):
+            shape = None if self.index is None else tuple(self.index.shape)
+            raise ValueError(f"set StaticKVCache.index to the {keys.shape[2]} positions being written, got {shape}")
+        if self._keys[layer] is None:
+            size = (keys.shape[0], keys.shape[1], self.capacity, keys.shape[3])
+            self._keys[layer] = keys.new_zeros(size)
+            self._values[layer] = values.new_zeros(size)
+        buf_k, buf_v = self._keys[layer], self._values[layer]
+        buf_k.index_copy_(2, self.index, keys)  # type: ignore[union-attr]
+        buf_v.index_copy_(2, self.index, values)  # type: ignore[union-attr]
+        return buf_k, buf_v  # type: ignore[return-value]

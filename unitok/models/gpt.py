@@ -21,7 +21,7 @@ from unitok.generate import GenerationConfig, generate
 from unitok.heads import ClassificationHead, pool_tokens
 from unitok.layers.activations import Activation
 from unitok.layers.attention import Kernel
-from unitok.layers.kv_cache import KVCache
+from unitok.layers.kv_cache import KVCache, StaticKVCache
 from unitok.losses import causal_lm_loss
 from unitok.models.base import PretrainedModel
 from unitok.outputs import CausalLMOutput
@@ -242,6 +242,22 @@ class GPT(PretrainedModel):
                                     check_ids=cache.seq_len == 0).last_hidden_state
         return self.lm_head(hidden[:, -1])
 
+    def new_static_cache(self, capacity: int) -> StaticKVCache:
+        """A fixed-capacity cache for `decode_step` (prompt + every new token)."""
+        return StaticKVCache(self.config.n_layers, capacity)
+
+    def decode_step(self, new_ids: Tensor, positions: Tensor, mask: Tensor, cache: StaticKVCache,
+                    check: bool = False) -> Tensor:
+        """One shape-stable decoding step over a `StaticKVCache` (what ``generate(compile=...)``
+        compiles): (B, N) ids at (B, N) positions, written at ``cache.index``, each query seeing
+        the keys ``mask`` (B, 1, N, capacity) allows -> (B, V) logits after the last id. No host
+        syncs; ``check`` range-checks the ids (the prompt's, not the model's own tokens)."""
+        x = self.tok_embed(new_ids, check=check)
+        if self.pos_embed is not None:
+            x = x + self.pos_embed(positions)
+        hidden = self.backbone(x, cache=cache, mask=mask).last_hidden_state
+        return self.lm_head(hidden[:, -1])
+
     @torch.no_grad()
     def generate(
         self,
@@ -255,7 +271,8 @@ class GPT(PretrainedModel):
         """Continue prompts; returns (B, S + new) ids including the prompt.
 
         ``strategy``: "greedy", "sample" (``temperature``, ``top_k``, ``top_p``) or "beam"
-        (``num_beams``, ``length_penalty``, ``early_stopping``). Batched prompts must be left
+        (``num_beams``, ``length_penalty``, ``early_stopping``); ``compile=True`` (greedy, sample)
+        decodes through a compiled, shape-stable step (`GenerationConfig`). Batched prompts must be left
         padded (``BPETokenizer.batch_encode(..., padding_side="left")``). Generation stops at
         ``eos_token_id`` (default: the config's).
         """

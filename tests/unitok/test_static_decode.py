@@ -1,0 +1,112 @@
+"""The shape-stable decode path: a `StaticKVCache` read whole under a mask, and ``generate(compile=…)``
+running every new token through one compiled step. It must give the growing-cache path's tokens.
+The ordinary suite traces with ``aot_eager`` (Dynamo + AOTAutograd, no C++ warm-up);
+``UNITOK_COMPILE_BACKEND=inductor`` runs the same checks through inductor."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from unitok.backbone import Backbone, BackboneConfig
+from unitok.generate import GenerationConfig
+from unitok.layers import StaticKVCache
+from unitok.models import GPT, T5, GPTConfig, T5Config
+
+BACKEND = os.environ.get("UNITOK_COMPILE_BACKEND", "aot_eager")
+
+
+def tiny_gpt(**changes) -> GPT:
+    torch.manual_seed(0)
+    return GPT(GPTConfig.from_name("gpt-nano", vocab_size=64, context_length=48, **changes)).eval()
+
+
+def test_decode_steps_over_a_static_cache_give_the_full_forward_logits():
+    gpt = tiny_gpt()
+    ids = torch.randint(0, 64, (2, 10), generator=torch.Generator().manual_seed(1))
+    full = gpt(ids).logits  # (2, 10, V)
+    T = 16
+    cache = StaticKVCache(gpt.config.n_layers, T)
+    positions = torch.arange(10).expand(2, 10)
+    keys = torch.arange(T)
+    cache.index = torch.arange(4)  # a 4-token prompt, then one token at a time
+    prompt_mask = (keys[None, :] <= torch.arange(4)[:, None])[None, None]  # (1, 1, 4, T)
+    logits = [gpt.decode_step(ids[:, :4], positions[:, :4], prompt_mask, cache)]
+    for t in range(4, 10):
+        cache.index = torch.tensor([t])
+        logits.append(gpt.decode_step(ids[:, t:t + 1], positions[:, t:t + 1], (keys <= t)[None, None, None], cache))
+    torch.testing.assert_close(torch.stack(logits, 1), full[:, 3:], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_compiled_greedy_decoding_gives_the_eager_tokens(padded):
+    gpt = tiny_gpt()
+    ids = torch.randint(0, 64, (3, 7), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones_like(ids)
+    if padded:  # left padding: rows of 7, 4 and 6 real tokens
+        mask[1, :3] = 0
+        mask[2, :1] = 0
+    eager = gpt.generate(ids, attention_mask=mask, max_new_tokens=12)
+    compiled = gpt.generate(ids, attention_mask=mask, max_new_tokens=12, compile=BACKEND)
+    assert compiled.shape == (3, 19)
+    assert torch.equal(compiled, eager)
+
+
+def test_compiled_decoding_stops_at_eos_and_samples_as_eager_with_one_seed():
+    gpt = tiny_gpt()
+    ids = torch.randint(0, 64, (2, 5), generator=torch.Generator().manual_seed(3))
+    greedy = gpt.generate(ids, max_new_tokens=10)
+    eos = int(greedy[0, 7])  # the third new token of row 0: that row must end there (or where it came first)
+    end = 5 + int((greedy[0, 5:] == eos).nonzero()[0])
+    eager = gpt.generate(ids, max_new_tokens=10, eos_token_id=eos, pad_token_id=0)
+    compiled = gpt.generate(ids, max_new_tokens=10, eos_token_id=eos, pad_token_id=0, compile=BACKEND)
+    assert torch.equal(compiled, eager)
+    assert compiled[0, end] == eos and (compiled[0, end + 1:] == 0).all()
+    draws = [gpt.generate(ids, max_new_tokens=10, strategy="sample", top_k=20, generator=torch.Generator().manual_seed(4),
+                          compile=backend) for backend in (False, BACKEND)]
+    assert torch.equal(draws[0], draws[1])
+
+
+def test_the_compiled_step_is_traced_once_for_every_new_token():
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    gpt = tiny_gpt()
+    ids = torch.randint(0, 64, (1, 5), generator=torch.Generator().manual_seed(5))
+    gpt.generate(ids, max_new_tokens=20, compile=BACKEND)
+    gpt.generate(ids, max_new_tokens=20, compile=BACKEND)  # the same shapes: nothing new to trace
+    assert counters["stats"]["unique_graphs"] == 1
+
+
+def test_bad_compiled_decoding_requests_are_refused_early():
+    gpt = tiny_gpt()
+    ids = torch.randint(0, 64, (1, 5))
+    with pytest.raises(ValueError, match="beam search reorders"):
+        gpt.generate(ids, strategy="beam", compile=True)
+    with pytest.raises(ValueError, match="compile must be"):
+        GenerationConfig(compile="")
+    with pytest.raises(TypeError, match="compile must be bool \\| str, got 1"):
+        GenerationConfig.from_dict({"compile": 1})
+    t5 = T5(T5Config.from_name("t5-tiny", vocab_size=64)).eval()
+    with pytest.raises(ValueError, match="needs a model with a decode_step and a new_static_cache"):
+        t5.generate(ids, max_new_tokens=3, compile=BACKEND)
+
+
+def test_a_static_cache_needs_its_write_positions_and_a_mask():
+    backbone = Backbone(BackboneConfig(d_model=16, n_layers=1, n_heads=2, causal=True)).eval()
+    x = torch.randn(1, 3, 16)
+    cache = StaticKVCache(1, 8)
+    with pytest.raises(ValueError, match="pass mask="):
+        backbone(x, cache=cache)
+    mask = torch.ones(1, 1, 3, 8, dtype=torch.bool)
+    with pytest.raises(ValueError, match="set StaticKVCache.index to the 3 positions"):
+        backbone(x, cache=cache, mask=mask)
+    cache.index = torch.arange(2)
+    with pytest.raises(ValueError, match="got \\(2,\\)"):
+        backbone(x, cache=cache, mask=mask)
+    with pytest.raises(ValueError, match="capacity ≥ 1"):
+        StaticKVCache(1, 0)
