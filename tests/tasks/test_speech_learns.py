@@ -133,6 +133,10 @@ def test_a_tiny_conformer_transcribes_voices_it_never_heard(tmp_path):
     task.decoder = "beam"
     beam = trainer().test(task, datamodule=dm, verbose=False)[0]["test_cer"]
     assert beam <= greedy + 0.005, f"beam CER {beam:.3f} vs greedy {greedy:.3f}"
+    digits = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+    task.lexicon = digits  # the task's own path (`--model.lexicon`): beam search held to the digit names
+    held_task = trainer().test(task, datamodule=dm, verbose=False)[0]["test_cer"]
+    assert held_task <= beam + 0.005, f"lexicon CER {held_task:.3f} vs beam {beam:.3f}"
 
     task.model.save_pretrained(tmp_path / "asr")
     model = ConformerCTC.from_pretrained(tmp_path / "asr")
@@ -140,7 +144,6 @@ def test_a_tiny_conformer_transcribes_voices_it_never_heard(tmp_path):
     texts = model.transcribe([str(u.audio_filepath) for u in utterances])
     assert sum(t == u.text for t, u in zip(texts, utterances)) >= 5, list(zip(texts, [u.text for u in utterances]))
     # held to the ten digit names, beam search spells only those, and reads at least as many right
-    digits = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
     held = model.transcribe([str(u.audio_filepath) for u in utterances], "beam", lexicon=digits)
     assert all(w in digits for t in held for w in t.split()), held
     assert sum(t == u.text for t, u in zip(held, utterances)) >= sum(t == u.text for t, u in zip(texts, utterances))
