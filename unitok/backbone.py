@@ -378,7 +378,8 @@ class Backbone(nn.Module):
             if keep.dim() != 1 or keep.dtype != torch.long or not len(keep):
                 raise ValueError(f"keep_last positions must be a non-empty (R,) long tensor, got {keep.dtype} "
                                  f"{tuple(keep.shape)}")
-            if int(keep.min()) < 0 or int(keep.max()) >= n or bool((keep[1:] <= keep[:-1]).any()):
+            bad = (keep[0] < 0) | (keep[-1] >= n) | (keep[1:] <= keep[:-1]).any()  # one host sync, not three
+            if bool(bad):
                 raise ValueError(f"keep_last positions must increase within 0..{n - 1}, got {keep.tolist()}")
         elif isinstance(keep, bool) or not isinstance(keep, int) or not 1 <= keep <= n:
             raise ValueError(f"keep_last must be a number of tokens in 1..{n} or a tensor of positions, got {keep!r}")

@@ -168,7 +168,9 @@ def _decode(model: Decoder, input_ids: Tensor, mask: Tensor, cfg: GenerationConf
     cache = model.new_cache(S + cfg.max_new_tokens)
     # Without padding the model needs no mask: no per-step concatenation, and the backbone
     # takes its fused causal / single-query path directly.
-    step_mask: Tensor | None = None if bool(mask.all()) else mask
+    # With padding, the mask of every length to come is made once; each step reads a longer view.
+    full_mask = None if bool(mask.all()) else torch.cat([mask, mask.new_ones(B, cfg.max_new_tokens)], dim=1)
+    step_mask = None if full_mask is None else full_mask[:, :S]
     ids = input_ids
     new = input_ids
     running = torch.ones(B, dtype=torch.bool, device=ids.device)
@@ -179,8 +181,8 @@ def _decode(model: Decoder, input_ids: Tensor, mask: Tensor, cfg: GenerationConf
         if cfg.eos_token_id is not None and not bool(running.any()):
             break
         new = token[:, None]
-        if step_mask is not None:
-            step_mask = torch.cat([step_mask, step_mask.new_ones(B, 1)], dim=1)
+        if full_mask is not None:
+            step_mask = full_mask[:, : ids.shape[1]]
     return ids
 
 
@@ -286,7 +288,10 @@ def _beam_search(model: Decoder, input_ids: Tensor, mask: Tensor, cfg: Generatio
     greedy_running = torch.ones(B, dtype=torch.bool, device=device)
 
     cache = model.new_cache(max_len)
-    flat_mask = mask.repeat_interleave(R, dim=0)  # (B·R, S)
+    # As in greedy decoding: no mask at all when nothing is padded, else one made for every length.
+    full_mask = None if bool(mask.all()) else \
+        torch.cat([mask, mask.new_ones(B, cfg.max_new_tokens)], dim=1).repeat_interleave(R, dim=0)
+    flat_mask = None if full_mask is None else full_mask[:, :S]  # (B·R, S), a longer view every step
     new = input_ids.repeat_interleave(R, dim=0)
     batch_base = (torch.arange(B, device=device) * R)[:, None]
     top_w = torch.arange(keep, device=device)[None, :] < W
@@ -363,7 +368,7 @@ def _beam_search(model: Decoder, input_ids: Tensor, mask: Tensor, cfg: Generatio
             next_ids = torch.cat([next_ids, greedy_seqs[:, cur, None]], dim=1)
         cache.reorder(rows.reshape(-1), cross=False)  # beams of one input share its encoder states
         new = next_ids.reshape(B * R, 1)
-        flat_mask = torch.cat([flat_mask, flat_mask.new_ones(B * R, 1)], dim=1)
+        flat_mask = None if full_mask is None else full_mask[:, : cur + 1]
     best, best_len = done_seqs[:, 0], done_lens[:, 0]
     if track:
         # An answer cut by the length limit is finished too, as in the beams' pool.
