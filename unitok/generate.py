@@ -217,9 +217,9 @@ def _static_generate(model: Decoder, input_ids: Tensor, mask: Tensor, cfg: Gener
                          f"{type(model).__name__} decodes with compile=False")
     step = compiled_step("inductor" if cfg.compile is True else str(cfg.compile))
     B, S = input_ids.shape
-    T = S + cfg.max_new_tokens
     device = input_ids.device
-    cache = model.new_static_cache(T)  # type: ignore[attr-defined]
+    cache = model.new_static_cache(S + cfg.max_new_tokens)  # type: ignore[attr-defined]
+    T = cache.capacity  # ≥ S + max_new_tokens (a model may round it up, to share one compiled step)
     keys = torch.ones(B, T, dtype=torch.bool, device=device)  # which positions hold real tokens
     keys[:, :S] = mask.bool()
     positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)  # (B, S)

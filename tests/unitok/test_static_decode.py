@@ -69,17 +69,22 @@ def test_compiled_decoding_stops_at_eos_and_samples_as_eager_with_one_seed():
     assert torch.equal(draws[0], draws[1])
 
 
-def test_the_compiled_step_is_traced_once_for_every_new_token():
+def test_the_compiled_step_is_traced_once_for_every_new_token_and_prompt_length():
     import torch._dynamo
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
     counters.clear()
     gpt = tiny_gpt()
-    ids = torch.randint(0, 64, (1, 5), generator=torch.Generator().manual_seed(5))
+    ids = torch.randint(0, 64, (1, 9), generator=torch.Generator().manual_seed(5))
     gpt.generate(ids, max_new_tokens=20, compile=BACKEND)
-    gpt.generate(ids, max_new_tokens=20, compile=BACKEND)  # the same shapes: nothing new to trace
+    # a shorter prompt and fewer new tokens fit the same cache (rounded up to 64 positions within
+    # the context of 48): nothing new to trace
+    gpt.generate(ids[:, :5], max_new_tokens=12, compile=BACKEND)
     assert counters["stats"]["unique_graphs"] == 1
+    assert gpt.new_static_cache(20).capacity == 48
+    with pytest.raises(ValueError, match="does not fit the context length 48"):
+        gpt.new_static_cache(49)
 
 
 def test_bad_compiled_decoding_requests_are_refused_early():

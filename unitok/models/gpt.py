@@ -243,8 +243,13 @@ class GPT(PretrainedModel):
         return self.lm_head(hidden[:, -1])
 
     def new_static_cache(self, capacity: int) -> StaticKVCache:
-        """A fixed-capacity cache for `decode_step` (prompt + every new token)."""
-        return StaticKVCache(self.config.n_layers, capacity)
+        """A fixed-capacity cache for `decode_step` holding at least ``capacity`` positions (prompt +
+        every new token), rounded up to a multiple of 64 within the context length: prompts of
+        other lengths then reuse one compiled step instead of compiling their own."""
+        if not 1 <= capacity <= self.config.context_length:
+            raise ValueError(f"a static cache of {capacity} positions does not fit the context length "
+                             f"{self.config.context_length}")
+        return StaticKVCache(self.config.n_layers, min(self.config.context_length, -(-capacity // 64) * 64))
 
     def decode_step(self, new_ids: Tensor, positions: Tensor, mask: Tensor, cache: StaticKVCache,
                     check: bool = False) -> Tensor:
