@@ -321,9 +321,13 @@ class Backbone(nn.Module):
             if mask.dtype != torch.bool or mask.dim() != 4 or tuple(mask.shape[-2:]) != (n_new, n_keys):
                 raise ValueError(f"mask must be a boolean (batch|1, 1, {n_new}, {n_keys}) tensor, got "
                                  f"{mask.dtype} {tuple(mask.shape)}")
-        if mask is None and isinstance(cache, StaticKVCache):
-            raise ValueError("a StaticKVCache is read whole: pass mask= (batch|1, 1, N, capacity) saying which "
-                             "positions each query may see")
+        if isinstance(cache, StaticKVCache):
+            if mask is None:
+                raise ValueError("a StaticKVCache is read whole: pass mask= (batch|1, 1, N, capacity) saying "
+                                 "which positions each query may see")
+            if self.relative_bias is not None:
+                raise ValueError("a relative position bias needs the queries' positions, which a StaticKVCache "
+                                 "does not know: decode with a KVCache")
         if attention_mask is not None and bool(attention_mask.all()):
             attention_mask = None  # nothing padded: let the fused kernel take its fast path
         causal = self.config.causal if causal is None else causal

@@ -115,3 +115,6 @@ def test_a_static_cache_needs_its_write_positions_and_a_mask():
         backbone(x, cache=cache, mask=mask)
     with pytest.raises(ValueError, match="capacity ≥ 1"):
         StaticKVCache(1, 0)
+    t5_like = Backbone(BackboneConfig(d_model=16, n_layers=1, n_heads=2, causal=True, relative_buckets=8)).eval()
+    with pytest.raises(ValueError, match="relative position bias"):
+        t5_like(x, cache=StaticKVCache(1, 8), mask=mask)
