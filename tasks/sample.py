@@ -28,6 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top_p", type=float, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu")
+    p.add_argument("--compile", default=None, metavar="BACKEND",
+                   help="greedy / sample: decode through the compiled static-cache step (e.g. inductor)")
     return p
 
 
@@ -42,6 +44,8 @@ def main(argv: Sequence[str] | None = None) -> list[str]:
         options = {"num_beams": args.num_beams, "length_penalty": args.length_penalty}
     elif args.strategy == "sample":
         options = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p}
+    if args.compile:
+        options["compile"] = args.compile
     generator = torch.Generator(device=args.device).manual_seed(args.seed)
     texts = []
     for prompt in args.prompt:

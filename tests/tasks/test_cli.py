@@ -70,3 +70,5 @@ def test_fit_subprocess_then_predict_test_and_sample(tmp_path, monkeypatch, caps
     texts = sample_main(["--model", str(pretrained), "--prompt", "def main(", "--max_new_tokens", "6",
                          "--strategy", "sample", "--top_k", "5"])
     assert len(texts) == 1 and texts[0].startswith("def main(") and len(texts[0]) > len("def main(")
+    greedy = ["--model", str(pretrained), "--prompt", "def main(", "--max_new_tokens", "6"]
+    assert sample_main([*greedy, "--compile", "aot_eager"]) == sample_main(greedy)  # the compiled step's text
