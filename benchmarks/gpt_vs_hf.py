@@ -9,6 +9,8 @@ random weights and converted with ``unitok.convert.from_transformers``):
 2. Generation: new tokens/s of greedy decoding with a KV cache, batch 1, ``--new-tokens``
    tokens after a ``--prompt-len`` random prompt. EOS stopping is off on both sides, so both
    generate exactly the same number of tokens; the two outputs are checked to be equal.
+3. Beam search (``--beams``, default 4): new tokens/s, batch 1, no EOS, outputs compared.
+
    ``--compile-decode`` also times ``generate(compile=True)`` (a `StaticKVCache` and the decode
    step compiled by inductor once, in the warm-up) against the same Hugging Face runs.
 
@@ -66,6 +68,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip-train", action="store_true")
     p.add_argument("--skip-generate", action="store_true")
+    p.add_argument("--beams", type=int, default=4, help="beam-search width timed too (1: not timed)")
     p.add_argument("--compile-decode", action="store_true",
                    help="also time generate(compile=True): the static-cache step compiled by inductor "
                         "(compilation in the warm-up, not timed)")
@@ -178,6 +181,28 @@ def bench_generate(ours: nn.Module, hf: nn.Module, args: argparse.Namespace) -> 
     return {name: n / statistics.median(t) for name, t in times.items()} | {"same_output": same}
 
 
+def bench_beam(ours: nn.Module, hf: nn.Module, args: argparse.Namespace) -> dict[str, Any]:
+    """Beam search (``--beams``) new tokens/s (median) for both, batch 1, no EOS; the outputs are
+    compared (unitok returns the greedy answer where it scores higher than every beam's, so they
+    may differ — reported, not an error)."""
+    g = torch.Generator().manual_seed(args.seed + 3)
+    ids = torch.randint(0, args.vocab_size, (1, args.prompt_len), generator=g).to(args.device)
+    n, W = args.new_tokens, args.beams
+    outputs: dict[str, Tensor] = {}
+
+    def run_ours() -> None:
+        outputs["unitok"] = ours.generate(ids, max_new_tokens=n, strategy="beam", num_beams=W, eos_token_id=None)
+
+    def run_hf() -> None:
+        outputs["hf"] = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                                    num_beams=W, do_sample=False, eos_token_id=None, pad_token_id=0)
+
+    times = alternate({"unitok": run_ours, "hf": run_hf}, args.repeats, args.warmup, args.device,
+                      label="gpt beam search")
+    same = bool(torch.equal(outputs["unitok"].cpu(), outputs["hf"].cpu()))
+    return {name: n / statistics.median(t) for name, t in times.items()} | {"same_output": same}
+
+
 # --------------------------------------------------------------------------- report
 def print_table(rows: list[tuple[str, float, float]]) -> None:
     """metric | unitok | HF | ratio (unitok / HF)."""
@@ -218,6 +243,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         rows.append(("generate new tokens/s", gen["unitok"], gen["hf"]))
         if args.compile_decode:
             rows.append(("  compiled decode step", gen["unitok compiled"], gen["hf"]))
+        if args.beams > 1:
+            beam = bench_beam(ours, hf, args)
+            result["beam"] = beam
+            print(f"beam search: {args.beams} beams, batch 1, {args.new_tokens} new tokens, no EOS; "
+                  f"identical outputs: {beam['same_output']}")
+            rows.append((f"beam (W={args.beams}) new tokens/s", beam["unitok"], beam["hf"]))
     print_table(rows)
     result["seconds"] = time.perf_counter() - start
     print(f"({result['seconds']:.0f} s)")

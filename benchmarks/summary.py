@@ -39,7 +39,8 @@ def rows_of(name: str, result: dict[str, Any]) -> list[tuple[str, float, float, 
     """(family, train, infer, generate, memory label) speed ratios of one benchmark's result."""
     nan = math.nan
     if name == "gpt":
-        return [("GPT", ratio(result.get("train"), "hf"), nan, ratio(result.get("generate"), "hf"), "gpt train")]
+        return [("GPT", ratio(result.get("train"), "hf"), nan, ratio(result.get("generate"), "hf"), "gpt train"),
+                ("GPT, beam search (W=4)", nan, nan, ratio(result.get("beam"), "hf"), "gpt beam search")]
     if name == "bert":
         return [("BERT", ratio(result.get("train"), "hf"), nan, nan, "bert train")]
     if name == "t5":
