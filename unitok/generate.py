@@ -197,7 +197,7 @@ def _static_step(model: StaticDecoder, new_ids: Tensor, positions: Tensor, keys:
 _compiled_steps: dict[str, Callable[..., Tensor]] = {}
 
 
-def compiled_step(backend: str) -> Callable[..., Tensor]:
+def _compiled_step(backend: str) -> Callable[..., Tensor]:
     """`_static_step` compiled for ``backend`` (once a process: traces are cached per model and shape)."""
     if backend not in _compiled_steps:
         _compiled_steps[backend] = torch.compile(_static_step, backend=backend, fullgraph=True, dynamic=False)
@@ -215,7 +215,7 @@ def _static_generate(model: Decoder, input_ids: Tensor, mask: Tensor, cfg: Gener
     if not all(hasattr(model, name) for name in ("decode_step", "new_static_cache")):
         raise ValueError(f"compile needs a model with a decode_step and a new_static_cache (GPT has them); "
                          f"{type(model).__name__} decodes with compile=False")
-    step = compiled_step("inductor" if cfg.compile is True else str(cfg.compile))
+    step = _compiled_step("inductor" if cfg.compile is True else str(cfg.compile))
     B, S = input_ids.shape
     device = input_ids.device
     cache = model.new_static_cache(S + cfg.max_new_tokens)  # type: ignore[attr-defined]
