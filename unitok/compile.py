@@ -4,7 +4,8 @@ A model's forward checks its input (ids in range, finite pixels, lengths), which
 values on the host: under torch.compile each check would be a graph break. So what is
 compiled is every `Backbone` (the blocks, where the time goes), each as one graph, while the
 embedders and checks around it stay eager. ``training_only`` keeps evaluation and
-generation (a growing KV cache: a new shape every token) on the eager path.
+generation (a growing KV cache: a new shape every token) on the eager path; decoding compiles its
+own shape-stable step instead (`generate(..., compile=True)`, over a `StaticKVCache`).
 """
 
 from __future__ import annotations

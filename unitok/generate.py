@@ -17,6 +17,8 @@ import torch
 from torch import Tensor
 
 from unitok.config import Config
+from unitok.embed.positions import positions_from_mask
+from unitok.layers.attention import build_attention_mask
 from unitok.layers.kv_cache import KVCache, StaticKVCache
 
 Strategy = Literal["greedy", "sample", "beam"]
@@ -210,7 +212,6 @@ def _static_generate(model: Decoder, input_ids: Tensor, mask: Tensor, cfg: Gener
 
     The prompt fills positions 0..S-1 in one eager pass (its own shape); then every step writes
     one token at ``index`` and attends over the whole buffer, the unwritten positions masked.
-    Positions count from each row's first real token, as the growing-cache path counts them.
     """
     if not all(hasattr(model, name) for name in ("decode_step", "new_static_cache")):
         raise ValueError(f"compile needs a model with a decode_step and a new_static_cache (GPT has them); "
@@ -222,11 +223,10 @@ def _static_generate(model: Decoder, input_ids: Tensor, mask: Tensor, cfg: Gener
     T = cache.capacity  # ≥ S + max_new_tokens (a model may round it up, to share one compiled step)
     keys = torch.ones(B, T, dtype=torch.bool, device=device)  # which positions hold real tokens
     keys[:, :S] = mask.bool()
-    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)  # (B, S)
-    query = torch.arange(S, device=device)[:, None]
-    key = torch.arange(T, device=device)[None, :]
-    # Causal over the prompt's real tokens; a padding query sees itself (never NaN, never used).
-    prompt_mask = ((key <= query) & keys[:, None, None, :]) | (key == query)  # (B, 1, S, T)
+    positions = positions_from_mask(mask)  # (B, S), as the growing-cache path counts them
+    # The prompt's causal + padding mask over its own S keys; the rest of the buffer is not written yet.
+    prompt_mask = torch.zeros(B, 1, S, T, dtype=torch.bool, device=device)
+    prompt_mask[..., :S] = build_attention_mask(S, S, True, mask, device)
     cache.index = torch.arange(S, device=device)
     logits = model.decode_step(input_ids, positions, prompt_mask, cache, check=True)  # type: ignore[attr-defined]
     cache.length = S

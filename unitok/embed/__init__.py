@@ -5,6 +5,7 @@ from unitok.embed.positions import (
     LearnedPositions,
     SinusoidalPositions,
     make_positions,
+    positions_from_mask,
     sinusoidal_table,
 )
 from unitok.embed.relative import RelativePositionBias, relative_position_bucket
@@ -12,5 +13,5 @@ from unitok.embed.tokens import TokenEmbedding
 
 __all__ = [
     "LearnedPositions", "PatchEmbedding", "RelativePositionBias", "SinusoidalPositions", "TokenEmbedding", "make_positions",
-    "relative_position_bucket", "resample_grid_positions", "sincos_2d_table", "sinusoidal_table",
+    "positions_from_mask", "relative_position_bucket", "resample_grid_positions", "sincos_2d_table", "sinusoidal_table",
 ]

@@ -56,6 +56,13 @@ class SinusoidalPositions(nn.Module):
         return self.table.narrow(0, start, length)
 
 
+def positions_from_mask(attention_mask: Tensor) -> Tensor:
+    """(B, T) 1/0 mask -> (B, T) position ids counted from each row's first real token (left
+    padding shifts nothing); padding positions get 0."""
+    counted = attention_mask.long().cumsum(-1) - 1
+    return counted.masked_fill(attention_mask == 0, 0)
+
+
 def make_positions(kind: str, n_positions: int, d_model: int) -> nn.Module | None:
     """Position encoding named by a config field ('learned', 'sinusoidal' or 'none')."""
     if kind == "learned":

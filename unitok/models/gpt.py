@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from tokenizers_mm import Tokens
 from unitok.backbone import Backbone, BackboneConfig, init_weights
 from unitok.config import Config
-from unitok.embed import TokenEmbedding, make_positions
+from unitok.embed import TokenEmbedding, make_positions, positions_from_mask
 from unitok.generate import GenerationConfig, generate
 from unitok.heads import ClassificationHead, pool_tokens
 from unitok.layers.activations import Activation
@@ -208,9 +208,7 @@ class GPT(PretrainedModel):
     @staticmethod
     def _positions(input_ids: Tensor, attention_mask: Tensor, past: int) -> Tensor:
         """Position ids counted from each row's first real token (left padding does not shift them)."""
-        n = input_ids.shape[1]
-        counted = attention_mask.long().cumsum(-1) - 1
-        return counted.masked_fill(attention_mask == 0, 0)[:, -n:]
+        return positions_from_mask(attention_mask)[:, -input_ids.shape[1]:]
 
     # ------------------------------------------------------------------ fine-tuning
     @classmethod
