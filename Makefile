@@ -53,6 +53,7 @@ lab: $(NB_STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/summary.py --threads 1
 	$(BIN)/python benchmarks/tokenizer_vs_hf.py --threads 1
+	$(BIN)/python benchmarks/bf16_vs_fp32.py --threads 1
 
 # The lectures' claims over 3 seeds at a fixed small budget (benchmarks/claims.py): prints each
 # claim's arms (mean ± std) and gap, writes runs/claims/claims.md for the README.

@@ -26,10 +26,12 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import statistics
 import sys
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +40,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: find timing.py
-from timing import alternate  # noqa: E402
+from timing import add_precision_option, alternate, autocast  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -57,6 +59,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=1, help="untimed repetitions per library")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
+    add_precision_option(p)
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
 
@@ -101,7 +104,8 @@ def loss_masked_only(model: nn.Module, ids: Tensor, labels: Tensor) -> Tensor:
     return F.cross_entropy(model.mlm_head(hidden[masked]), labels[masked])
 
 
-def make_train_step(model: nn.Module, loss_fn: Callable[[nn.Module], Tensor], steps: int) -> Callable[[], float]:
+def make_train_step(model: nn.Module, loss_fn: Callable[[nn.Module], Tensor], steps: int,
+                    amp: Callable[[], AbstractContextManager] = nullcontext) -> Callable[[], float]:
     """A closure running ``steps`` AdamW steps on ``model`` (own optimizer); returns the loss."""
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -110,7 +114,8 @@ def make_train_step(model: nn.Module, loss_fn: Callable[[nn.Module], Tensor], st
         loss = torch.zeros(())
         for _ in range(steps):
             opt.zero_grad(set_to_none=True)
-            loss = loss_fn(model)
+            with amp():
+                loss = loss_fn(model)
             loss.backward()
             opt.step()
         return float(loss.detach())
@@ -145,11 +150,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
           f"device={args.device} threads={torch.get_num_threads()} torch={torch.__version__} "
           f"hf_attn={getattr(hf.config, '_attn_implementation', '?')} repeats={args.repeats}")
     print("initial loss: " + ", ".join(f"{k} {v:.5f}" for k, v in first.items()))
+    amp = functools.partial(autocast, args.device, args.precision)
     runs = {
-        "unitok": make_train_step(copy.deepcopy(ours), lambda m: loss_full(m, ids, labels, hf=False), args.train_steps),
+        "unitok": make_train_step(copy.deepcopy(ours), lambda m: loss_full(m, ids, labels, hf=False),
+                                  args.train_steps, amp),
         "unitok_masked": make_train_step(copy.deepcopy(ours), lambda m: loss_masked_only(m, ids, labels),
-                                         args.train_steps),
-        "hf": make_train_step(copy.deepcopy(hf), lambda m: loss_full(m, ids, labels, hf=True), args.train_steps),
+                                         args.train_steps, amp),
+        "hf": make_train_step(copy.deepcopy(hf), lambda m: loss_full(m, ids, labels, hf=True), args.train_steps, amp),
     }
     times = alternate(runs, args.repeats, args.warmup, args.device, label="bert train")
     tokens = args.batch_size * args.seq_len * args.train_steps

@@ -31,10 +31,12 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import statistics
 import sys
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +44,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: find timing.py
-from timing import alternate, timed  # noqa: E402
+from timing import add_precision_option, alternate, autocast, timed  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -63,6 +65,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
     p.add_argument("--device", default="cpu")
+    add_precision_option(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip-train", action="store_true")
     p.add_argument("--skip-zero-shot", action="store_true")
@@ -107,7 +110,7 @@ def check_same(ours: nn.Module, theirs: nn.Module, images: torch.Tensor, ids: to
 
 
 def make_train_step(model: nn.Module, loss_fn: Callable, images: torch.Tensor, ids: torch.Tensor,
-                    steps: int) -> Callable[[], float]:
+                    steps: int, amp: Callable[[], AbstractContextManager] = nullcontext) -> Callable[[], float]:
     model = copy.deepcopy(model).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
@@ -115,7 +118,8 @@ def make_train_step(model: nn.Module, loss_fn: Callable, images: torch.Tensor, i
         loss = torch.zeros(())
         for _ in range(steps):
             opt.zero_grad(set_to_none=True)
-            loss = loss_fn(model, images, ids)
+            with amp():
+                loss = loss_fn(model, images, ids)
             loss.backward()
             opt.step()
         return float(loss.detach())
@@ -142,8 +146,9 @@ def bench_train(ours: nn.Module, theirs: nn.Module, args: argparse.Namespace, im
         a, b = unitok_loss(ours, images, ids), open_clip_loss(theirs, images, ids)
     if abs(float(a) - float(b)) > 1e-4:
         raise AssertionError(f"losses differ: {float(a)} vs {float(b)}")
-    runs = {"unitok": make_train_step(ours, unitok_loss, images, ids, args.train_steps),
-            "open_clip": make_train_step(theirs, open_clip_loss, images, ids, args.train_steps)}
+    amp = functools.partial(autocast, args.device, args.precision)
+    runs = {"unitok": make_train_step(ours, unitok_loss, images, ids, args.train_steps, amp),
+            "open_clip": make_train_step(theirs, open_clip_loss, images, ids, args.train_steps, amp)}
     times = alternate(runs, args.repeats, args.warmup, args.device, label=label)
     pairs = args.batch_size * args.train_steps
     return {name: pairs / statistics.median(t) for name, t in times.items()}

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: find timing.py
-from timing import alternate  # noqa: E402
+from timing import add_precision_option, alternate, autocast  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -44,6 +44,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--device", default="cpu")
+    add_precision_option(p)
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
 
@@ -88,8 +89,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             loss = torch.zeros(())
             for _ in range(args.train_steps):
                 opt.zero_grad(set_to_none=True)
-                log_probs = forward(model).float().log_softmax(-1).transpose(0, 1)  # (N, B, V)
-                loss = F.ctc_loss(log_probs, targets, lengths, target_lengths, zero_infinity=True)
+                with autocast(args.device, args.precision):
+                    log_probs = forward(model).float().log_softmax(-1).transpose(0, 1)  # (N, B, V)
+                    loss = F.ctc_loss(log_probs, targets, lengths, target_lengths, zero_infinity=True)
                 loss.backward()
                 opt.step()
             return float(loss.detach())

@@ -30,10 +30,12 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import statistics
 import sys
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +44,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: find timing.py
-from timing import alternate  # noqa: E402
+from timing import add_precision_option, alternate, autocast  # noqa: E402
 
 KEYS = ("states", "actions", "returns_to_go", "timesteps", "attention_mask")
 
@@ -67,6 +69,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=1, help="untimed repetitions per library")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
+    add_precision_option(p)
     p.add_argument("--atol", type=float, default=1e-5, help="tolerance of the equal-output check")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
@@ -129,7 +132,9 @@ def check_same(ours: nn.Module, hf: nn.Module, batch: dict[str, Tensor], atol: f
     return diff
 
 
-def make_train_step(model: nn.Module, batch: dict[str, Tensor], steps: int, **options: Any) -> Callable[[], float]:
+def make_train_step(model: nn.Module, batch: dict[str, Tensor], steps: int,
+                    amp: Callable[[], AbstractContextManager] = nullcontext,
+                    **options: Any) -> Callable[[], float]:
     """A closure running ``steps`` AdamW steps on ``model`` (own optimizer); returns the loss."""
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=1e-4)
@@ -138,7 +143,8 @@ def make_train_step(model: nn.Module, batch: dict[str, Tensor], steps: int, **op
         loss = torch.zeros(())
         for _ in range(steps):
             opt.zero_grad(set_to_none=True)
-            loss = action_mse(model, batch, **options)
+            with amp():
+                loss = action_mse(model, batch, **options)
             loss.backward()
             opt.step()
         return float(loss.detach())
@@ -166,9 +172,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
           f"threads={torch.get_num_threads()} torch={torch.__version__} transformers={transformers.__version__} "
           f"hf_attn={getattr(hf.config, '_attn_implementation', '?')} repeats={args.repeats}")
     print(f"same function: max |action difference| {diff:.1e} (atol {args.atol:g})")
-    runs = {"unitok": make_train_step(copy.deepcopy(ours), batch, args.train_steps, actions_only=True),
-            "unitok_all_tokens": make_train_step(copy.deepcopy(ours), batch, args.train_steps),
-            "hf": make_train_step(copy.deepcopy(hf), batch, args.train_steps)}
+    amp = functools.partial(autocast, args.device, args.precision)
+    runs = {"unitok": make_train_step(copy.deepcopy(ours), batch, args.train_steps, amp, actions_only=True),
+            "unitok_all_tokens": make_train_step(copy.deepcopy(ours), batch, args.train_steps, amp),
+            "hf": make_train_step(copy.deepcopy(hf), batch, args.train_steps, amp)}
     times = alternate(runs, args.repeats, args.warmup, args.device, label="dt train")
     rates = {name: args.train_steps / statistics.median(t) for name, t in times.items()}
     ratio, ratio_all = rates["unitok"] / rates["hf"], rates["unitok_all_tokens"] / rates["hf"]

@@ -14,6 +14,12 @@ random weights and converted with ``unitok.convert.from_transformers``):
    ``--compile-decode`` also times ``generate(compile=True)`` (a `StaticKVCache` and the decode
    step compiled by inductor once, in the warm-up) against the same Hugging Face runs.
 
+Training also prints model FLOP/s: 6·N + 12·L·D·T FLOPs a token (N parameters less the
+position table, as nanoGPT and PaLM count them: forward and backward of every weight, plus
+attention's scores and mixing), and on CUDA the model FLOPs utilisation (MFU) against the
+GPU's dense peak at ``--precision`` (``--peak-tflops`` to give it). ``--precision bf16`` trains
+both sides under ``torch.autocast(bfloat16)``, as ``--trainer.precision bf16-mixed`` does.
+
 Repetitions alternate between the two libraries (unitok, HF, HF, unitok, ...) so slow drifts
 of the machine hit both alike; the table reports the median of the repetitions and the ratio
 unitok / HF (> 1 means unitok is faster).
@@ -23,6 +29,9 @@ Run (``make bench`` calls the first line)::
     python benchmarks/gpt_vs_hf.py
     python benchmarks/gpt_vs_hf.py --threads 1 --repeats 5
     python benchmarks/gpt_vs_hf.py --device cuda --d-model 768 --n-layers 12 --n-heads 12
+    # GPT-2 124M, bf16, MFU (the issue's H100 target: ≥ 50 %)
+    python benchmarks/gpt_vs_hf.py --device cuda --precision bf16 --d-model 768 --n-layers 12 --n-heads 12 \
+        --vocab-size 50304 --context-length 1024 --batch-size 16 --seq-len 1024 --skip-generate
 
 Needs ``transformers`` (the ``dev`` extra).
 """
@@ -31,10 +40,12 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import statistics
 import sys
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +54,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: find timing.py
-from timing import alternate  # noqa: E402
+from timing import add_precision_option, alternate, autocast  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -65,10 +76,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=None,
                    help="torch.set_num_threads (default: torch's choice)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
+    add_precision_option(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip-train", action="store_true")
     p.add_argument("--skip-generate", action="store_true")
     p.add_argument("--beams", type=int, default=4, help="beam-search width timed too (1: not timed)")
+    p.add_argument("--peak-tflops", type=float, default=None,
+                   help="the device's dense peak at --precision, for MFU (default: known GPUs by name)")
     p.add_argument("--compile-decode", action="store_true",
                    help="also time generate(compile=True): the static-cache step compiled by inductor "
                         "(compilation in the warm-up, not timed)")
@@ -102,13 +116,41 @@ def hf_attention_backend(hf: nn.Module) -> str:
     return str(getattr(hf.config, "_attn_implementation", "?"))
 
 
+# Dense peak TFLOP/s by (GPU name fragment, precision): the vendors' data sheets, without sparsity.
+# fp32 is plain fp32 (PyTorch leaves TF32 off for matmuls by default).
+PEAK_TFLOPS = {("H100 PCIe", "bf16"): 756.0, ("H100", "bf16"): 989.4, ("H200", "bf16"): 989.4,
+               ("A100", "bf16"): 312.0, ("H100 PCIe", "fp32"): 51.2, ("H100", "fp32"): 66.9,
+               ("H200", "fp32"): 66.9, ("A100", "fp32"): 19.5}
+
+
+def flops_per_token(ours: nn.Module, args: argparse.Namespace) -> float:
+    """Training FLOPs a token: 6·N (N: parameters less the position table; the tied LM head is
+    counted once, as the embedding it shares) + 12·L·D·T for attention (scores and mixing)."""
+    n = sum(p.numel() for p in ours.parameters())
+    n -= args.context_length * args.d_model  # the learned position table does no matrix work
+    return 6 * n + 12 * args.n_layers * args.d_model * args.seq_len
+
+
+def peak_tflops(args: argparse.Namespace) -> float | None:
+    """The device's dense peak at ``--precision`` (``--peak-tflops`` or a known GPU), else None."""
+    if args.peak_tflops is not None:
+        return args.peak_tflops
+    if not args.device.startswith("cuda"):
+        return None
+    name = torch.cuda.get_device_name(torch.device(args.device))
+    for (fragment, precision), value in PEAK_TFLOPS.items():  # more specific fragments come first
+        if fragment in name and precision == args.precision:
+            return value
+    return None
+
+
 # --------------------------------------------------------------------------- workloads
 def lm_loss(logits: Tensor, ids: Tensor) -> Tensor:
     """Next-token cross-entropy, computed the same way for both models."""
     return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
 
 
-def make_train_step(model: nn.Module, ids: Tensor, steps: int) -> Callable[[], float]:
+def make_train_step(model: nn.Module, ids: Tensor, steps: int, amp: Callable[[], AbstractContextManager] = nullcontext) -> Callable[[], float]:
     """A closure running ``steps`` AdamW steps on ``model`` (own optimizer); returns the loss."""
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -117,7 +159,8 @@ def make_train_step(model: nn.Module, ids: Tensor, steps: int) -> Callable[[], f
         loss = torch.zeros(())
         for _ in range(steps):
             opt.zero_grad(set_to_none=True)
-            loss = lm_loss(model(ids).logits, ids)
+            with amp():
+                loss = lm_loss(model(ids).logits, ids)
             loss.backward()
             opt.step()
         return float(loss.detach())
@@ -134,8 +177,9 @@ def bench_train(ours: nn.Module, hf: nn.Module, args: argparse.Namespace) -> dic
     with torch.no_grad():
         loss_ours = float(lm_loss(ours(ids).logits, ids))
         loss_hf = float(lm_loss(hf(ids).logits, ids))
-    runs = {"unitok": make_train_step(copy.deepcopy(ours), ids, args.train_steps),
-            "hf": make_train_step(copy.deepcopy(hf), ids, args.train_steps)}
+    amp = functools.partial(autocast, args.device, args.precision)
+    runs = {"unitok": make_train_step(copy.deepcopy(ours), ids, args.train_steps, amp),
+            "hf": make_train_step(copy.deepcopy(hf), ids, args.train_steps, amp)}
     times = alternate(runs, args.repeats, args.warmup, args.device, label="gpt train")
     tokens = args.batch_size * args.seq_len * args.train_steps
     return {"unitok": tokens / statistics.median(times["unitok"]),
@@ -225,8 +269,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     n_params = sum(p.numel() for p in ours.parameters())
     print(f"config: D={args.d_model} L={args.n_layers} H={args.n_heads} V={args.vocab_size} "
           f"ctx={args.context_length} ({n_params / 1e6:.2f}M params) | device={args.device} "
-          f"threads={torch.get_num_threads()} torch={torch.__version__} "
-          f"hf_attn={hf_attention_backend(hf)} repeats={args.repeats}")
+          f"threads={torch.get_num_threads()} torch={torch.__version__} precision={args.precision} "
+          f"hf_attn={hf_attention_backend(hf)} repeats={args.repeats}"
+          + (f" gpu={torch.cuda.get_device_name(torch.device(args.device))}" if args.device.startswith("cuda") else ""))
     result: dict[str, Any] = {"threads": torch.get_num_threads(), "device": args.device}
     rows: list[tuple[str, float, float]] = []
     if not args.skip_train:
@@ -235,6 +280,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"train: batch {args.batch_size}x{args.seq_len}, {args.train_steps} steps/rep; "
               f"initial loss unitok {train['loss_unitok']:.5f} hf {train['loss_hf']:.5f}")
         rows.append(("train tokens/s", train["unitok"], train["hf"]))
+        per_token = flops_per_token(ours, args)
+        peak = peak_tflops(args)
+        train["gflops"] = {k: train[k] * per_token / 1e9 for k in ("unitok", "hf")}
+        line = (f"model FLOP/s ({per_token / 1e6:.1f} MFLOP a token, {args.precision}): "
+                f"unitok {train['gflops']['unitok']:.1f} GFLOP/s, HF {train['gflops']['hf']:.1f} GFLOP/s")
+        if peak is not None:
+            train["mfu"] = {k: v / (peak * 1e3) for k, v in train["gflops"].items()}
+            line += (f"; MFU against {peak:g} TFLOP/s: unitok {100 * train['mfu']['unitok']:.1f} %, "
+                     f"HF {100 * train['mfu']['hf']:.1f} %")
+        print(line)
     if not args.skip_generate:
         gen = bench_generate(ours, hf, args)
         result["generate"] = gen

@@ -9,6 +9,7 @@ Run::
 
     python benchmarks/summary.py --threads 1
     python benchmarks/summary.py --only gpt vision --device cuda
+    python benchmarks/summary.py --only gpt vision --precision bf16   # both sides under bf16 autocast
 """
 
 from __future__ import annotations
@@ -71,16 +72,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--only", nargs="+", choices=BENCHMARKS, default=list(BENCHMARKS))
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--device", default="cpu")
+    timing.add_precision_option(p)
     args = p.parse_args(argv)
     start = time.perf_counter()
     rows = []
     for name in args.only:
         print(f"\n=== {name} ({MODULES[name]})")
-        result = importlib.import_module(MODULES[name]).main(["--threads", str(args.threads),
-                                                             "--device", args.device])
+        options = ["--threads", str(args.threads), "--precision", args.precision, "--device", args.device]
+        result = importlib.import_module(MODULES[name]).main(options)
         rows += rows_of(name, result)
-    print(f"\nunitok / reference, {args.device}, {args.threads} thread(s); speed ratios > 1: unitok faster; "
-          "memory ratio < 1: unitok needs less")
+    print(f"\nunitok / reference, {args.device}, {args.precision}, {args.threads} thread(s); speed ratios > 1: "
+          "unitok faster; memory ratio < 1: unitok needs less")
     print("| family | train | infer | generate | train peak memory |\n|---|---|---|---|---|")
     for family, train, infer, generate, label in rows:
         peaks = timing.MEMORY.get(label, {})

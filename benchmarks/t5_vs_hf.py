@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import statistics
 import sys
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: find timing.py
-from timing import alternate  # noqa: E402
+from timing import add_precision_option, alternate, autocast  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -55,6 +57,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--device", default="cpu")
+    add_precision_option(p)
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
 
@@ -74,7 +77,8 @@ def build_models(args: argparse.Namespace) -> tuple[nn.Module, nn.Module]:
     return ours.to(args.device), theirs.to(args.device)
 
 
-def make_train_step(model: nn.Module, forward: Callable, batch: tuple, steps: int) -> Callable[[], float]:
+def make_train_step(model: nn.Module, forward: Callable, batch: tuple, steps: int,
+                    amp: Callable[[], AbstractContextManager] = nullcontext) -> Callable[[], float]:
     model = copy.deepcopy(model).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
@@ -82,8 +86,9 @@ def make_train_step(model: nn.Module, forward: Callable, batch: tuple, steps: in
         loss = torch.zeros(())
         for _ in range(steps):
             opt.zero_grad(set_to_none=True)
-            logits = forward(model, *batch)
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), batch[2].flatten())
+            with amp():
+                logits = forward(model, *batch)
+                loss = F.cross_entropy(logits.flatten(0, 1).float(), batch[2].flatten())
             loss.backward()
             opt.step()
         return float(loss.detach())
@@ -121,8 +126,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return model(input_ids=s, decoder_input_ids=d).logits
 
     batch = (src, dec_in, labels)
-    times = alternate({"unitok": make_train_step(ours, ours_forward, batch, args.train_steps),
-                       "hf": make_train_step(theirs, theirs_forward, batch, args.train_steps)},
+    amp = functools.partial(autocast, args.device, args.precision)
+    times = alternate({"unitok": make_train_step(ours, ours_forward, batch, args.train_steps, amp),
+                       "hf": make_train_step(theirs, theirs_forward, batch, args.train_steps, amp)},
                       args.repeats, args.warmup, args.device, label="t5 train")
     tokens = args.batch_size * args.target_len * args.train_steps
     train = {k: tokens / statistics.median(v) for k, v in times.items()}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import ctypes
 import gc
 import math
@@ -11,6 +13,25 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+PRECISIONS = ("fp32", "bf16")
+
+
+def add_precision_option(parser: argparse.ArgumentParser) -> None:
+    """``--precision``: fp32, or bf16 (both sides' training forward and loss under autocast)."""
+    parser.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                        help="bf16: both sides' training forward and loss under torch.autocast(bfloat16), "
+                             "as --trainer.precision bf16-mixed trains (weights, gradients and AdamW in fp32)")
+
+
+def autocast(device: str, precision: str) -> contextlib.AbstractContextManager:
+    """The context a training forward and loss run in at ``precision``: nothing for fp32,
+    ``torch.autocast`` to bfloat16 for bf16 (what Lightning's bf16-mixed does)."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)
 
 
 def sync(device: str) -> None:

@@ -35,10 +35,12 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import statistics
 import sys
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +49,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: find timing.py
-from timing import alternate  # noqa: E402
+from timing import add_precision_option, alternate, autocast  # noqa: E402
 
 MODELS = ("vit", "deit", "mixer")
 
@@ -73,6 +75,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=None,
                    help="torch.set_num_threads (default: torch's choice)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
+    add_precision_option(p)
     p.add_argument("--atol", type=float, default=1e-4, help="tolerance of the equal-output check")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip-train", action="store_true")
@@ -150,7 +153,7 @@ def prepare_for_training(model: nn.Module, kind: str) -> nn.Module:
 
 
 def make_train_step(model: nn.Module, kind: str, batch: tuple[Tensor, Tensor, Tensor],
-                    steps: int) -> Callable[[], float]:
+                    steps: int, amp: Callable[[], AbstractContextManager] = nullcontext) -> Callable[[], float]:
     """A closure running ``steps`` AdamW steps on ``model`` (own optimizer); returns the loss."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
@@ -158,7 +161,8 @@ def make_train_step(model: nn.Module, kind: str, batch: tuple[Tensor, Tensor, Te
         loss = torch.zeros(())
         for _ in range(steps):
             opt.zero_grad(set_to_none=True)
-            loss = train_loss(model, kind, *batch)
+            with amp():
+                loss = train_loss(model, kind, *batch)
             loss.backward()
             opt.step()
         return float(loss.detach())
@@ -204,7 +208,8 @@ def sides(ours: nn.Module, theirs: nn.Module) -> dict[str, nn.Module]:
 def bench_train(ours: nn.Module, theirs: nn.Module, kind: str, args: argparse.Namespace,
                 batch: tuple[Tensor, Tensor, Tensor]) -> dict[str, float]:
     """Training images/s (median over repetitions) for each side, on training copies."""
-    runs = {name: make_train_step(prepare_for_training(model, kind), kind, batch, args.train_steps)
+    amp = functools.partial(autocast, args.device, args.precision)
+    runs = {name: make_train_step(prepare_for_training(model, kind), kind, batch, args.train_steps, amp)
             for name, model in sides(ours, theirs).items()}
     times = alternate(runs, args.repeats, args.warmup, args.device, label=f"{kind} train")
     images = args.batch_size * args.train_steps
@@ -255,6 +260,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"images {args.batch_size}x{args.channels}x{args.img_size}x{args.img_size}, patch "
           f"{args.patch_size} ({grid * grid} patches), depth {args.depth} | device={args.device} "
           f"threads={torch.get_num_threads()} torch={torch.__version__} timm={timm.__version__} "
+          f"precision={args.precision} "
           f"repeats={args.repeats}")
     result: dict[str, Any] = {"threads": torch.get_num_threads(), "device": args.device}
     rows: list[tuple[str, str, float, float]] = []

@@ -54,3 +54,31 @@ def test_padding_query_rows_never_produce_nan():
 def test_mask_length_mismatch_is_an_error():
     with pytest.raises(ValueError, match="covers 3 positions, expected 4"):
         build_attention_mask(4, 4, True, torch.ones(1, 3))
+
+
+@pytest.mark.parametrize("mask_kind", ["causal", "bool", "additive"])
+def test_half_precision_on_the_cpu_attends_in_fp32_and_returns_the_input_dtype(mask_kind):
+    # PyTorch's CPU bf16 attention kernel is slower than its fp32 one, so bf16 inputs are attended
+    # in fp32: the result is the fp32 attention of the same (rounded) inputs, cast back.
+    q, k, v = (torch.randn(2, 3, 6, 8).to(torch.bfloat16).requires_grad_() for _ in range(3))
+    mask = {"causal": None, "bool": causal_mask(6, 6)[None, None],
+            "additive": torch.randn(1, 1, 6, 6).to(torch.bfloat16)}[mask_kind]
+    out = sdpa_attention(q, k, v, mask, is_causal=mask_kind == "causal")
+    assert out.dtype == torch.bfloat16
+    exact, _ = reference_attention(q.float(), k.float(), v.float(),
+                                   None if mask is None else (mask if mask.dtype == torch.bool else mask.float()),
+                                   is_causal=mask_kind == "causal")
+    torch.testing.assert_close(out, exact.to(torch.bfloat16), atol=1e-2, rtol=0)
+    out.float().sum().backward()
+    assert q.grad is not None and q.grad.dtype == torch.bfloat16 and torch.isfinite(q.grad.float()).all()
+
+
+def test_attention_under_cpu_autocast_returns_bf16_with_fp32_grads_for_fp32_leaves():
+    q, k, v = (torch.randn(2, 3, 6, 8, requires_grad=True) for _ in range(3))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = sdpa_attention(q.to(torch.bfloat16), k.to(torch.bfloat16), v.to(torch.bfloat16), is_causal=True)
+    assert out.dtype == torch.bfloat16
+    exact = sdpa_attention(q, k, v, is_causal=True)
+    torch.testing.assert_close(out.float(), exact, atol=3e-2, rtol=0)
+    out.float().sum().backward()
+    assert q.grad.dtype == torch.float32

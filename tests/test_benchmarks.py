@@ -1,0 +1,51 @@
+"""The benchmarks' shared pieces: the precision option (bf16 autocast on both sides) and the GPT
+benchmark's model FLOP/s and MFU."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import gpt_vs_hf  # noqa: E402
+import timing  # noqa: E402
+
+
+def test_fp32_runs_as_is_and_bf16_autocasts_matmuls():
+    a, b = torch.randn(4, 8), torch.randn(8, 3)
+    with timing.autocast("cpu", "fp32"):
+        assert (a @ b).dtype == torch.float32
+    with timing.autocast("cpu", "bf16"):
+        assert (a @ b).dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="one of .*fp32.*bf16.*got 'fp16'"):
+        timing.autocast("cpu", "fp16")
+
+
+def test_gpt_flops_a_token_count_every_weight_but_the_position_table():
+    args = gpt_vs_hf.parse_args(["--d-model", "64", "--n-layers", "2", "--n-heads", "2", "--vocab-size", "512",
+                                 "--context-length", "128", "--seq-len", "32"])
+    ours, _ = gpt_vs_hf.build_models(args)
+    D, L, V, T = 64, 2, 512, 32
+    # GPT-2's weights a layer: two norms (2D each), qkv (3D² + 3D), out (D² + D), MLP (8D² + 5D);
+    # the token table (tied LM head) and the final norm.
+    weights = V * D + L * (12 * D * D + 13 * D) + 2 * D
+    assert gpt_vs_hf.flops_per_token(ours, args) == 6 * weights + 12 * L * D * T
+
+
+def test_peak_is_given_or_known_and_absent_on_the_cpu():
+    assert gpt_vs_hf.peak_tflops(gpt_vs_hf.parse_args([])) is None
+    assert gpt_vs_hf.peak_tflops(gpt_vs_hf.parse_args(["--peak-tflops", "2.5"])) == 2.5
+
+
+def test_gpt_benchmark_reports_bf16_training_flops_and_mfu(capsys):
+    result = gpt_vs_hf.main(["--d-model", "32", "--n-layers", "1", "--n-heads", "2", "--vocab-size", "128",
+                             "--batch-size", "2", "--seq-len", "16", "--repeats", "1", "--warmup", "0",
+                             "--skip-generate", "--precision", "bf16", "--peak-tflops", "0.5", "--threads", "1"])
+    train = result["train"]
+    for side in ("unitok", "hf"):
+        assert train["gflops"][side] > 0
+        assert train["mfu"][side] == pytest.approx(train["gflops"][side] / 500)
+    assert "precision=bf16" in capsys.readouterr().out
