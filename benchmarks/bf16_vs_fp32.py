@@ -1,6 +1,6 @@
 """unitok's own training step in bf16-mixed against fp32, at the side-by-side benchmarks' configs.
 
-The same model (a copy each), batch and AdamW; one side runs forward and loss under
+The same model (a copy each), batch and AdamW (PyTorch's fused kernel, as unitok's tasks step); one side runs forward and loss under
 ``torch.autocast(bfloat16)`` — what ``--trainer.precision bf16-mixed`` does, weights, gradients
 and optimizer state staying fp32 — the other in plain fp32. Repetitions alternate; reported: the
 medians' ratio bf16 / fp32 (> 1: bf16 faster) and both first losses. bf16 is fast only where the
@@ -62,7 +62,7 @@ def gpt_step(device: str, steps: int) -> tuple[nn.Module, Callable[..., Callable
     ours, _ = gpt_vs_hf.build_models(args)
     g = torch.Generator().manual_seed(args.seed + 1)
     ids = torch.randint(0, args.vocab_size, (args.batch_size, args.seq_len), generator=g).to(device)
-    return ours, lambda model, amp: gpt_vs_hf.make_train_step(model, ids, steps, amp)
+    return ours, lambda model, amp: gpt_vs_hf.make_train_step(model, ids, steps, amp, fused=True)
 
 
 def vit_step(device: str, steps: int) -> tuple[nn.Module, Callable[..., Callable[[], float]]]:
@@ -71,7 +71,7 @@ def vit_step(device: str, steps: int) -> tuple[nn.Module, Callable[..., Callable
     ours, _ = vision_vs_timm.build_models("vit", args)
     batch = vision_vs_timm.make_batch(args)
     model = vision_vs_timm.ClassTokensOnly(ours)
-    return model, lambda m, amp: vision_vs_timm.make_train_step(m.train(), "vit", batch, steps, amp)
+    return model, lambda m, amp: vision_vs_timm.make_train_step(m.train(), "vit", batch, steps, amp, fused=True)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

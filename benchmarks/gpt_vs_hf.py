@@ -150,10 +150,12 @@ def lm_loss(logits: Tensor, ids: Tensor) -> Tensor:
     return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
 
 
-def make_train_step(model: nn.Module, ids: Tensor, steps: int, amp: Callable[[], AbstractContextManager] = nullcontext) -> Callable[[], float]:
-    """A closure running ``steps`` AdamW steps on ``model`` (own optimizer); returns the loss."""
+def make_train_step(model: nn.Module, ids: Tensor, steps: int, amp: Callable[[], AbstractContextManager] = nullcontext,
+                    fused: bool | None = None) -> Callable[[], float]:
+    """A closure running ``steps`` AdamW steps on ``model`` (own optimizer; ``fused``: PyTorch's
+    fused kernel, as unitok's tasks step); returns the loss."""
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused)
 
     def run() -> float:
         loss = torch.zeros(())

@@ -153,9 +153,11 @@ def prepare_for_training(model: nn.Module, kind: str) -> nn.Module:
 
 
 def make_train_step(model: nn.Module, kind: str, batch: tuple[Tensor, Tensor, Tensor],
-                    steps: int, amp: Callable[[], AbstractContextManager] = nullcontext) -> Callable[[], float]:
-    """A closure running ``steps`` AdamW steps on ``model`` (own optimizer); returns the loss."""
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+                    steps: int, amp: Callable[[], AbstractContextManager] = nullcontext,
+                    fused: bool | None = None) -> Callable[[], float]:
+    """A closure running ``steps`` AdamW steps on ``model`` (own optimizer; ``fused``: PyTorch's
+    fused kernel, as unitok's tasks step); returns the loss."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused)
 
     def run() -> float:
         loss = torch.zeros(())
