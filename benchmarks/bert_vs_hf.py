@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: find timing.py
-from timing import add_precision_option, alternate, autocast  # noqa: E402
+from timing import add_malloc_option, add_precision_option, alternate, apply_malloc, autocast  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -60,6 +60,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     add_precision_option(p)
+    add_malloc_option(p)
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
 
@@ -133,6 +134,7 @@ def print_table(rows: list[tuple[str, float, float]]) -> None:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the benchmark, print the table and return the figures."""
     args = parse_args(argv)
+    apply_malloc(args.malloc)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     if args.device.startswith("cuda") and not torch.cuda.is_available():

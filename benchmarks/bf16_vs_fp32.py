@@ -30,7 +30,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: find the benchmarks
 import gpt_vs_hf  # noqa: E402
 import vision_vs_timm  # noqa: E402
-from timing import alternate, autocast  # noqa: E402
+from timing import add_malloc_option, alternate, apply_malloc, autocast  # noqa: E402
 
 MODELS = ("gpt", "vit")
 
@@ -43,6 +43,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--device", default="cpu")
+    add_malloc_option(p)
     return p.parse_args(argv)
 
 
@@ -76,6 +77,7 @@ def vit_step(device: str, steps: int) -> tuple[nn.Module, Callable[..., Callable
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
+    apply_malloc(args.malloc)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     if args.device.startswith("cuda") and not torch.cuda.is_available():

@@ -44,7 +44,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: find timing.py
-from timing import add_precision_option, alternate, autocast, timed  # noqa: E402
+from timing import add_malloc_option, add_precision_option, alternate, apply_malloc, autocast, timed  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -66,6 +66,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
     p.add_argument("--device", default="cpu")
     add_precision_option(p)
+    add_malloc_option(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip-train", action="store_true")
     p.add_argument("--skip-zero-shot", action="store_true")
@@ -187,6 +188,7 @@ def bench_zero_shot(ours: nn.Module, theirs: nn.Module, args: argparse.Namespace
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
+    apply_malloc(args.malloc)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     if args.device.startswith("cuda") and not torch.cuda.is_available():

@@ -54,7 +54,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: find timing.py
-from timing import add_precision_option, alternate, autocast  # noqa: E402
+from timing import add_malloc_option, add_precision_option, alternate, apply_malloc, autocast  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -77,6 +77,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="torch.set_num_threads (default: torch's choice)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     add_precision_option(p)
+    add_malloc_option(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip-train", action="store_true")
     p.add_argument("--skip-generate", action="store_true")
@@ -260,6 +261,7 @@ def print_table(rows: list[tuple[str, float, float]]) -> None:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the benchmark, print the table and return the figures."""
     args = parse_args(argv)
+    apply_malloc(args.malloc)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -272,7 +274,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"config: D={args.d_model} L={args.n_layers} H={args.n_heads} V={args.vocab_size} "
           f"ctx={args.context_length} ({n_params / 1e6:.2f}M params) | device={args.device} "
           f"threads={torch.get_num_threads()} torch={torch.__version__} precision={args.precision} "
-          f"hf_attn={hf_attention_backend(hf)} repeats={args.repeats}"
+          f"hf_attn={hf_attention_backend(hf)} malloc={args.malloc} repeats={args.repeats}"
           + (f" gpu={torch.cuda.get_device_name(torch.device(args.device))}" if args.device.startswith("cuda") else ""))
     result: dict[str, Any] = {"threads": torch.get_num_threads(), "device": args.device}
     rows: list[tuple[str, float, float]] = []

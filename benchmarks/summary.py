@@ -73,15 +73,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--device", default="cpu")
     timing.add_precision_option(p)
+    timing.add_malloc_option(p)
     args = p.parse_args(argv)
     start = time.perf_counter()
     rows = []
     for name in args.only:
         print(f"\n=== {name} ({MODULES[name]})")
-        options = ["--threads", str(args.threads), "--precision", args.precision, "--device", args.device]
+        options = ["--threads", str(args.threads), "--precision", args.precision, "--device", args.device,
+                   "--malloc", args.malloc]
         result = importlib.import_module(MODULES[name]).main(options)
         rows += rows_of(name, result)
-    print(f"\nunitok / reference, {args.device}, {args.precision}, {args.threads} thread(s); speed ratios > 1: "
+    print(f"\nunitok / reference, {args.device}, {args.precision}, {args.threads} thread(s), malloc {args.malloc}; speed ratios > 1: "
           "unitok faster; memory ratio < 1: unitok needs less")
     print("| family | train | infer | generate | train peak memory |\n|---|---|---|---|---|")
     for family, train, infer, generate, label in rows:

@@ -14,7 +14,10 @@ from typing import Any
 
 import torch
 
+from unitok.cpu_memory import keep_freed_memory
+
 PRECISIONS = ("fp32", "bf16")
+MALLOC_CHOICES = ("default", "keep")
 
 
 def add_precision_option(parser: argparse.ArgumentParser) -> None:
@@ -22,6 +25,21 @@ def add_precision_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--precision", choices=PRECISIONS, default="fp32",
                         help="bf16: both sides' training forward and loss under torch.autocast(bfloat16), "
                              "as --trainer.precision bf16-mixed trains (weights, gradients and AdamW in fp32)")
+
+
+def add_malloc_option(parser: argparse.ArgumentParser) -> None:
+    """``--malloc``: glibc's allocator as it is, or tuned to keep freed memory as `unitok fit` runs."""
+    parser.add_argument("--malloc", choices=MALLOC_CHOICES, default="default",
+                        help="keep: glibc keeps freed CPU memory for reuse (unitok.cpu_memory, what the "
+                             "unitok command does), for both sides alike; default: glibc as it is")
+
+
+def apply_malloc(choice: str) -> None:
+    """Apply ``--malloc`` to this process (both sides of a benchmark run in it)."""
+    if choice not in MALLOC_CHOICES:
+        raise ValueError(f"malloc must be one of {MALLOC_CHOICES}, got {choice!r}")
+    if choice == "keep" and not keep_freed_memory():
+        raise SystemExit("--malloc keep needs glibc (Linux); this C library is not it")
 
 
 def autocast(device: str, precision: str) -> contextlib.AbstractContextManager:

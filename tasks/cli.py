@@ -41,6 +41,7 @@ from tasks.run_folder import (
     next_version,
     run_dir,
 )
+from unitok.cpu_memory import keep_freed_memory_unless_opted_out
 
 SAMPLE_HELP = "Continue prompts with a trained GPT folder (see `unitok sample --help`)."
 
@@ -203,6 +204,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = resolve_recipes(list(sys.argv[1:] if argv is None else argv))
     if argv is None:
         sys.argv[1:] = args  # LightningCLI reads the command line itself
+    keep_freed_memory_unless_opted_out()  # no page faults for each step's big CPU buffers
     if args and args[0] == "sample":
         from tasks.sample import main as sample_main
 
