@@ -3,11 +3,15 @@ checkpoints that keep the vocabulary and spectrogram settings, clear errors for 
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
+import torch.nn.functional as F
 
 from unitok.backbone import Backbone, BackboneConfig
 from unitok.embed.frames import subsampled_length
+from unitok.layers.conv_module import ConvModule
 from unitok.models import ConformerConfig, ConformerCTC
 
 
@@ -36,6 +40,36 @@ def test_padding_content_does_not_change_real_frames():
     # the blocks mask padding (attention keys and the convolution module's input).
     torch.testing.assert_close(a.logits[1, :n], b.logits[1, :n])
     torch.testing.assert_close(a.logits[0], b.logits[0])
+
+
+def channels_first(module: ConvModule, x: torch.Tensor, padding: torch.Tensor) -> torch.Tensor:
+    """The convolution module as the paper draws it: Conv1d layers over (B, C, N)."""
+    h = F.glu(module.pointwise_in(x.transpose(1, 2)), dim=1)
+    h = h.masked_fill(~padding[:, None, :], 0.0)
+    return module.pointwise_out(F.silu(module.conv_norm(module.depthwise(h)))).transpose(1, 2)
+
+
+@pytest.mark.parametrize("norm", ["batchnorm", "groupnorm"])
+def test_convolution_module_runs_channels_last_as_the_channels_first_convs(norm):
+    # ConvModule keeps frames (B, N, C) throughout (Linear pointwise convs, a channels-last
+    # depthwise conv); in training mode its outputs, gradients and BatchNorm statistics are the
+    # Conv1d formulation's.
+    torch.manual_seed(0)
+    module = ConvModule(32, kernel_size=7, norm=norm).train()
+    reference = copy.deepcopy(module)
+    x = torch.randn(3, 20, 32)
+    padding = torch.arange(20)[None, :] < torch.tensor([20, 13, 5])[:, None]
+    ours_x, ref_x = x.clone().requires_grad_(), x.clone().requires_grad_()
+    out, expected = module(ours_x, padding), channels_first(reference, ref_x, padding)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    expected.backward(grad)
+    torch.testing.assert_close(ours_x.grad, ref_x.grad, atol=1e-5, rtol=1e-5)
+    for (name, p), q in zip(module.named_parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, atol=1e-4, rtol=1e-5, msg=name)
+    for (name, b), c in zip(module.named_buffers(), reference.buffers(), strict=True):
+        torch.testing.assert_close(b, c, msg=name)
 
 
 def test_block_is_the_one_backbone_with_conformer_sublayers():
