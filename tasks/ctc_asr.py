@@ -18,6 +18,7 @@ from tasks.optim import adamw_warmup_cosine
 from tasks.predictions import Record, records
 from tokenizers_mm import CharacterVocabulary, SpectrogramConfig
 from unitok.ctc import Decoder, Lexicon, check_decoder, ctc_decode
+from unitok.losses import check_ctc_targets
 from unitok.models import ConformerConfig, ConformerCTC
 from unitok.outputs import CTCOutput
 
@@ -26,7 +27,10 @@ def ctc_loss(logits: Tensor, output_lengths: Tensor, targets: Tensor, target_len
     """CTC loss (blank = 0) from (B, N', V) logits, averaged over the batch after dividing each
     utterance's loss by its target length — an empty target's (a clip with no speech: every
     frame blank) by its frame count, so one such clip does not outweigh a batch of speech;
-    impossible alignments (too few frames) count as 0."""
+    impossible alignments (too few frames) count as 0. Targets: (B, U) padded ids, each row's
+    first ``target_lengths`` in [1, V)."""
+    within = torch.arange(targets.shape[-1], device=targets.device)[None, :] < target_lengths[:, None]  # (B, U)
+    check_ctc_targets(targets[within], logits.shape[-1], blank=0)
     log_probs = logits.float().log_softmax(dim=-1).transpose(0, 1)  # (N', B, V)
     losses = F.ctc_loss(log_probs, targets, output_lengths, target_lengths, blank=0, reduction="none",
                         zero_infinity=True)  # (B,)

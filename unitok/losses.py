@@ -70,6 +70,15 @@ def sequence_classification_loss(logits: Tensor, labels: Tensor) -> Tensor:
     return cross_entropy(logits, labels)
 
 
+def check_ctc_targets(targets: Tensor, num_classes: int, blank: int = 0) -> None:
+    """Refuse CTC targets outside [0, V) or equal to the blank: torch's CPU ``ctc_loss`` does not
+    check them and reads and writes out of bounds (a corrupted heap, not an error)."""
+    bad = (targets < 0) | (targets >= num_classes) | (targets == blank)
+    if bool(bad.any()):
+        values = targets[bad].unique()[:5].tolist()
+        raise ValueError(f"CTC targets {values} are not label ids in [0, {num_classes}) other than the blank ({blank})")
+
+
 def ctc_loss(logits: Tensor, lengths: Tensor, labels: Tensor, label_lengths: Tensor | None = None,
              blank: int = 0) -> Tensor:
     """CTC loss from (B, T, V) logits with (B,) valid frames and (B, U) padded targets.
@@ -92,9 +101,7 @@ def ctc_loss(logits: Tensor, lengths: Tensor, labels: Tensor, label_lengths: Ten
                          f"got {label_lengths.tolist()}")
     within = torch.arange(labels.shape[1], device=labels.device)[None, :] < label_lengths[:, None]  # (B, U)
     targets = labels[within]
-    if bool(((targets < 0) | (targets >= V) | (targets == blank)).any()):
-        bad = targets[(targets < 0) | (targets >= V) | (targets == blank)].unique()[:5].tolist()
-        raise ValueError(f"CTC targets {bad} are not label ids in [0, {V}) other than the blank ({blank})")
+    check_ctc_targets(targets, V, blank)
     log_probs = logits.float().log_softmax(dim=-1).transpose(0, 1)  # (T, B, V)
     return F.ctc_loss(log_probs, targets, lengths.to(logits.device).long(), label_lengths, blank=blank,
                       reduction="mean")

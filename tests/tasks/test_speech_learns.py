@@ -54,6 +54,18 @@ def test_ctc_loss_is_torchs_ctc_with_blank_zero_per_target_character():
     assert float(ctc_loss(logits[:1, :2], torch.tensor([2]), targets[:1], torch.tensor([3]))) == 0.0
 
 
+def test_ctc_targets_outside_the_vocabulary_are_refused_not_read_out_of_bounds():
+    # torch's CPU ctc_loss does not check target ids: one >= V corrupts the heap (a crash later).
+    logits, lengths = torch.randn(2, 10, 5), torch.tensor([10, 6])
+    target_lengths = torch.tensor([3, 1])
+    with pytest.raises(ValueError, match=r"CTC targets \[7\] are not label ids in \[0, 5\)"):
+        ctc_loss(logits, lengths, torch.tensor([[1, 7, 2], [3, 0, 0]]), target_lengths)
+    with pytest.raises(ValueError, match=r"CTC targets \[0\].*blank"):
+        ctc_loss(logits, lengths, torch.tensor([[1, 0, 2], [3, 0, 0]]), target_lengths)
+    # Padding beyond a row's length is not a target.
+    assert torch.isfinite(ctc_loss(logits, lengths, torch.tensor([[1, 2, 2], [3, 99, 99]]), target_lengths))
+
+
 # ------------------------------------------------------------------ task mechanics
 
 
