@@ -2,7 +2,8 @@
 and against raw tiktoken on the same vocabulary.
 
 One tokenizer is trained on a slice of the Python standard library's source (the built-in
-corpus), then every side encodes the same lines of *other* standard-library files:
+corpus), then every side encodes the same lines of *other* standard-library files (``--unit
+files``: whole files, the documents a language model's data is tokenized as):
 
 1. ``encode``: one string at a time — unitok's ``BPETokenizer.encode`` (ids as a tensor,
    token strings and offsets on demand) against ``tokenizers.Tokenizer.encode`` and
@@ -19,6 +20,7 @@ Run::
 
     python benchmarks/tokenizer_vs_hf.py --threads 1
     python benchmarks/tokenizer_vs_hf.py --lines 20000 --batch 256
+    python benchmarks/tokenizer_vs_hf.py --threads 1 --unit files --batch 16
 """
 
 from __future__ import annotations
@@ -38,8 +40,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--vocab-size", type=int, default=8192)
     p.add_argument("--train-bytes", type=int, default=2_000_000, help="stdlib source the BPE learns from")
-    p.add_argument("--lines", type=int, default=5000, help="non-empty lines encoded per repetition")
-    p.add_argument("--batch", type=int, default=128, help="lines per batch_encode call")
+    p.add_argument("--unit", choices=("lines", "files"), default="lines",
+                   help="what one encode call gets: a line of source, or a whole file")
+    p.add_argument("--lines", type=int, default=5000, help="non-empty lines (or files) encoded per repetition")
+    p.add_argument("--batch", type=int, default=128, help="lines (or files) per batch_encode call")
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--threads", type=int, default=None,
                    help="threads of the Rust engine (RAYON_NUM_THREADS) and torch")
@@ -67,7 +71,11 @@ def main(argv: list[str] | None = None) -> None:
     raw = tok._tok  # the Hugging Face engine inside
     fast = build_encoding(raw)  # raw tiktoken on the same vocabulary (NotRepresentable if none)
     threads = args.threads or os.cpu_count() or 1
-    lines = [line for text in read_texts(rest) for line in text.splitlines() if line.strip()][: args.lines]
+    texts = read_texts(rest)
+    if args.unit == "files":
+        lines = [text for text in texts if text.strip()][: args.lines]
+    else:
+        lines = [line for text in texts for line in text.splitlines() if line.strip()][: args.lines]
     megabytes = sum(len(line.encode()) for line in lines) / 1e6
     batches = [lines[i:i + args.batch] for i in range(0, len(lines), args.batch)]
 
@@ -89,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
                                    for b in batches],
     }
     times = {k: statistics.median(v) for k, v in alternate(runs, args.repeats, warmup=1, device="cpu").items()}
-    print(f"{len(lines)} lines, {megabytes:.2f} MB, vocabulary {tok.vocab_size}, batches of {args.batch}, "
+    print(f"{len(lines)} {args.unit}, {megabytes:.2f} MB, vocabulary {tok.vocab_size}, batches of {args.batch}, "
           f"threads={args.threads}; unitok's engine: {engine}")
     print(f"{'workload':10} {'unitok MB/s':>12} {'HF MB/s':>8} {'tiktoken MB/s':>14} "
           f"{'unitok/HF':>10} {'unitok/tiktoken':>16} {'tiktoken/HF':>12}")
