@@ -231,7 +231,8 @@ def bench_generate(ours: nn.Module, hf: nn.Module, args: argparse.Namespace) -> 
 def bench_beam(ours: nn.Module, hf: nn.Module, args: argparse.Namespace) -> dict[str, Any]:
     """Beam search (``--beams``) new tokens/s (median) for both, batch 1, no EOS; the outputs are
     compared (unitok returns the greedy answer where it scores higher than every beam's, so they
-    may differ — reported, not an error)."""
+    may differ — reported, not an error). "unitok, HF's search" is the same work as Hugging
+    Face's (``greedy_floor=False``: W rows, no greedy row); its output must equal theirs."""
     g = torch.Generator().manual_seed(args.seed + 3)
     ids = torch.randint(0, args.vocab_size, (1, args.prompt_len), generator=g).to(args.device)
     n, W = args.new_tokens, args.beams
@@ -240,12 +241,18 @@ def bench_beam(ours: nn.Module, hf: nn.Module, args: argparse.Namespace) -> dict
     def run_ours() -> None:
         outputs["unitok"] = ours.generate(ids, max_new_tokens=n, strategy="beam", num_beams=W, eos_token_id=None)
 
+    def run_ours_plain() -> None:
+        outputs["unitok, HF's search"] = ours.generate(ids, max_new_tokens=n, strategy="beam", num_beams=W,
+                                                       eos_token_id=None, greedy_floor=False)
+
     def run_hf() -> None:
         outputs["hf"] = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
                                     num_beams=W, do_sample=False, eos_token_id=None, pad_token_id=0)
 
-    times = alternate({"unitok": run_ours, "hf": run_hf}, args.repeats, args.warmup, args.device,
-                      label="gpt beam search")
+    times = alternate({"unitok": run_ours, "unitok, HF's search": run_ours_plain, "hf": run_hf}, args.repeats,
+                      args.warmup, args.device, label="gpt beam search")
+    if not torch.equal(outputs["unitok, HF's search"].cpu(), outputs["hf"].cpu()):
+        raise AssertionError("beam search without the greedy floor differs from Hugging Face's")
     same = bool(torch.equal(outputs["unitok"].cpu(), outputs["hf"].cpu()))
     return {name: n / statistics.median(t) for name, t in times.items()} | {"same_output": same}
 
@@ -308,6 +315,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             print(f"beam search: {args.beams} beams, batch 1, {args.new_tokens} new tokens, no EOS; "
                   f"identical outputs: {beam['same_output']}")
             rows.append((f"beam (W={args.beams}) new tokens/s", beam["unitok"], beam["hf"]))
+            rows.append(("  HF's search (same work)", beam["unitok, HF's search"], beam["hf"]))
     print_table(rows)
     result["seconds"] = time.perf_counter() - start
     print(f"({result['seconds']:.0f} s)")

@@ -119,6 +119,9 @@ def test_beam_search_differs_from_hugging_face_only_where_greedy_scores_higher()
             differ += 1
             assert out.tolist() == ours.generate(prompt, **options).tolist()  # the greedy answer
             assert _beam_score(ours, out, 4, 2, 1.0) > _beam_score(ours, ref, 4, 2, 1.0)
+            # Without the greedy floor the search is Hugging Face's, token for token.
+            plain = ours.generate(prompt, strategy="beam", greedy_floor=False, **beam, **options)
+            assert plain.tolist() == ref.tolist()
     assert 1 <= differ <= 6
 
 
@@ -128,13 +131,14 @@ def test_batched_left_padded_generation_matches(pair):
     mask = torch.ones_like(ids)
     mask[0, :2] = 0
     ids[0, :2] = 0
-    for strategy, extra in [("greedy", {}), ("beam", {"num_beams": 3})]:
+    for strategy, extra, ours_only in [("greedy", {}, {}), ("beam", {"num_beams": 3}, {}),
+                                       ("beam", {"num_beams": 3}, {"greedy_floor": False})]:
         with torch.no_grad():
             ref = hf.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False,
                               eos_token_id=None, pad_token_id=0, **extra)
         out = ours.generate(ids, attention_mask=mask, max_new_tokens=8, strategy=strategy,
-                            eos_token_id=None, pad_token_id=0, **extra)
-        assert out.tolist() == ref.tolist(), strategy
+                            eos_token_id=None, pad_token_id=0, **extra, **ours_only)
+        assert out.tolist() == ref.tolist(), (strategy, ours_only)
 
 
 def test_sampling_matches_with_the_same_seed(pair):

@@ -81,6 +81,8 @@ def test_greedy_and_beam_search_match_hugging_face_generate(variant):
         # Hugging Face fills finished beams with EOS when pad_token_id is 0 (`pad or eos`); we use pad.
         assert until_eos(beam) == until_eos(beam_hf)
         assert beam.shape == beam_hf.shape
+        plain = ours.generate(ids, mask, max_new_tokens=8, strategy="beam", greedy_floor=False, **options)
+        assert until_eos(plain) == until_eos(beam_hf)  # Hugging Face's search, W rows
 
 
 def test_an_eos_hit_ends_beams_like_hugging_face():
