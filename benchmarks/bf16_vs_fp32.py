@@ -30,7 +30,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: find the benchmarks
 import gpt_vs_hf  # noqa: E402
 import vision_vs_timm  # noqa: E402
-from timing import add_malloc_option, alternate, apply_malloc, autocast  # noqa: E402
+from timing import add_malloc_option, alternate, autocast, prepare_process  # noqa: E402
 
 MODELS = ("gpt", "vit")
 
@@ -77,11 +77,7 @@ def vit_step(device: str, steps: int) -> tuple[nn.Module, Callable[..., Callable
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
-    apply_malloc(args.malloc)
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise SystemExit("--device cuda asked for, but CUDA is not available")
+    prepare_process(args)
     start = time.perf_counter()
     print(f"device={args.device} threads={torch.get_num_threads()} torch={torch.__version__} "
           f"cpu capability={torch.backends.cpu.get_cpu_capability()} bf16 instructions={cpu_bf16_support()}")

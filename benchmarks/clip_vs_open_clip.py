@@ -44,7 +44,14 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: find timing.py
-from timing import add_malloc_option, add_precision_option, alternate, apply_malloc, autocast, timed  # noqa: E402
+from timing import (  # noqa: E402
+    add_malloc_option,
+    add_precision_option,
+    alternate,
+    autocast,
+    prepare_process,
+    timed,
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -188,11 +195,7 @@ def bench_zero_shot(ours: nn.Module, theirs: nn.Module, args: argparse.Namespace
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
-    apply_malloc(args.malloc)
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise SystemExit("--device cuda asked for, but CUDA is not available")
+    prepare_process(args)
     import open_clip
 
     start = time.perf_counter()

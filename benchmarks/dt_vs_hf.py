@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: find timing.py
-from timing import add_malloc_option, add_precision_option, alternate, apply_malloc, autocast  # noqa: E402
+from timing import add_malloc_option, add_precision_option, alternate, autocast, prepare_process  # noqa: E402
 
 KEYS = ("states", "actions", "returns_to_go", "timesteps", "attention_mask")
 
@@ -156,11 +156,7 @@ def make_train_step(model: nn.Module, batch: dict[str, Tensor], steps: int,
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the benchmark, print the table and return the figures."""
     args = parse_args(argv)
-    apply_malloc(args.malloc)
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise SystemExit("--device cuda asked for, but CUDA is not available")
+    prepare_process(args)
     import transformers
 
     start = time.perf_counter()

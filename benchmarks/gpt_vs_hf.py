@@ -54,7 +54,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: find timing.py
-from timing import add_malloc_option, add_precision_option, alternate, apply_malloc, autocast  # noqa: E402
+from timing import add_malloc_option, add_precision_option, alternate, autocast, prepare_process  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -268,11 +268,7 @@ def print_table(rows: list[tuple[str, float, float]]) -> None:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the benchmark, print the table and return the figures."""
     args = parse_args(argv)
-    apply_malloc(args.malloc)
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise SystemExit("--device cuda asked for, but CUDA is not available")
+    prepare_process(args)
     if args.prompt_len + args.new_tokens > args.context_length:
         raise SystemExit("prompt-len + new-tokens exceeds context-length")
     start = time.perf_counter()

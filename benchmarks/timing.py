@@ -34,6 +34,16 @@ def add_malloc_option(parser: argparse.ArgumentParser) -> None:
                              "unitok command does), for both sides alike; default: glibc as it is")
 
 
+def prepare_process(args: argparse.Namespace) -> None:
+    """What every side-by-side benchmark does first: ``--malloc``, ``--threads`` (torch's choice
+    when None) and a clear exit when ``--device cuda`` is asked for without CUDA."""
+    apply_malloc(args.malloc)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit("--device cuda asked for, but CUDA is not available")
+
+
 def apply_malloc(choice: str) -> None:
     """Apply ``--malloc`` to this process (both sides of a benchmark run in it)."""
     if choice not in MALLOC_CHOICES:

@@ -1,5 +1,5 @@
 """The benchmarks' shared pieces: the precision option (bf16 autocast on both sides) and the GPT
-benchmark's model FLOP/s and MFU."""
+benchmark's model FLOP/s and MFU, and how each benchmark prepares its process."""
 
 from __future__ import annotations
 
@@ -49,3 +49,20 @@ def test_gpt_benchmark_reports_bf16_training_flops_and_mfu(capsys):
         assert train["gflops"][side] > 0
         assert train["mfu"][side] == pytest.approx(train["gflops"][side] / 500)
     assert "precision=bf16" in capsys.readouterr().out
+
+
+def test_every_benchmark_prepares_its_process_the_same_way(monkeypatch):
+    import argparse
+
+    calls = []
+    monkeypatch.setattr(timing, "keep_freed_memory", lambda: calls.append("keep") or True)
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: calls.append(n))
+    timing.prepare_process(argparse.Namespace(malloc="keep", threads=1, device="cpu"))
+    assert calls == ["keep", 1]
+    timing.prepare_process(argparse.Namespace(malloc="default", threads=None, device="cpu"))
+    assert calls == ["keep", 1]  # glibc as it is, torch's thread count
+    with pytest.raises(ValueError, match="malloc must be one of.*got 'tuned'"):
+        timing.prepare_process(argparse.Namespace(malloc="tuned", threads=None, device="cpu"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit, match="--device cuda asked for, but CUDA is not available"):
+        timing.prepare_process(argparse.Namespace(malloc="default", threads=None, device="cuda"))
