@@ -78,6 +78,10 @@ class GenerationConfig(Config):
         if self.compile and self.strategy == "beam":
             raise ValueError("compile serves greedy and sampled decoding; beam search reorders its cache every "
                              "step (use compile=False)")
+        for name in ("early_stopping", "greedy_floor"):
+            if not isinstance(getattr(self, name), bool):
+                value = getattr(self, name)
+                raise TypeError(f"GenerationConfig.{name} must be bool, got {value!r} ({type(value).__name__})")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be ≥ 1, got {self.max_new_tokens}")
         if self.temperature <= 0:

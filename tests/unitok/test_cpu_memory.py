@@ -11,8 +11,6 @@ import pytest
 from unitok import cpu_memory
 from unitok.cpu_memory import OPT_OUT_ENV, keep_freed_memory, keep_freed_memory_unless_opted_out
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator: Linux only")
-
 BUFFER_PAGES = 16 * 1024  # a 64 MiB float buffer in 4 KiB pages: above glibc's 32 MiB mmap threshold
 
 # Runs in a fresh interpreter: the allocator setting is for the whole process.
@@ -42,6 +40,7 @@ def faults_of_a_reused_buffer(choice: str) -> int:
     return int(out.stdout.split()[-1])
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator: Linux only (CI runs Linux)")
 def test_a_buffer_freed_and_allocated_again_costs_no_page_faults():
     kept = faults_of_a_reused_buffer("keep")
     default = faults_of_a_reused_buffer("default")

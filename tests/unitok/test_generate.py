@@ -156,3 +156,10 @@ def test_beam_search_never_scores_below_greedy(num_beams, length_penalty, early)
     greedy_score = beam_scores(model, prompts, greedy, 1, length_penalty)
     assert bool((beam_score >= greedy_score - 1e-4).all()), (beam_score - greedy_score).min()
     assert float((beam_score - greedy_score).mean()) > 0.01  # and beam search does find better answers
+
+
+@pytest.mark.parametrize("name", ["greedy_floor", "early_stopping"])
+def test_a_switch_built_directly_must_be_a_bool(name):
+    # from_dict checks types; a config built directly must not take "no" (truthy) for True.
+    with pytest.raises(TypeError, match=f"GenerationConfig.{name} must be bool, got 'no' \\(str\\)"):
+        GenerationConfig(**{name: "no"})

@@ -166,8 +166,11 @@ def test_presets_are_data():
         (lambda m: m.generate(torch.ones(1, 3, dtype=torch.long), strategy="nucleus"), ValueError, "unknown strategy"),
         (lambda m: m.generate(torch.ones(1, 3, dtype=torch.long), num_beam=2), ValueError, "did you mean 'num_beams'"),
         (lambda m: m.generate(torch.ones(1, 3, dtype=torch.long), strategy="sample", top_p=1.5), ValueError, "top_p"),
+        (lambda m: m.generate(torch.ones(1, 3, dtype=torch.long), strategy="beam", greedy_floor="no"), TypeError,
+         "greedy_floor must be bool, got 'no'"),
     ],
-    ids=["id>=vocab", "too-long", "empty", "1-d", "empty-prompt", "prompt+new>context", "strategy", "typo", "top_p"],
+    ids=["id>=vocab", "too-long", "empty", "1-d", "empty-prompt", "prompt+new>context", "strategy", "typo", "top_p",
+         "greedy_floor"],
 )
 def test_bad_input_raises_a_clear_error(call, error, message):
     with pytest.raises(error, match=message):
