@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from unitok.config import Config
 from unitok.embed.relative import RelativePositionBias
-from unitok.layers.activations import Activation
+from unitok.layers.activations import Activation, activate_fresh
 from unitok.layers.attention import (
     AttentionContext,
     CrossAttention,
@@ -194,8 +194,7 @@ class TokenMLPSublayer(MLP):
             )
         # Mix along N for each of the D channels: fc(xᵀ)ᵀ, computed as W (F, N) @ x (B, N, D) so
         # that neither the input nor the output is transposed into a copy (the same products).
-        h = self._token_linear(self.fc_in, x)  # (B, F, D)
-        h = self.act(h)
+        h = activate_fresh(self.act, self._token_linear(self.fc_in, x))  # (B, F, D)
         if self.training and self.drop.p > 0:
             h = self.drop(h)
         return self._token_linear(self.fc_out, h)  # (B, N, D)
@@ -247,7 +246,10 @@ class Block(nn.Module):
                 y = sub(h, ctx)
             if drop is not None:
                 y = drop(y)
-            x = x + y if self.pre_norm else sub.norm(x + y)
+            # y is the sublayer's fresh output: where nothing needs a gradient the sum is
+            # written into it (one buffer fewer a sublayer in inference; the same sum)
+            s = x + y if torch.is_grad_enabled() and (x.requires_grad or y.requires_grad) else y.add_(x)
+            x = s if self.pre_norm else sub.norm(s)
         return self.norm(x) if self.norm is not None else x
 
     def answers_a_subset(self) -> bool:

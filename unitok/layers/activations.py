@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -28,3 +29,18 @@ def make_activation(name: Activation) -> nn.Module:
     if name not in table:
         raise ValueError(f"unknown activation {name!r}; expected one of {sorted(table)}")
     return table[name]()
+
+
+def activate_fresh(act: nn.Module, h: Tensor) -> Tensor:
+    """``act(h)`` for an ``h`` just computed and used nowhere else: overwritten in place when
+    nothing needs its gradient (inference), saving the allocation and a pass over a buffer of
+    h's size; otherwise out of place, as autograd needs h."""
+    if h.requires_grad and torch.is_grad_enabled():
+        return act(h)
+    if type(act) is nn.GELU:
+        return torch.ops.aten.gelu_(h, approximate=act.approximate)
+    if type(act) is nn.ReLU:
+        return F.relu_(h)
+    if type(act) is nn.SiLU:
+        return F.silu(h, inplace=True)
+    return act(h)

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from unitok.layers.fused_linear import linear
 from unitok.layers.kv_cache import KVCache
 
 Kernel = Literal["sdpa", "reference"]
@@ -153,7 +154,7 @@ class _MultiHead(nn.Module):
         B, _, N, _ = q.shape
         dropout_p = self.dropout if self.training else 0.0
         out = _attend(q, k, v, mask, is_causal, self.scale, dropout_p, ctx)
-        return self.proj(out.transpose(1, 2).reshape(B, N, self.inner))
+        return linear(out.transpose(1, 2).reshape(B, N, self.inner), self.proj)
 
 
 class SelfAttention(_MultiHead):
@@ -180,7 +181,7 @@ class SelfAttention(_MultiHead):
         Q = an int, the first Q tokens (bidirectional only) -> (B, Q, D); a (Q,) tensor of
         positions, those tokens, causal or not -> (B, Q, D). No cache."""
         B, N, _ = x.shape
-        q, k, v = self.qkv(x).view(B, N, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        q, k, v = linear(x, self.qkv).view(B, N, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         if ctx.cache is not None:
             k, v = ctx.cache.update(self.layer_idx, k, v)  # (B, H, T, K) with T ≥ N
         if queries is None:
@@ -221,14 +222,14 @@ class CrossAttention(_MultiHead):
     def memory_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         """(B, S, D) encoder states -> (B, H, S, K) keys and values."""
         B, S, _ = memory.shape
-        k, v = self.kv(memory).view(B, S, 2, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        k, v = linear(memory, self.kv).view(B, S, 2, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         return k, v
 
     def forward(self, x: Tensor, ctx: AttentionContext) -> Tensor:  # (B, N, D) -> (B, N, D)
         if ctx.memory is None:
             raise ValueError("a cross-attention sublayer needs encoder states: pass encoder_hidden_states")
         B, N, _ = x.shape
-        q = self.q(x).view(B, N, self.n_heads, self.head_dim).transpose(1, 2)
+        q = linear(x, self.q).view(B, N, self.n_heads, self.head_dim).transpose(1, 2)
         cached = ctx.cache.cross.get(self.layer_idx) if ctx.cache is not None else None
         if cached is None:
             k, v = self.memory_kv(ctx.memory)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from unitok.layers.activations import Activation, make_activation
+from unitok.layers.fused_linear import linear
 
 
 class MLP(nn.Module):
@@ -24,14 +25,16 @@ class MLP(nn.Module):
         super().__init__()
         self.fc_in = nn.Linear(d_model, d_ff, bias=bias, device=device, dtype=dtype)
         self.fc_gate = nn.Linear(d_model, d_ff, bias=bias, device=device, dtype=dtype) if gated else None
+        self.activation = activation
         self.act = make_activation(activation)
         self.drop = nn.Dropout(dropout)
         self.fc_out = nn.Linear(d_ff, d_model, bias=bias, device=device, dtype=dtype)
 
     def forward(self, x: Tensor) -> Tensor:  # (B, N, D) -> (B, N, D)
-        h = self.act(self.fc_in(x))
+        # `linear`: bias and activation fused into oneDNN's GEMM where nothing needs a gradient
+        h = linear(x, self.fc_in, self.activation, self.act)
         if self.fc_gate is not None:
-            h = h * self.fc_gate(x)
+            h = h * linear(x, self.fc_gate)
         if self.training and self.drop.p > 0:
             h = self.drop(h)
-        return self.fc_out(h)
+        return linear(h, self.fc_out)

@@ -15,6 +15,7 @@ from timm.models.vision_transformer import checkpoint_filter_fn
 
 from tokenizers_mm import IMAGENET_MEAN, IMAGENET_STD
 from unitok.convert import from_timm
+from unitok.layers.fused_linear import uses_onednn
 from unitok.models import DeiT, MixerConfig, MLPMixer, ViT
 
 SIZE = 64  # 4×4 patches of 16
@@ -186,6 +187,28 @@ def test_mixer_non_square_and_custom_ratios():
     x = torch.randn(2, 3, 32, 64)
     with torch.no_grad():
         same(ours(x).logits, theirs(x))
+
+
+@pytest.mark.parametrize("kind", ["vit", "deit", "mixer"])
+def test_inference_at_fused_sizes_equals_timm_and_the_training_path(kind):
+    """At ViT-Tiny / Mixer widths and 16 images (272 / 256 token rows) inference runs the linear
+    layers as fused oneDNN calls (`unitok.layers.fused_linear`): still timm's function, and
+    the same as the differentiable path training takes."""
+    torch.manual_seed(0)
+    if kind == "mixer":
+        theirs = timm_mixer(embed_dim=128)
+    else:
+        theirs = timm_vit("deit_tiny_distilled_patch16_224" if kind == "deit" else "vit_tiny_patch16_224")
+    ours = from_timm(theirs).eval()
+    x = torch.randn(16, 3, SIZE, SIZE)
+    mlp = ours.backbone.blocks[0].sublayers["mlp"]
+    rows = 16 * ours(x[:1]).last_hidden_state.shape[1]
+    with torch.no_grad():
+        assert uses_onednn(torch.zeros(rows, mlp.fc_in.in_features), mlp.fc_in, mlp.activation)
+        assert uses_onednn(torch.zeros(rows, mlp.fc_out.in_features), mlp.fc_out)
+        fused = ours(x).logits
+        same(fused, theirs(x))
+    same(fused, ours(x).logits.detach())  # with gradients: F.linear throughout
 
 
 # --------------------------------------------------------------------------- checkpoints and preprocessing

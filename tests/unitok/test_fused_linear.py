@@ -1,0 +1,130 @@
+"""The oneDNN fused linear (CPU inference) computes what ``act(fc(x))`` computes, and is taken
+only where it may be: nothing needs a gradient, float32 on the CPU, products large enough, no
+autocast, no hooks or Linear subclasses, oneDNN enabled."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from unitok.layers import MLP
+from unitok.layers.activations import activate_fresh, make_activation
+from unitok.layers.fused_linear import MIN_FEATURES, MIN_ROWS, linear, uses_onednn
+
+BIG = (MIN_ROWS + 44, MIN_FEATURES)  # rows × in-features that take the fused path
+
+
+def big_linear(out_features: int = 2 * MIN_FEATURES) -> nn.Linear:
+    torch.manual_seed(0)
+    return nn.Linear(BIG[1], out_features)
+
+
+@pytest.mark.parametrize("activation", [None, "gelu", "gelu_tanh", "relu", "silu"])
+def test_fused_equals_linear_then_activation(activation):
+    fc = big_linear()
+    act = make_activation(activation) if activation else None
+    x = torch.randn(2, BIG[0] // 2, BIG[1])  # a leading batch axis is read as more rows
+    expected = act(fc(x)) if act else fc(x)
+    with torch.no_grad():
+        assert uses_onednn(x, fc, activation)
+        got = linear(x, fc, activation, act)
+    assert got.shape == expected.shape == (2, BIG[0] // 2, 2 * MIN_FEATURES)
+    torch.testing.assert_close(got, expected.detach(), atol=1e-5, rtol=1e-5)
+
+
+def test_transposed_input_is_read_by_its_strides():
+    fc = big_linear()
+    x = torch.randn(BIG[1], BIG[0]).t()  # (rows, in) with in-features as the outer stride
+    with torch.no_grad():
+        assert uses_onednn(x, fc)
+        torch.testing.assert_close(linear(x, fc), fc(x), atol=1e-5, rtol=1e-5)
+
+
+def test_training_keeps_the_differentiable_path():
+    fc = big_linear()
+    x = torch.randn(*BIG)
+    assert not uses_onednn(x, fc, "gelu")  # the weights need gradients
+    y = linear(x, fc, "gelu", nn.GELU())
+    assert y.grad_fn is not None
+    y.sum().backward()
+    assert fc.weight.grad is not None and fc.weight.grad.abs().sum() > 0
+    with torch.no_grad():
+        assert uses_onednn(x, fc, "gelu")
+    with torch.inference_mode():
+        assert uses_onednn(x, fc, "gelu")
+    fc.requires_grad_(False)
+    assert uses_onednn(x, fc, "gelu")  # frozen weights on an input that needs no gradient
+    assert not uses_onednn(x.requires_grad_(), fc, "gelu")
+
+
+@pytest.mark.filterwarnings("ignore:TF32 acceleration")  # torch.backends.mkldnn.flags, Intel GPUs only
+def test_small_products_autocast_other_dtypes_and_disabled_onednn_stay_unfused():
+    fc = big_linear()
+    with torch.no_grad():
+        assert not uses_onednn(torch.randn(MIN_ROWS - 1, BIG[1]), fc)
+        assert not uses_onednn(torch.randn(*BIG), nn.Linear(BIG[1], MIN_FEATURES - 1))
+        assert not uses_onednn(torch.randn(*BIG, dtype=torch.float64), fc.double())
+        fc.float()
+        assert not uses_onednn(torch.randn(*BIG), fc, "quick_gelu")  # no oneDNN post-op for it
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert not uses_onednn(torch.randn(*BIG), fc)
+            assert linear(torch.randn(*BIG), fc).dtype == torch.bfloat16
+        with torch.backends.mkldnn.flags(enabled=False):
+            assert not uses_onednn(torch.randn(*BIG), fc)
+        assert uses_onednn(torch.randn(*BIG), fc)
+
+
+def test_hooks_and_linear_subclasses_keep_the_module_forward():
+    fc = big_linear()
+    seen = []
+    handle = fc.register_forward_hook(lambda module, inputs, output: seen.append(output))
+    x = torch.randn(*BIG)
+    with torch.no_grad():
+        assert not uses_onednn(x, fc)
+        y = linear(x, fc, "gelu", nn.GELU())
+    handle.remove()
+    assert len(seen) == 1
+    torch.testing.assert_close(y, nn.functional.gelu(seen[0]))  # the hooked output was not overwritten
+
+    class Scaled(nn.Linear):
+        def forward(self, x):
+            return 2 * super().forward(x)
+
+    with torch.no_grad():
+        scaled = Scaled(BIG[1], MIN_FEATURES)
+        assert not uses_onednn(x, scaled)
+        torch.testing.assert_close(linear(x, scaled), 2 * nn.functional.linear(x, scaled.weight, scaled.bias))
+
+
+def test_an_activation_needs_its_module():
+    with pytest.raises(ValueError, match="activation='gelu' needs its module"):
+        linear(torch.randn(2, 4), nn.Linear(4, 4), "gelu")
+
+
+@pytest.mark.parametrize("act", [nn.GELU(), nn.GELU(approximate="tanh"), nn.ReLU(), nn.SiLU()],
+                         ids=["gelu", "gelu_tanh", "relu", "silu"])
+def test_activate_fresh_overwrites_only_without_gradients(act):
+    h = torch.randn(5, 6)
+    expected = act(h.clone())
+    with torch.no_grad():
+        out = activate_fresh(act, h)
+    assert out.data_ptr() == h.data_ptr()
+    torch.testing.assert_close(out, expected)
+    g = torch.randn(5, 6, requires_grad=True)
+    h = g * 1
+    out = activate_fresh(act, h)
+    assert out.data_ptr() != h.data_ptr()
+    out.sum().backward()
+    assert g.grad is not None
+
+
+def test_mlp_inference_equals_its_training_path():
+    torch.manual_seed(0)
+    for gated in (False, True):
+        mlp = MLP(MIN_FEATURES, 4 * MIN_FEATURES, "gelu_tanh", gated=gated).eval()
+        x = torch.randn(3, MIN_ROWS, MIN_FEATURES)
+        expected = mlp(x)  # weights need gradients: F.linear
+        with torch.no_grad():
+            assert uses_onednn(x, mlp.fc_in, "gelu_tanh")
+            torch.testing.assert_close(mlp(x), expected.detach(), atol=1e-5, rtol=1e-5)
