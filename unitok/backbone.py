@@ -16,6 +16,7 @@ from typing import Literal
 
 import torch
 from torch import Tensor, nn
+from torch.nn.modules import module as _module
 
 from unitok.config import Config
 from unitok.embed.relative import RelativePositionBias
@@ -220,6 +221,25 @@ SUBLAYERS: dict[str, type[nn.Module]] = {
 }
 
 
+# Below this many elements (a decode step's few rows) the saved buffer is not worth the checks.
+_IN_PLACE_MIN_NUMEL = 1 << 16
+
+
+def _sum_fits_in_place(x: Tensor, y: Tensor, sub: nn.Module) -> bool:
+    """Whether the residual sum x + y may be written into y, the sublayer's fresh output (one
+    buffer fewer a sublayer in inference): not when autograd needs y, when the sum would
+    promote (an autocast sublayer's bf16 y on a float32 stream stays float32) or broadcast,
+    or when a forward hook may hold y (a feature extractor must keep what it saw)."""
+    return (
+        y.numel() >= _IN_PLACE_MIN_NUMEL
+        and not (torch.is_grad_enabled() and (x.requires_grad or y.requires_grad))
+        and y.dtype == x.dtype
+        and y.shape == x.shape
+        and not _module._global_forward_hooks
+        and not any(m._forward_hooks for m in sub.modules())  # a hooked proj / fc_out returns y itself
+    )
+
+
 class Block(nn.Module):
     """Residual sublayers in order: pre-norm x + f(norm(x)), or post-norm norm(x + f(x))."""
 
@@ -246,9 +266,7 @@ class Block(nn.Module):
                 y = sub(h, ctx)
             if drop is not None:
                 y = drop(y)
-            # y is the sublayer's fresh output: where nothing needs a gradient the sum is
-            # written into it (one buffer fewer a sublayer in inference; the same sum)
-            s = x + y if torch.is_grad_enabled() and (x.requires_grad or y.requires_grad) else y.add_(x)
+            s = y.add_(x) if _sum_fits_in_place(x, y, sub) else x + y
             x = s if self.pre_norm else sub.norm(s)
         return self.norm(x) if self.norm is not None else x
 

@@ -54,6 +54,51 @@ def test_pre_norm_and_post_norm_compute_the_documented_formulas():
         torch.testing.assert_close(model(x).last_hidden_state, expected)
 
 
+def _inference_sized_stack(**overrides) -> tuple[Backbone, torch.Tensor]:
+    torch.manual_seed(0)
+    cfg = BackboneConfig(d_model=64, n_layers=2, n_heads=4, **overrides)
+    return Backbone(cfg).eval(), torch.randn(4, 300, 64)  # 76,800 elements a sublayer output
+
+
+@pytest.mark.parametrize("position", ["pre", "post"])
+def test_inference_sums_residuals_as_training_does(position):
+    """Without gradients the residual sum is written into the sublayer's output (one buffer
+    fewer); the stack's answer is the differentiable path's."""
+    model, x = _inference_sized_stack(norm_position=position)
+    expected = model(x).last_hidden_state
+    with torch.no_grad():
+        torch.testing.assert_close(model(x).last_hidden_state, expected.detach())
+
+
+def test_a_forward_hook_keeps_the_output_it_saw():
+    """A feature extractor hooking a sublayer, or the projection whose output the sublayer
+    returns, must not see its tensor overwritten by the residual sum."""
+    model, x = _inference_sized_stack()
+    block = model.blocks[0]
+    seen: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    hooked = {"attn": block.sublayers["attn"], "proj": block.sublayers["attn"].proj,
+              "fc_out": block.sublayers["mlp"].fc_out}
+    for name, module in hooked.items():
+        module.register_forward_hook(lambda m, i, out, name=name: seen.__setitem__(name, (out, out.clone())))
+    with torch.no_grad():
+        model(x)
+    assert set(seen) == set(hooked)
+    for name, (kept, copy) in seen.items():
+        torch.testing.assert_close(kept, copy, msg=f"the {name} output a hook kept was overwritten")
+
+
+def test_autocast_inference_keeps_a_float32_residual_stream():
+    """A bf16 sublayer output added to the float32 stream promotes to float32, as in training;
+    writing the sum into the bf16 output would round the stream every sublayer."""
+    model, x = _inference_sized_stack(final_norm=False)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = model(x).last_hidden_state
+        with torch.no_grad():
+            got = model(x).last_hidden_state
+    assert expected.dtype == got.dtype == torch.float32
+    torch.testing.assert_close(got, expected.detach())
+
+
 def test_sinusoidal_table_is_the_lecture_formula():
     table = sinusoidal_table(50, 16)
     p, i = 7, 3
