@@ -58,12 +58,14 @@ def cpu_bf16_support() -> str:
 
 
 def gpt_step(device: str, steps: int) -> tuple[nn.Module, Callable[..., Callable[[], float]]]:
-    """unitok's GPT at gpt_vs_hf's default config and a closure maker for its training step."""
+    """unitok's GPT at gpt_vs_hf's default config and a closure maker for its training step (``labels=``
+    without logits, the LM head fused with the loss, as its tasks train)."""
     args = gpt_vs_hf.parse_args(["--device", device])
     ours, _ = gpt_vs_hf.build_models(args)
     g = torch.Generator().manual_seed(args.seed + 1)
     ids = torch.randint(0, args.vocab_size, (args.batch_size, args.seq_len), generator=g).to(device)
-    return ours, lambda model, amp: gpt_vs_hf.make_train_step(model, ids, steps, amp, fused=True)
+    return ours, lambda model, amp: gpt_vs_hf.make_train_step(model, ids, steps, amp, fused=True,
+                                                              loss_fn=gpt_vs_hf.default_loss)
 
 
 def vit_step(device: str, steps: int) -> tuple[nn.Module, Callable[..., Callable[[], float]]]:

@@ -5,7 +5,8 @@ random weights and converted with ``unitok.convert.from_transformers``):
 
 1. Training: tokens/s of forward + next-token cross-entropy + backward + AdamW step on a
    (batch × seq_len) batch of random ids. Both models compute the loss the same way, outside
-   the model, from their logits.
+   the model, from their logits; then again on each library's default path, ``labels=``
+   (unitok with ``return_logits=False``: its LM head fused with the loss, as its tasks train).
 2. Generation: new tokens/s of greedy decoding with a KV cache, batch 1, ``--new-tokens``
    tokens after a ``--prompt-len`` random prompt. EOS stopping is off on both sides, so both
    generate exactly the same number of tokens; the two outputs are checked to be equal.
@@ -55,6 +56,8 @@ from torch import Tensor, nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: find timing.py
 from timing import add_malloc_option, add_precision_option, alternate, autocast, prepare_process  # noqa: E402
+
+from unitok.models import GPT  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -151,10 +154,24 @@ def lm_loss(logits: Tensor, ids: Tensor) -> Tensor:
     return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
 
 
+def same_loss(model: nn.Module, ids: Tensor) -> Tensor:
+    """Both sides alike: the model's logits, then `lm_loss`."""
+    return lm_loss(model(ids).logits, ids)
+
+
+def default_loss(model: nn.Module, ids: Tensor) -> Tensor:
+    """Each library's own training path: ``labels=`` (shifted inside, as in ``GPT2LMHeadModel``);
+    unitok without returning the logits, so its LM head runs fused with the loss."""
+    if isinstance(model, GPT):
+        return model(ids, labels=ids, return_logits=False).loss
+    return model(ids, labels=ids).loss
+
+
 def make_train_step(model: nn.Module, ids: Tensor, steps: int, amp: Callable[[], AbstractContextManager] = nullcontext,
-                    fused: bool | None = None) -> Callable[[], float]:
+                    fused: bool | None = None,
+                    loss_fn: Callable[[nn.Module, Tensor], Tensor] = same_loss) -> Callable[[], float]:
     """A closure running ``steps`` AdamW steps on ``model`` (own optimizer; ``fused``: PyTorch's
-    fused kernel, as unitok's tasks step); returns the loss."""
+    fused kernel, as unitok's tasks step) with ``loss_fn(model, ids)``; returns the loss."""
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused)
 
@@ -163,7 +180,7 @@ def make_train_step(model: nn.Module, ids: Tensor, steps: int, amp: Callable[[],
         for _ in range(steps):
             opt.zero_grad(set_to_none=True)
             with amp():
-                loss = lm_loss(model(ids).logits, ids)
+                loss = loss_fn(model, ids)
             loss.backward()
             opt.step()
         return float(loss.detach())
@@ -184,9 +201,19 @@ def bench_train(ours: nn.Module, hf: nn.Module, args: argparse.Namespace) -> dic
     runs = {"unitok": make_train_step(copy.deepcopy(ours), ids, args.train_steps, amp),
             "hf": make_train_step(copy.deepcopy(hf), ids, args.train_steps, amp)}
     times = alternate(runs, args.repeats, args.warmup, args.device, label="gpt train")
+    # Each side's default training path (labels=): unitok's LM head fused with the loss.
+    with torch.no_grad():
+        gap = abs(float(default_loss(ours, ids)) - float(default_loss(hf, ids)))
+    if gap > 1e-4:
+        raise AssertionError(f"unitok's and Hugging Face's labels= losses differ by {gap:.2e}")
+    default = alternate({"unitok": make_train_step(copy.deepcopy(ours), ids, args.train_steps, amp, loss_fn=default_loss),
+                         "hf": make_train_step(copy.deepcopy(hf), ids, args.train_steps, amp, loss_fn=default_loss)},
+                        args.repeats, args.warmup, args.device, label="gpt train, default paths (labels=)")
     tokens = args.batch_size * args.seq_len * args.train_steps
     return {"unitok": tokens / statistics.median(times["unitok"]),
             "hf": tokens / statistics.median(times["hf"]),
+            "unitok default": tokens / statistics.median(default["unitok"]),
+            "hf default": tokens / statistics.median(default["hf"]),
             "loss_unitok": loss_ours, "loss_hf": loss_hf}
 
 
@@ -287,11 +314,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"train: batch {args.batch_size}x{args.seq_len}, {args.train_steps} steps/rep; "
               f"initial loss unitok {train['loss_unitok']:.5f} hf {train['loss_hf']:.5f}")
         rows.append(("train tokens/s", train["unitok"], train["hf"]))
+        rows.append(("  default paths (labels=)", train["unitok default"], train["hf default"]))
         per_token = flops_per_token(ours, args)
         peak = peak_tflops(args)
-        train["gflops"] = {k: train[k] * per_token / 1e9 for k in ("unitok", "hf")}
+        train["gflops"] = {k: train[k] * per_token / 1e9 for k in ("unitok", "hf", "unitok default", "hf default")}
         line = (f"model FLOP/s ({per_token / 1e6:.1f} MFLOP a token, {args.precision}): "
-                f"unitok {train['gflops']['unitok']:.1f} GFLOP/s, HF {train['gflops']['hf']:.1f} GFLOP/s")
+                f"unitok {train['gflops']['unitok']:.1f} GFLOP/s, HF {train['gflops']['hf']:.1f} GFLOP/s; "
+                f"default paths unitok {train['gflops']['unitok default']:.1f}, "
+                f"HF {train['gflops']['hf default']:.1f}")
         if peak is not None:
             train["mfu"] = {k: v / (peak * 1e3) for k, v in train["gflops"].items()}
             line += (f"; MFU against {peak:g} TFLOP/s: unitok {100 * train['mfu']['unitok']:.1f} %, "

@@ -40,12 +40,18 @@ def rows_of(name: str, result: dict[str, Any]) -> list[tuple[str, float, float, 
     """(family, train, infer, generate, memory label) speed ratios of one benchmark's result."""
     nan = math.nan
     if name == "gpt":
-        return [("GPT", ratio(result.get("train"), "hf"), nan, ratio(result.get("generate"), "hf"), "gpt train"),
+        train = result.get("train") or {}
+        default = {"unitok": train["unitok default"], "hf": train["hf default"]} if train else None
+        return [("GPT", ratio(train, "hf"), nan, ratio(result.get("generate"), "hf"), "gpt train"),
+                ("GPT, `labels=` paths (LM head fused with the loss)", ratio(default, "hf"), nan, nan,
+                 "gpt train, default paths (labels=)"),
                 ("GPT, beam search (W=4)", nan, nan, ratio(result.get("beam"), "hf"), "gpt beam search")]
     if name == "bert":
         return [("BERT", ratio(result.get("train"), "hf"), nan, nan, "bert train")]
     if name == "t5":
-        return [("T5", ratio(result.get("train"), "hf"), nan, ratio(result.get("beam"), "hf"), "t5 train")]
+        return [("T5", ratio(result.get("train"), "hf"), nan, ratio(result.get("beam"), "hf"), "t5 train"),
+                ("T5, `labels=` paths (LM head fused with the loss)", ratio(result.get("train_default"), "hf"), nan,
+                 nan, "t5 train, default paths (labels=)")]
     if name == "vision":
         return [({"vit": "ViT", "deit": "DeiT", "mixer": "MLP-Mixer"}[k], ratio(v.get("train"), "timm"),
                  ratio(v.get("infer"), "timm"), nan, f"{k} train")

@@ -4,7 +4,9 @@ What it measures, in one process (the Hugging Face model is built with random we
 converted with ``unitok.convert.from_transformers``; logits are checked equal first):
 
 1. Training: target tokens/s of encoder + decoder forward, cross-entropy, backward and an
-   AdamW step on a batch of random sources and targets.
+   AdamW step on a batch of random sources and targets: both sides computing the loss alike
+   from their logits, then each on its default path, ``labels=`` (unitok with
+   ``return_logits=False``: its LM head fused with the loss, as its tasks train).
 2. Beam search: new tokens/s of ``generate(num_beams=W, max_new_tokens=M)`` with EOS
    disabled (every row runs the full M steps on both sides), outputs checked identical; also
    unitok without its greedy floor (``greedy_floor=False``: W rows a source, Hugging Face's work).
@@ -33,7 +35,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import nn
+from torch import Tensor, nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: find timing.py
 from timing import add_malloc_option, add_precision_option, alternate, autocast, prepare_process  # noqa: E402
@@ -79,8 +81,9 @@ def build_models(args: argparse.Namespace) -> tuple[nn.Module, nn.Module]:
     return ours.to(args.device), theirs.to(args.device)
 
 
-def make_train_step(model: nn.Module, forward: Callable, batch: tuple, steps: int,
+def make_train_step(model: nn.Module, loss_fn: Callable[[nn.Module], Tensor], steps: int,
                     amp: Callable[[], AbstractContextManager] = nullcontext) -> Callable[[], float]:
+    """A closure running ``steps`` AdamW steps on a copy of ``model`` with ``loss_fn(model)``."""
     model = copy.deepcopy(model).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
@@ -89,8 +92,7 @@ def make_train_step(model: nn.Module, forward: Callable, batch: tuple, steps: in
         for _ in range(steps):
             opt.zero_grad(set_to_none=True)
             with amp():
-                logits = forward(model, *batch)
-                loss = F.cross_entropy(logits.flatten(0, 1).float(), batch[2].flatten())
+                loss = loss_fn(model)
             loss.backward()
             opt.step()
         return float(loss.detach())
@@ -118,19 +120,34 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
           f"max |logit diff| {diff:.1e} | device={args.device} threads={torch.get_num_threads()} "
           f"torch={torch.__version__} transformers={transformers.__version__}")
 
-    def ours_forward(model, s, d, _labels):
-        return model(s, decoder_input_ids=d).logits
+    def same_loss(logits: Tensor) -> Tensor:  # both sides alike, from the logits
+        return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
 
-    def theirs_forward(model, s, d, _labels):
-        return model(input_ids=s, decoder_input_ids=d).logits
-
-    batch = (src, dec_in, labels)
     amp = functools.partial(autocast, args.device, args.precision)
-    times = alternate({"unitok": make_train_step(ours, ours_forward, batch, args.train_steps, amp),
-                       "hf": make_train_step(theirs, theirs_forward, batch, args.train_steps, amp)},
+    times = alternate({"unitok": make_train_step(ours, lambda m: same_loss(m(src, decoder_input_ids=dec_in).logits),
+                                                 args.train_steps, amp),
+                       "hf": make_train_step(theirs, lambda m: same_loss(m(input_ids=src, decoder_input_ids=dec_in).logits),
+                                             args.train_steps, amp)},
                       args.repeats, args.warmup, args.device, label="t5 train")
     tokens = args.batch_size * args.target_len * args.train_steps
     train = {k: tokens / statistics.median(v) for k, v in times.items()}
+
+    # Each library's default training path, labels=: unitok's LM head fused with the loss
+    # (return_logits=False, as Seq2SeqTask trains), Hugging Face's logits then its loss.
+    def ours_default(m: nn.Module) -> Tensor:
+        return m(src, labels=labels, return_logits=False).loss
+
+    def theirs_default(m: nn.Module) -> Tensor:
+        return m(input_ids=src, labels=labels).loss
+
+    with torch.no_grad():
+        gap = abs(float(ours_default(ours)) - float(theirs_default(theirs)))
+    if gap > 1e-4:
+        raise AssertionError(f"unitok's and Hugging Face's labels= losses differ by {gap:.2e}")
+    times = alternate({"unitok": make_train_step(ours, ours_default, args.train_steps, amp),
+                       "hf": make_train_step(theirs, theirs_default, args.train_steps, amp)},
+                      args.repeats, args.warmup, args.device, label="t5 train, default paths (labels=)")
+    train_default = {k: tokens / statistics.median(v) for k, v in times.items()}
 
     gen_src = src[: args.gen_batch]
     no_eos = args.vocab_size + 7  # an id no model can produce: every row decodes all steps
@@ -157,11 +174,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     plain = {"unitok": beam["unitok, HF's search"], "hf": beam["hf"]}
 
     print(f"{'metric':<36}{'unitok':>10}{'HF':>10}{'ratio':>9}")
-    for metric, r in (("training target tokens/s", train), (f"beam search (W={args.beams}) new tokens/s", beam),
-                      ("  HF's search (same work)", plain)):
+    for metric, r in (("training target tokens/s", train), ("  default paths (labels=)", train_default),
+                      (f"beam search (W={args.beams}) new tokens/s", beam), ("  HF's search (same work)", plain)):
         print(f"{metric:<36}{r['unitok']:>10.1f}{r['hf']:>10.1f}{r['unitok'] / r['hf']:>8.2f}x")
     print(f"(ratio > 1: unitok faster; {time.perf_counter() - start:.0f} s in all)")
-    return {"train": train, "beam": beam}
+    return {"train": train, "train_default": train_default, "beam": beam}
 
 
 if __name__ == "__main__":

@@ -7,11 +7,11 @@ from typing import Any
 
 import lightning as L
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from tasks.optim import adamw_warmup_cosine
 from tasks.predictions import Record, mean_log_likelihood, records, until_eos
+from unitok.losses import linear_cross_entropy
 from unitok.models import GPT, GPTConfig
 
 
@@ -57,8 +57,11 @@ class CausalLMTask(L.LightningModule):
         return self.model(input_ids, **kwargs)
 
     def _loss(self, batch: dict[str, Tensor]) -> Tensor:
-        logits = self.model(batch["input_ids"], attention_mask=batch.get("attention_mask")).logits
-        return F.cross_entropy(logits.flatten(0, 1).float(), batch["labels"].flatten(), ignore_index=-100)
+        # labels are already the next tokens (labels[:, t] follows input t): no shift here. The LM
+        # head runs fused with the loss, so the (B, N, V) logits are never held whole.
+        out = self.model(batch["input_ids"], attention_mask=batch.get("attention_mask"), return_logits=False)
+        return linear_cross_entropy(out.last_hidden_state, self.model.lm_head.weight, batch["labels"],
+                                    self.model.lm_head.bias)
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         loss = self._loss(batch)

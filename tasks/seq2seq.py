@@ -13,7 +13,6 @@ from typing import Any
 
 import lightning as L
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from tasks.optim import adamw_warmup_cosine
@@ -115,11 +114,10 @@ class Seq2SeqTask(L.LightningModule):
 
     # ------------------------------------------------------------------ loss
     def loss(self, batch: dict[str, Any]) -> Tensor:
-        """Mean cross-entropy of the targets (teacher forcing; -100 ignored)."""
-        labels = batch["labels"]
-        logits = self.model(batch["input_ids"], attention_mask=batch.get("attention_mask"),
-                            decoder_input_ids=self.model.shift_right(labels)).logits  # (B, N, V)
-        return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE)
+        """Mean cross-entropy of the targets (teacher forcing; -100 ignored), the LM head fused with
+        the loss: the (B, N, V) logits are never held whole."""
+        return self.model(batch["input_ids"], attention_mask=batch.get("attention_mask"), labels=batch["labels"],
+                          return_logits=False).loss
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
         loss = self.loss(batch)

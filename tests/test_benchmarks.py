@@ -11,6 +11,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import gpt_vs_hf  # noqa: E402
+import summary  # noqa: E402
 import timing  # noqa: E402
 
 
@@ -45,10 +46,14 @@ def test_gpt_benchmark_reports_bf16_training_flops_and_mfu(capsys):
                              "--batch-size", "2", "--seq-len", "16", "--repeats", "1", "--warmup", "0",
                              "--skip-generate", "--precision", "bf16", "--peak-tflops", "0.5", "--threads", "1"])
     train = result["train"]
-    for side in ("unitok", "hf"):
+    for side in ("unitok", "hf", "unitok default", "hf default"):  # default: each side's labels= path
         assert train["gflops"][side] > 0
         assert train["mfu"][side] == pytest.approx(train["gflops"][side] / 500)
-    assert "precision=bf16" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "precision=bf16" in out and "default paths (labels=)" in out
+    rows = {row[0]: row for row in summary.rows_of("gpt", result)}
+    fused = rows["GPT, `labels=` paths (LM head fused with the loss)"]
+    assert fused[1] == pytest.approx(train["unitok default"] / train["hf default"])
 
 
 def test_every_benchmark_prepares_its_process_the_same_way(monkeypatch):

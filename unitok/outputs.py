@@ -25,11 +25,12 @@ class BackboneOutput:
 
 @dataclass
 class CausalLMOutput:
-    """``logits`` (B, N, V) for the next token at every position, plus what the backbone returned;
+    """``logits`` (B, N, V) for the next token at every position (None when the forward was asked
+    not to return them), plus what the backbone returned;
     ``loss`` the mean next-token cross-entropy when ``labels`` were given (else None);
     ``class_logits`` (B, K) of a sequence-classification head, when the model has one."""
 
-    logits: Tensor
+    logits: Tensor | None
     last_hidden_state: Tensor
     hidden_states: tuple[Tensor, ...] | None = None
     attentions: tuple[Tensor, ...] | None = None
@@ -72,10 +73,11 @@ class CLIPOutput:
 @dataclass
 class Seq2SeqLMOutput:
     """Encoder–decoder output: ``logits`` (B, N_dec, V) for the next target token at every decoder
-    position; the encoder's and decoder's last states; the KV cache when decoding incrementally;
-    ``loss`` the mean cross-entropy against ``labels`` when they were given (else None)."""
+    position (None when the forward was asked not to return them); the encoder's and decoder's
+    last states; the KV cache when decoding incrementally; ``loss`` the mean cross-entropy
+    against ``labels`` when they were given (else None)."""
 
-    logits: Tensor
+    logits: Tensor | None
     encoder_last_hidden_state: Tensor
     decoder_last_hidden_state: Tensor
     encoder_hidden_states: tuple[Tensor, ...] | None = None

@@ -22,7 +22,7 @@ from unitok.heads import ClassificationHead, pool_tokens
 from unitok.layers.activations import Activation
 from unitok.layers.attention import Kernel
 from unitok.layers.kv_cache import KVCache, StaticKVCache
-from unitok.losses import causal_lm_loss
+from unitok.losses import causal_lm_loss, linear_cross_entropy
 from unitok.models.base import PretrainedModel
 from unitok.outputs import CausalLMOutput
 
@@ -131,6 +131,7 @@ class GPT(PretrainedModel):
         output_attentions: bool = False,
         kernel: Kernel = "sdpa",
         labels: Tensor | None = None,
+        return_logits: bool = True,
     ) -> CausalLMOutput:
         """Next-token logits for every position (and ``loss`` when ``labels`` are given).
 
@@ -143,13 +144,25 @@ class GPT(PretrainedModel):
             labels: (B, N) targets aligned with the inputs (usually the input ids themselves);
                 shifted inside, as in Hugging Face's ``GPT2LMHeadModel``: ``.loss`` is the mean
                 cross-entropy of position t's logits against ``labels[:, t + 1]``, -100 ignored.
+            return_logits: False leaves out the (B, N, V) logits (``.logits`` is None), a training
+                step's largest tensor; ``labels`` are then scored by the LM head fused with the
+                loss (`unitok.losses.linear_cross_entropy`: the same loss, the logits never whole).
 
         With a classifier (``num_labels`` > 0), ``.class_logits`` (B, K) score each row from its
         last real token (right padding: the last one the mask keeps).
         """
         hidden = self._run_backbone(input_ids, attention_mask, position_ids, cache, use_cache,
                                     output_hidden_states, output_attentions, kernel)
-        logits = self.lm_head(hidden.last_hidden_state)
+        h = hidden.last_hidden_state
+        logits = self.lm_head(h) if return_logits else None
+        if labels is None:
+            loss = None
+        elif logits is not None:
+            loss = causal_lm_loss(logits, labels)
+        else:  # the shift of causal_lm_loss: position t is scored on labels[:, t + 1]
+            if tuple(labels.shape) != tuple(h.shape[:2]):
+                raise ValueError(f"labels must be (batch, tokens) = {tuple(h.shape[:2])}, got {tuple(labels.shape)}")
+            loss = linear_cross_entropy(h[:, :-1], self.lm_head.weight, labels[:, 1:], self.lm_head.bias)
         class_logits = None
         if self.classifier is not None:
             h = hidden.last_hidden_state  # (B, N, D)
@@ -161,7 +174,7 @@ class GPT(PretrainedModel):
             hidden_states=hidden.hidden_states,
             attentions=hidden.attentions,
             cache=hidden.cache,
-            loss=causal_lm_loss(logits, labels) if labels is not None else None,
+            loss=loss,
             class_logits=class_logits,
         )
 

@@ -26,7 +26,7 @@ from unitok.generate import GenerationConfig, generate
 from unitok.layers.activations import Activation
 from unitok.layers.attention import CrossAttention, Kernel, SelfAttention
 from unitok.layers.kv_cache import KVCache
-from unitok.losses import cross_entropy
+from unitok.losses import cross_entropy, linear_cross_entropy
 from unitok.models.base import PretrainedModel
 from unitok.outputs import BackboneOutput, Seq2SeqLMOutput
 
@@ -228,6 +228,15 @@ class T5(T5Encoder):
         output_hidden_states: bool = False, kernel: Kernel = "sdpa",
     ) -> tuple[Tensor, BackboneOutput]:
         """Decoder states for target ids given the encoder's states -> ((B, N, V) logits, states)."""
+        h, out = self._head_input(decoder_input_ids, encoder_hidden_states, encoder_attention_mask,
+                                  decoder_attention_mask, cache, output_hidden_states, kernel)
+        return self.lm_head(h), out
+
+    def _head_input(
+        self, decoder_input_ids: Tensor, encoder_hidden_states: Tensor, encoder_attention_mask: Tensor | None,
+        decoder_attention_mask: Tensor | None, cache: KVCache | None, output_hidden_states: bool, kernel: Kernel,
+    ) -> tuple[Tensor, BackboneOutput]:
+        """What the LM head reads (the decoder's last states, dropout, the tied head's scale) and the states."""
         past = cache.seq_len if cache is not None else 0
         n = past + decoder_input_ids.shape[1]
         if n > self.config.max_decoder_length:
@@ -240,7 +249,7 @@ class T5(T5Encoder):
         h = self.drop(out.last_hidden_state)
         if self.config.scales_output:
             h = h * self.config.d_model**-0.5  # tied head: rescale so logits stay O(1) (Mesh TensorFlow)
-        return self.lm_head(h), out
+        return h, out
 
     def forward(
         self,
@@ -252,6 +261,7 @@ class T5(T5Encoder):
         encoder_outputs: BackboneOutput | None = None,
         output_hidden_states: bool = False,
         kernel: Kernel = "sdpa",
+        return_logits: bool = True,
     ) -> Seq2SeqLMOutput:
         """Source ids (or `Tokens`) and target inputs -> next-token logits at every target position.
 
@@ -259,19 +269,28 @@ class T5(T5Encoder):
         Hugging Face's ``T5ForConditionalGeneration``). With ``labels`` (B, N) the output's ``loss``
         is the mean cross-entropy of the logits against them, -100 ignored. With ``n_mels`` set the
         sources are (B, N, F) spectrogram frames (or audio `Tokens`) and ``attention_mask`` marks
-        real frames.
+        real frames. ``return_logits=False`` leaves out the (B, N, V) logits (``.logits`` is None);
+        ``labels`` are then scored by the LM head fused with the loss
+        (`unitok.losses.linear_cross_entropy`: the same loss, the logits never whole) — for training.
         """
         if decoder_input_ids is None:
             if labels is None:
                 raise ValueError("give decoder_input_ids or labels (the targets) to run the decoder")
             decoder_input_ids = self.shift_right(labels)
         enc = encoder_outputs or self.encode(input_ids, attention_mask, output_hidden_states, kernel)
-        logits, dec = self.decode(decoder_input_ids, enc.last_hidden_state, enc.attention_mask, decoder_attention_mask,
-                                  output_hidden_states=output_hidden_states, kernel=kernel)
+        h, dec = self._head_input(decoder_input_ids, enc.last_hidden_state, enc.attention_mask, decoder_attention_mask,
+                                  None, output_hidden_states, kernel)
+        logits = self.lm_head(h) if return_logits else None
+        if labels is None:
+            loss = None
+        elif logits is not None:
+            loss = cross_entropy(logits, labels)
+        else:
+            loss = linear_cross_entropy(h, self.lm_head.weight, labels, self.lm_head.bias)
         return Seq2SeqLMOutput(logits=logits, encoder_last_hidden_state=enc.last_hidden_state,
                                decoder_last_hidden_state=dec.last_hidden_state,
                                encoder_hidden_states=enc.hidden_states, decoder_hidden_states=dec.hidden_states,
-                               loss=cross_entropy(logits, labels) if labels is not None else None)
+                               loss=loss)
 
     @torch.no_grad()
     def generate(

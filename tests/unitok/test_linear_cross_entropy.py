@@ -1,0 +1,152 @@
+"""`linear_cross_entropy`: the LM head fused with the cross-entropy gives the same loss and the same
+gradients as ``F.cross_entropy(F.linear(...))`` — float32 to rounding, bf16 autocast within its
+rounding — whether the rows fit one chunk or many, with ignored labels, a bias and tied weights;
+GPT's and T5's ``return_logits=False`` and the LM tasks that use it train the same model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import unitok.losses as losses
+from unitok.losses import linear_cross_entropy
+from unitok.models import GPT, T5, GPTConfig, T5Config
+
+
+def problem(rows: int = 37, width: int = 16, classes: int = 53, bias: bool = True, seed: int = 0):
+    """(hidden (2, rows, D), weight, bias, labels with some -100) needing gradients."""
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(2, rows, width, generator=g, requires_grad=True)
+    weight = (0.3 * torch.randn(classes, width, generator=g)).requires_grad_()
+    b = (0.1 * torch.randn(classes, generator=g)).requires_grad_() if bias else None
+    labels = torch.randint(0, classes, (2, rows), generator=g)
+    labels[0, :5] = -100
+    labels[1, -3:] = -100
+    return hidden, weight, b, labels
+
+
+def reference(hidden, weight, bias, labels):
+    logits = F.linear(hidden, weight, bias)
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
+
+
+def fused(hidden, weight, bias, labels):
+    return linear_cross_entropy(hidden, weight, labels, bias)
+
+
+def loss_and_grads(fn, hidden, weight, bias, labels, scale: float = 1.0):
+    inputs = [t for t in (hidden, weight, bias) if t is not None]
+    loss = fn(hidden, weight, bias, labels)
+    return loss.detach(), torch.autograd.grad(scale * loss, inputs)
+
+
+@pytest.mark.parametrize("chunk_values", [losses.CHUNK_VALUES, 64 * 53, 1])
+@pytest.mark.parametrize("bias", [True, False])
+def test_equals_linear_then_cross_entropy(monkeypatch, chunk_values, bias):
+    """One chunk, several chunks (rows ≥ the width, 16 here) and the smallest chunks: the same
+    loss and gradients as the unfused pair, whatever scales the loss afterwards."""
+    monkeypatch.setattr(losses, "CHUNK_VALUES", chunk_values)
+    args = problem(bias=bias)
+    ref_loss, ref_grads = loss_and_grads(reference, *args, scale=2.5)
+    loss, grads = loss_and_grads(fused, *args, scale=2.5)
+    torch.testing.assert_close(loss, ref_loss, atol=1e-6, rtol=1e-6)
+    for ours, theirs in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(ours, theirs, atol=1e-6, rtol=1e-5)
+
+
+def test_bf16_autocast_matches_autocast_reference():
+    """Under autocast the GEMMs run in bf16 and the softmax in float32, as autocast runs the
+    unfused pair; the gradients come back in the parameters' float32."""
+    args = problem(rows=64, width=32, classes=101)
+    with torch.autocast("cpu", torch.bfloat16):
+        ref_loss, ref_grads = loss_and_grads(reference, *args)
+        loss, grads = loss_and_grads(fused, *args)
+    assert loss.dtype == torch.float32
+    torch.testing.assert_close(loss, ref_loss, atol=1e-5, rtol=1e-5)  # the same bf16 logits
+    for ours, theirs, param in zip(grads, ref_grads, [a for a in args[:3] if a is not None], strict=True):
+        assert ours.dtype == param.dtype == torch.float32
+        # bf16 products: about three significant digits (the bias's sum is float32 here, bf16 there)
+        torch.testing.assert_close(ours, theirs, atol=2e-3, rtol=2e-2)
+
+
+def test_without_gradients_only_the_loss_is_computed():
+    hidden, weight, bias, labels = problem()
+    with torch.no_grad():
+        loss = linear_cross_entropy(hidden, weight, labels, bias)
+        ref = reference(hidden, weight, bias, labels)
+    assert loss.grad_fn is None
+    torch.testing.assert_close(loss, ref, atol=1e-6, rtol=1e-6)
+    frozen = weight.detach()  # a frozen head: only the hidden states get a gradient
+    loss = linear_cross_entropy(hidden, frozen, labels)
+    (grad,) = torch.autograd.grad(loss, hidden)
+    (ref_grad,) = torch.autograd.grad(reference(hidden, frozen, None, labels), hidden)
+    torch.testing.assert_close(grad, ref_grad, atol=1e-6, rtol=1e-5)
+
+
+def test_nothing_scored_is_nan_with_zero_gradients_as_in_torch():
+    hidden, weight, bias, labels = problem()
+    labels = torch.full_like(labels, -100)
+    ref_loss, ref_grads = loss_and_grads(reference, hidden, weight, bias, labels)
+    loss, grads = loss_and_grads(fused, hidden, weight, bias, labels)
+    assert torch.isnan(loss) and torch.isnan(ref_loss)
+    for ours, theirs in zip(grads, ref_grads, strict=True):
+        assert torch.equal(ours, torch.zeros_like(ours)) and torch.equal(theirs, torch.zeros_like(theirs))
+
+
+def test_bad_input_is_refused():
+    hidden, weight, bias, labels = problem()
+    with pytest.raises(ValueError, match="share D"):
+        linear_cross_entropy(hidden, weight[:, :-1], labels)
+    with pytest.raises(ValueError, match=r"bias must be \(53,\)"):
+        linear_cross_entropy(hidden, weight, labels, bias[:-1])
+    with pytest.raises(ValueError, match="shape"):
+        linear_cross_entropy(hidden, weight, labels[:, :-1])
+    with pytest.raises(ValueError, match=r"outside \[0, 53\)"):
+        linear_cross_entropy(hidden, weight, labels.clamp(min=0) + 53)
+    with pytest.raises(TypeError, match="integer"):
+        linear_cross_entropy(hidden, weight, labels.float())
+
+
+def gradients(model: torch.nn.Module, loss: torch.Tensor) -> dict[str, torch.Tensor]:
+    model.zero_grad(set_to_none=True)
+    loss.backward()
+    return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+def assert_same_gradients(ours: dict[str, torch.Tensor], theirs: dict[str, torch.Tensor]) -> None:
+    assert ours.keys() == theirs.keys()
+    for name in ours:
+        torch.testing.assert_close(ours[name], theirs[name], atol=1e-6, rtol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_gpt_without_logits_scores_labels_the_same(tie):
+    """``return_logits=False`` keeps ``.loss`` (the shift inside) and every gradient, the tied
+    embedding's included, and returns no logits."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.from_name("gpt-nano", vocab_size=61, context_length=16, tie_embeddings=tie, dropout=0.0))
+    ids = torch.randint(0, 61, (3, 11))
+    labels = ids.masked_fill(torch.rand(ids.shape) < 0.3, -100)
+    plain = model(ids, labels=labels)
+    fused = model(ids, labels=labels, return_logits=False)
+    assert fused.logits is None and plain.logits is not None
+    torch.testing.assert_close(fused.loss, plain.loss, atol=1e-6, rtol=1e-6)
+    assert_same_gradients(gradients(model, fused.loss), gradients(model, plain.loss))
+    with pytest.raises(ValueError, match=r"labels must be \(batch, tokens\) = \(3, 11\)"):
+        model(ids, labels=labels[:, 1:], return_logits=False)
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_t5_without_logits_scores_labels_the_same(tie):
+    """T5's tied head reads the decoder states scaled by D^-0.5: the fused loss reads them too."""
+    torch.manual_seed(0)
+    model = T5(T5Config.from_name("t5-tiny", vocab_size=67, tie_embeddings=tie, dropout=0.0))
+    src = torch.randint(2, 67, (2, 9))
+    labels = torch.randint(2, 67, (2, 6))
+    labels[1, -2:] = -100
+    plain = model(src, labels=labels)
+    fused = model(src, labels=labels, return_logits=False)
+    assert fused.logits is None
+    torch.testing.assert_close(fused.loss, plain.loss, atol=1e-6, rtol=1e-6)
+    assert_same_gradients(gradients(model, fused.loss), gradients(model, plain.loss))
