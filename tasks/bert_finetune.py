@@ -30,7 +30,6 @@ from torch import Tensor, nn
 from tasks.optim import adamw_warmup_cosine
 from tasks.predictions import Record, class_records, records
 from unitok.heads import ClassificationHead, ScalarMix
-from unitok.losses import causal_lm_loss
 from unitok.models import BERT, ELECTRA, GPT, BERTConfig, GPTConfig
 from unitok.models.bert import mean_pool, span_from_logits
 
@@ -268,9 +267,10 @@ class SequenceClassificationTask(_LabelTask):
         lm_loss = None
         if self.hparams.lm_loss_weight > 0:  # GPT-1: the classifier's and the LM's loss on the same pass
             mask = batch["attention_mask"]
-            out = self.model(batch["input_ids"], attention_mask=mask)
-            logits = out.class_logits
-            lm_loss = causal_lm_loss(out.logits, batch["input_ids"].masked_fill(mask == 0, -100))
+            # labels= without logits: the LM head fused with the loss (the shift inside, as causal_lm_loss)
+            out = self.model(batch["input_ids"], attention_mask=mask, return_logits=False,
+                             labels=batch["input_ids"].masked_fill(mask == 0, -100))
+            logits, lm_loss = out.class_logits, out.loss
         else:
             logits = self(batch)
         if self.num_labels == 1:

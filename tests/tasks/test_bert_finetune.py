@@ -17,6 +17,7 @@ from tasks import (
     SequenceClassificationTask,
     TokenClassificationTask,
 )
+from unitok.losses import causal_lm_loss
 from unitok.models import BERT, GPT, BERTConfig, GPTConfig
 
 V = 300
@@ -147,6 +148,11 @@ def test_gpt_1s_auxiliary_lm_loss_is_added_with_its_weight(gpt_folder):
     p, a = plain._metrics(b), aux._metrics(b)
     assert "lm_loss" not in p and float(a["lm_loss"].detach()) > 0
     torch.testing.assert_close(a["loss"], p["loss"] + 0.5 * a["lm_loss"])
+    # the fused LM head + loss scores what the logits would: the next real token
+    mask = b["attention_mask"]
+    expected = causal_lm_loss(aux.model(b["input_ids"], attention_mask=mask).logits,
+                              b["input_ids"].masked_fill(mask == 0, -100))
+    torch.testing.assert_close(a["lm_loss"], expected, atol=1e-6, rtol=1e-6)
     a["loss"].backward()
     assert aux.model.tok_embed.weight.grad is not None
 
