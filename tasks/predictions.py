@@ -228,13 +228,16 @@ class PredictionWriter(BasePredictionWriter):
 
     def on_predict_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         rows = self._rows
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        if distributed:
             gathered: list[Any] = [None] * dist.get_world_size()
             dist.all_gather_object(gathered, rows)
             rows = [row for part in gathered for row in part]
         self._rows = []
         if trainer.is_global_zero:
             self.write(sorted(rows, key=lambda row: row[:2]))
+        if distributed:  # every rank leaves once the file is written: none tears down mid-write
+            dist.barrier()
 
     def write(self, rows: Sequence[tuple[int, int, Record]]) -> Path:
         path = self.path or Path(FILENAME)
