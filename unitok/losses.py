@@ -73,6 +73,11 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, labels: Tensor, bias: T
                          f"{tuple(weight.shape)}")
     if bias is not None and tuple(bias.shape) != (weight.shape[0],):
         raise ValueError(f"bias must be ({weight.shape[0]},), one per class, got {tuple(bias.shape)}")
+    device = hidden.device.type
+    if not torch.is_autocast_enabled(device) and any(t is not None and t.dtype != hidden.dtype for t in (weight, bias)):
+        # F.linear refuses mixed dtypes outside autocast; casting here would hide the mistake
+        raise ValueError(f"hidden is {hidden.dtype} but the weight / bias are {weight.dtype} / "
+                         f"{bias.dtype if bias is not None else None}: give them one dtype, or run under autocast")
     check_class_labels(labels, hidden.shape[:-1], weight.shape[0])
     return _LinearCrossEntropy.apply(hidden.reshape(-1, hidden.shape[-1]), weight, bias,
                                      labels.reshape(-1).to(hidden.device))

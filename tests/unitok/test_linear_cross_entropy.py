@@ -106,6 +106,8 @@ def test_bad_input_is_refused():
         linear_cross_entropy(hidden, weight, labels.clamp(min=0) + 53)
     with pytest.raises(TypeError, match="integer"):
         linear_cross_entropy(hidden, weight, labels.float())
+    with pytest.raises(ValueError, match="hidden is torch.float32 but the weight / bias are torch.float64"):
+        linear_cross_entropy(hidden, weight.double(), labels)  # as F.linear, no silent cast
 
 
 def gradients(model: torch.nn.Module, loss: torch.Tensor) -> dict[str, torch.Tensor]:
