@@ -28,6 +28,11 @@ Normalize = Literal["utterance", "speech", "global", "none"]
 NORMALIZES = ("utterance", "speech", "global", "none")
 NORMALIZE_EPS = 1e-5  # keeps silent (constant) mel bins finite under per-utterance normalisation
 DB = math.log(10) / 10  # one decibel of power in natural-log units (log-mel values are natural logs)
+# Vocal-tract-length perturbation's bend (Jaitly & Hinton, 2013): frequencies scale by the warp up to
+# F_hi = 4.8 kHz at 16 kHz audio (0.6 of the Nyquist frequency, times min(warp, 1) / warp), then
+# follow a straight line that keeps the Nyquist frequency where it is.
+VTLP_BOUNDARY = 0.6
+WARPS = (0.5, 2.0)  # the warp factors accepted
 
 
 # the file types read as audio (soundfile's common formats)
@@ -232,8 +237,13 @@ class SpectrogramTokenizer:
         return wave
 
     # ------------------------------------------------------------------ frames
-    def log_mel(self, wave: Tensor) -> Tensor:
-        """A mono waveform (T,) at the configured rate -> un-normalised log-mel frames (N, F)."""
+    def log_mel(self, wave: Tensor, warp: float = 1.0) -> Tensor:
+        """A mono waveform (T,) at the configured rate -> un-normalised log-mel frames (N, F).
+
+        ``warp`` ≠ 1 reads the spectrum through a filterbank whose frequencies are warped
+        (`warped_mel_filterbank`): the same speech from a vocal tract 1/``warp`` as long, its
+        formants and harmonics ``warp`` times higher, its timing unchanged (training only)."""
+        check_warp(warp)
         if self._mel is None:
             import torchaudio
 
@@ -242,7 +252,11 @@ class SpectrogramTokenizer:
                 sample_rate=c.sample_rate, n_fft=c.fft_size, win_length=c.win_length, hop_length=c.hop_length,
                 f_min=c.f_min, f_max=c.f_max, n_mels=c.n_mels, power=2.0, center=True, pad_mode="reflect")
         with torch.no_grad():
-            mel = self._mel(wave.float())  # (F, N)
+            if warp == 1.0:
+                mel = self._mel(wave.float())  # (F, N)
+            else:
+                spectrum = self._mel.spectrogram(wave.float())  # (K, N) power of the FFT bins
+                mel = warped_mel_filterbank(self.config, warp).T @ spectrum  # (F, N)
         return torch.log(mel + self.config.log_offset).T.contiguous()
 
     def trim(self, frames: Tensor) -> Tensor:
@@ -276,10 +290,12 @@ class SpectrogramTokenizer:
             frames = (frames - torch.tensor(c.global_mean)) / torch.tensor(c.global_std)
         return frames
 
-    def features(self, audio: Any, sample_rate: int | None = None) -> Tensor:
+    def features(self, audio: Any, sample_rate: int | None = None, warp: float = 1.0) -> Tensor:
         """One utterance (a file, or a waveform with its ``sample_rate``) -> normalised log-mel
-        frames (N, F), N = 1 + T // hop (fewer when ``trim_db`` trims silence)."""
-        frames = self.normalize(self.trim(self.log_mel(self.load(audio, sample_rate))))
+        frames (N, F), N = 1 + T // hop (fewer when ``trim_db`` trims silence); ``warp``: a
+        vocal-tract-length perturbation for training (`log_mel`), 1.0 for none."""
+        check_warp(warp)
+        frames = self.normalize(self.trim(self.log_mel(self.load(audio, sample_rate), warp)))
         if not bool(torch.isfinite(frames).all()):
             raise ValueError(f"the spectrogram has {int((~torch.isfinite(frames)).sum())} NaN/inf values; "
                              "check the audio and the normalisation statistics")
@@ -320,6 +336,43 @@ def speech_frames(frames: Tensor, within_db: float) -> Tensor:
     and a faint background fall below; the loudest frame is always speech."""
     energy = torch.logsumexp(frames, dim=1)  # (N,) log of each frame's mel power
     return energy >= energy.max() - within_db * DB
+
+
+def check_warp(warp: float) -> None:
+    """Refuse a vocal-tract-length warp factor outside `WARPS`."""
+    if isinstance(warp, bool) or not isinstance(warp, (int, float)) or not WARPS[0] <= warp <= WARPS[1]:
+        raise ValueError(f"warp must be a factor in [{WARPS[0]:g}, {WARPS[1]:g}] (1.0: no warp), got {warp!r}")
+
+
+def warp_frequencies(freqs: Tensor, warp: float, sample_rate: int) -> Tensor:
+    """Vocal-tract-length perturbation's piecewise-linear frequency map (Jaitly & Hinton, 2013):
+    f -> warp · f up to a boundary (`VTLP_BOUNDARY`), then a straight line to the Nyquist
+    frequency, which stays where it is."""
+    nyquist = sample_rate / 2
+    boundary = VTLP_BOUNDARY * nyquist * min(warp, 1.0) / warp
+    bent = nyquist - (nyquist - warp * boundary) / (nyquist - boundary) * (nyquist - freqs)
+    return torch.where(freqs <= boundary, warp * freqs, bent)
+
+
+def _hz_to_mel(hz: float) -> float:
+    return 2595.0 * math.log10(1.0 + hz / 700.0)  # the HTK mel scale, torchaudio's default
+
+
+@functools.lru_cache(maxsize=128)
+def warped_mel_filterbank(config: SpectrogramConfig, warp: float) -> Tensor:
+    """(K, F) triangular mel filters over the K = n_fft / 2 + 1 FFT bins, as torchaudio's
+    MelSpectrogram builds them (HTK mel scale, peaks of 1, no area normalisation), each bin
+    taken at its warped frequency (`warp_frequencies`): energy at f lands in the filter of
+    warp(f). Warp 1.0 gives torchaudio's filterbank; built once per (config, warp)."""
+    c = config
+    f_max = c.sample_rate / 2 if c.f_max is None else c.f_max
+    freqs = warp_frequencies(torch.linspace(0, c.sample_rate // 2, c.fft_size // 2 + 1), warp, c.sample_rate)
+    mels = torch.linspace(_hz_to_mel(c.f_min), _hz_to_mel(f_max), c.n_mels + 2)
+    peaks = 700.0 * (10 ** (mels / 2595.0) - 1.0)  # (F + 2,) the filters' edges and centres in Hz
+    widths = peaks[1:] - peaks[:-1]
+    slopes = peaks[None, :] - freqs[:, None]  # (K, F + 2)
+    rising, falling = -slopes[:, :-2] / widths[:-1], slopes[:, 2:] / widths[1:]
+    return torch.clamp_min(torch.minimum(rising, falling), 0.0)
 
 
 @functools.lru_cache(maxsize=64)

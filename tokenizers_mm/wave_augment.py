@@ -1,6 +1,6 @@
-"""Acoustic conditions for training speech models: speed, reverberation, silence, noise,
-telephone band and loudness, drawn at random for each utterance (training only), and clips
-with no speech in them at all.
+"""Acoustic conditions for training speech models: speed, vocal-tract length (a frequency warp
+the frames are read with), reverberation, silence, noise, telephone band and loudness, drawn at
+random for each utterance (training only), and clips with no speech in them at all.
 
 Each condition is also a small pure function (`change_speed`, `reverberate`, `pad_silence`,
 `add_noise`, `telephone_band`, `colored_noise`) so an evaluation can apply one condition
@@ -19,7 +19,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from tokenizers_mm.audio import resample
+from tokenizers_mm.audio import WARPS, resample
 
 NoiseColor = Literal["white", "pink", "brown"]
 NOISE_COLORS: tuple[NoiseColor, ...] = ("white", "pink", "brown")
@@ -158,6 +158,9 @@ class WaveAugment:
 
     Args:
         speed_p / speeds: chance and range of the speed factor (resampling: tempo and pitch).
+        warp_p / warps: chance and range of a vocal-tract-length perturbation (Jaitly & Hinton,
+            2013): the frequency warp `draw_warp` gives the frames (`SpectrogramTokenizer.features`'s
+            ``warp``): formants and harmonics ``warp`` times higher, the tempo kept. Off by default.
         reverb_p / rt60 / direct_ratio_db: chance of a room, its reverberation time (s) and
             direct-to-reverberant ratio (dB) ranges.
         silence_p / silence: chance of silence around one utterance (a batch: of lengthening
@@ -176,6 +179,8 @@ class WaveAugment:
         self,
         speed_p: float = 0.2,
         speeds: tuple[float, float] = (0.9, 1.1),
+        warp_p: float = 0.0,
+        warps: tuple[float, float] = (0.9, 1.1),
         reverb_p: float = 0.1,
         rt60: tuple[float, float] = (0.1, 0.5),
         direct_ratio_db: tuple[float, float] = (0.0, 10.0),
@@ -190,13 +195,13 @@ class WaveAugment:
         no_speech_seconds: tuple[float, float] = (0.5, 3.0),
         no_speech_silence_p: float = 0.2,
     ) -> None:
-        for name, p in (("speed_p", speed_p), ("reverb_p", reverb_p), ("silence_p", silence_p),
+        for name, p in (("speed_p", speed_p), ("warp_p", warp_p), ("reverb_p", reverb_p), ("silence_p", silence_p),
                         ("noise_p", noise_p), ("telephone_p", telephone_p), ("no_speech_p", no_speech_p),
                         ("no_speech_silence_p", no_speech_silence_p)):
             if not 0.0 <= p <= 1.0:
                 raise ValueError(f"{name} must be a probability in [0, 1], got {p}")
         for name, (low, high), lowest, highest in (
-                ("speeds", speeds, 0.5, 2.0), ("rt60", rt60, 0.01, 5.0), ("silence", silence, 0.0, 60.0),
+                ("speeds", speeds, 0.5, 2.0), ("warps", warps, *WARPS), ("rt60", rt60, 0.01, 5.0), ("silence", silence, 0.0, 60.0),
                 ("no_speech_seconds", no_speech_seconds, 0.05, 60.0), ("snr_db", snr_db, -20.0, 100.0),
                 ("direct_ratio_db", direct_ratio_db, -30.0, 60.0), ("gain_db", gain_db, -80.0, 20.0)):
             if not lowest <= low <= high <= highest:
@@ -206,6 +211,7 @@ class WaveAugment:
         if unknown or not noise_colors:
             raise ValueError(f"noise_colors must be some of {NOISE_COLORS}, got {list(noise_colors)}")
         self.speed_p, self.speeds = speed_p, (float(speeds[0]), float(speeds[1]))
+        self.warp_p, self.warps = warp_p, (float(warps[0]), float(warps[1]))
         self.reverb_p, self.rt60 = reverb_p, (float(rt60[0]), float(rt60[1]))
         self.direct_ratio_db = (float(direct_ratio_db[0]), float(direct_ratio_db[1]))
         self.silence_p, self.silence = silence_p, (float(silence[0]), float(silence[1]))
@@ -218,7 +224,8 @@ class WaveAugment:
         self.no_speech_silence_p = no_speech_silence_p
 
     def __repr__(self) -> str:
-        return (f"WaveAugment(speed_p={self.speed_p}, speeds={self.speeds}, reverb_p={self.reverb_p}, "
+        return (f"WaveAugment(speed_p={self.speed_p}, speeds={self.speeds}, warp_p={self.warp_p}, "
+                f"warps={self.warps}, reverb_p={self.reverb_p}, "
                 f"rt60={self.rt60}, silence_p={self.silence_p}, silence={self.silence}, noise_p={self.noise_p}, "
                 f"snr_db={self.snr_db}, telephone_p={self.telephone_p}, gain_db={self.gain_db}, "
                 f"no_speech_p={self.no_speech_p})")
@@ -269,6 +276,11 @@ class WaveAugment:
         if _chance(self.silence_p, generator):
             length += round((_uniform(*self.silence, generator) + _uniform(*self.silence, generator)) * sample_rate)
         return [self.recording(w, sample_rate, length, generator) for w in waves]
+
+    def draw_warp(self, generator: torch.Generator | None = None) -> float:
+        """A vocal-tract-length warp for one training utterance's frames: a draw from ``warps``
+        with chance ``warp_p``, else 1.0 (none)."""
+        return _uniform(*self.warps, generator) if _chance(self.warp_p, generator) else 1.0
 
     def draw_no_speech(self, generator: torch.Generator | None = None) -> bool:
         """Whether this training item becomes a `no_speech` clip (chance ``no_speech_p``)."""

@@ -205,7 +205,8 @@ def collate_speech(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
 class WaveBatches:
     """Collate for training with a `WaveAugment`: the items' waveforms (``{"wave", "text"}``)
     are recorded together (`WaveAugment.batch`: silence to a common length, noise, channel,
-    loudness), turned into frames, masked by SpecAugment and padded like `collate_speech`.
+    loudness), turned into frames (each with its own vocal-tract warp, `WaveAugment.draw_warp`),
+    masked by SpecAugment and padded like `collate_speech`.
     Picklable, so it runs in data-loader workers."""
 
     def __init__(self, tokenizer: SpectrogramTokenizer, vocabulary: CharacterVocabulary, wave_augment: WaveAugment,
@@ -218,7 +219,7 @@ class WaveBatches:
         waves = self.wave_augment.batch([it["wave"] for it in items], rate)
         out = []
         for wave, item in zip(waves, items):
-            frames = self.tokenizer.features(wave, rate)
+            frames = self.tokenizer.features(wave, rate, warp=self.wave_augment.draw_warp())
             if self.spec_augment is not None:
                 frames = self.spec_augment(frames)
             out.append({"features": frames, "targets": self.vocabulary.encode(item["text"]), "text": item["text"]})

@@ -2,11 +2,13 @@
 PyPI wheel, no executable) into 16 kHz wavs
 and JSONL manifests, cached, with held-out voices never used in training; users' manifests
 are read with clear errors; batches pad frames and targets and keep their lengths; length
-bucketing groups similar durations; SpecAugment touches training batches only."""
+bucketing groups similar durations; SpecAugment, acoustic conditions and vocal-tract warps touch
+training batches only."""
 
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -25,11 +27,12 @@ from tasks.data.speech import (
     TRAIN_VOICES,
     BucketBatchSampler,
     DigitsCorpusSpec,
+    WaveBatches,
     read_manifest,
     spoken_digits_corpus,
     validation_rows,
 )
-from tokenizers_mm import CharacterVocabulary
+from tokenizers_mm import CharacterVocabulary, SpectrogramTokenizer, WaveAugment
 
 TINY = dict(train_voices=("en-us+m1", "en+f2"), held_out_voices=("en-us+m4",), train_utterances=6,
             held_out_utterances=3, max_digits=3)
@@ -222,6 +225,18 @@ def test_acoustic_conditions_apply_to_training_batches_only(tiny_corpus):
     assert torch.equal(val["features"], val_plain["features"]) and val["texts"] == val_plain["texts"]
     with pytest.raises(TypeError, match="wave_augment"):
         SpokenDigitsDataModule(cache_dir=str(cache), wave_augment="yes", **TINY)
+
+
+def test_training_frames_are_read_with_the_drawn_vocal_tract_warp():
+    tokenizer, vocabulary = SpectrogramTokenizer(), CharacterVocabulary.build(DIGIT_WORDS + (" ",))
+    only_warp = dict(speed_p=0, reverb_p=0, silence_p=0, noise_p=0, telephone_p=0, gain_db=(0.0, 0.0))
+    wave = 0.5 * torch.sin(2 * math.pi * 700 * torch.arange(8000) / 16000)
+    item = {"wave": wave, "text": "one"}
+    warped = WaveBatches(tokenizer, vocabulary, WaveAugment(warp_p=1.0, warps=(1.25, 1.25), **only_warp))([item])
+    plain = WaveBatches(tokenizer, vocabulary, WaveAugment(**only_warp))([item])
+    assert torch.equal(warped["features"][0], tokenizer.features(wave, 16000, warp=1.25))
+    assert torch.equal(plain["features"][0], tokenizer.features(wave, 16000))
+    assert not torch.allclose(warped["features"], plain["features"], atol=0.1)
 
 
 def test_acoustic_conditions_are_the_same_for_the_same_seed(tiny_corpus):

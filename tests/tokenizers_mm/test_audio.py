@@ -1,7 +1,8 @@
 """Audio -> log-mel frames: 25 ms / 10 ms windows give 1 + T // hop frames of 80 mels, equal to
 torchaudio's MelSpectrogram and log; files, tensors, arrays and int16 PCM read the same; other
 sample rates are resampled (or refused, naming both rates); a bare waveform without its sample
-rate is refused; per-utterance, speech-frame (blind to silence around the speech) and global
+rate is refused; a vocal-tract warp moves a tone's bin up and keeps the frames (warp 1 is
+torchaudio's filterbank); per-utterance, speech-frame (blind to silence around the speech) and global
 normalisation, and a floor under faint values; lengths survive batching; SpecAugment masks bands and spans; the tokenizer
 pickles; bad input (empty, stereo, NaN, too short) raises naming the problem."""
 
@@ -18,7 +19,7 @@ import torch
 import torchaudio
 
 from tokenizers_mm import SpecAugment, SpectrogramConfig, SpectrogramTokenizer, Tokens
-from tokenizers_mm.audio import speech_frames
+from tokenizers_mm.audio import speech_frames, warp_frequencies, warped_mel_filterbank
 
 RATE = 16000
 
@@ -83,6 +84,27 @@ def test_a_tone_lights_up_the_mel_bin_of_its_frequency():
     low = SpectrogramTokenizer(normalize="none").features(tone(300.0, 0.3), RATE).mean(0).argmax()
     high = SpectrogramTokenizer(normalize="none").features(tone(3000.0, 0.3), RATE).mean(0).argmax()
     assert int(high) > int(low) + 20
+
+
+def test_warp_one_is_torchaudios_filterbank_and_a_warp_moves_formants_up_at_the_same_tempo():
+    for config in (SpectrogramConfig(), SpectrogramConfig(sample_rate=8000, f_min=100.0, f_max=3500.0, n_mels=40)):
+        expected = torchaudio.functional.melscale_fbanks(config.fft_size // 2 + 1, config.f_min,
+                                                         config.f_max or config.sample_rate / 2, config.n_mels,
+                                                         config.sample_rate)
+        assert torch.equal(warped_mel_filterbank(config, 1.0), expected)
+    tokenizer = SpectrogramTokenizer(normalize="none")
+    wave = noisy_tone(1000.0, 0.5)
+    assert torch.equal(tokenizer.features(wave, RATE, warp=1.0), tokenizer.features(wave, RATE))
+    warped = tokenizer.features(wave, RATE, warp=1.3)
+    assert warped.shape == tokenizer.features(wave, RATE).shape  # the same frames: timing kept
+    # a 1 kHz tone read with warp 1.3 lights the bin a 1.3 kHz tone lights unwarped
+    assert int(warped.mean(0).argmax()) == int(tokenizer.features(noisy_tone(1300.0, 0.5), RATE).mean(0).argmax())
+    f = torch.tensor([0.0, 1000.0, 4000.0, 8000.0])
+    assert torch.allclose(warp_frequencies(f, 1.2, RATE), torch.tensor([0.0, 1200.0, 4800.0, 8000.0]))  # bend at 4 kHz
+    assert torch.allclose(warp_frequencies(f, 0.8, RATE), torch.tensor([0.0, 800.0, 3200.0, 8000.0]))
+    for bad in (3.0, 0.0, True, "1.2"):
+        with pytest.raises(ValueError, match="warp must be a factor in \\[0.5, 2\\]"):
+            tokenizer.features(wave, RATE, warp=bad)
 
 
 def test_utterance_normalisation_gives_each_mel_bin_zero_mean_unit_variance():

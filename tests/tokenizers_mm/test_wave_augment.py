@@ -1,6 +1,7 @@
 """Acoustic conditions for training: each condition does what it says (noise at the asked SNR
 and colour, silence of the asked length, speed by resampling, a room that keeps the power,
-a telephone line with nothing outside 300–3400 Hz); `WaveAugment` draws them within its ranges,
+a telephone line with nothing outside 300–3400 Hz); `WaveAugment` draws them (and vocal-tract
+warps for the frames) within its ranges,
 the same way for the same generator; a batch comes out at one length with each utterance whole
 inside it; no-speech clips are silence or noise; bad ranges raise naming the option."""
 
@@ -120,6 +121,17 @@ def test_draws_stay_within_their_ranges():
         assert 10.0 - 0.01 <= snr <= 20.0 + 0.01
 
 
+def test_vocal_tract_warps_are_drawn_in_range_and_off_by_default_without_touching_the_generator():
+    generator = g()
+    assert all(WaveAugment().draw_warp(generator) == 1.0 for _ in range(20))
+    assert torch.equal(generator.get_state(), g().get_state())  # no draw: other conditions replay as before
+    warp = WaveAugment(warp_p=0.5, warps=(1.0, 1.4))
+    draws = [warp.draw_warp(generator) for _ in range(400)]
+    warped = [d for d in draws if d != 1.0]
+    assert 150 <= len(warped) <= 250 and all(1.0 <= d <= 1.4 for d in warped)
+    assert min(warped) < 1.1 and max(warped) > 1.3
+
+
 def test_a_batch_is_one_length_with_each_utterance_whole_inside():
     augment = WaveAugment(speed_p=0, reverb_p=0, silence_p=0.5, silence=(0.0, 1.0), noise_p=0, telephone_p=0,
                           gain_db=(0.0, 0.0))
@@ -151,6 +163,8 @@ def test_no_speech_clips_are_silence_or_noise_of_the_asked_duration():
 @pytest.mark.parametrize(("options", "message"), [
     (dict(speed_p=1.5), "speed_p"),
     (dict(speeds=(1.2, 0.9)), "speeds"),
+    (dict(warp_p=-0.1), "warp_p"),
+    (dict(warps=(0.3, 1.2)), "warps"),
     (dict(silence=(-1.0, 1.0)), "silence"),
     (dict(snr_db=(30.0, 5.0)), "snr_db"),
     (dict(noise_colors=("white", "purple")), "noise_colors"),
