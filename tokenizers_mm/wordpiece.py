@@ -121,14 +121,6 @@ class WordPieceTokenizer:
             raise ValueError(f"special_tokens={list(special_tokens)} lacks {missing}")
         if vocab_size <= len(special_tokens):
             raise ValueError(f"vocab_size={vocab_size} leaves no room beside {len(special_tokens)} special tokens")
-        tok = Tokenizer(models.WordPiece(unk_token="[UNK]", max_input_chars_per_word=100))
-        tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True,
-                                                    strip_accents=lowercase, lowercase=lowercase)
-        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-        tok.decoder = decoders.WordPiece(prefix="##")
-        trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
-                                            special_tokens=list(special_tokens), limit_alphabet=limit_alphabet,
-                                            continuing_subword_prefix="##", show_progress=False)
         if files is not None:
             paths = [str(f) for f in files]
             if not paths:
@@ -136,16 +128,44 @@ class WordPieceTokenizer:
             absent = [p for p in paths if not Path(p).is_file()]
             if absent:
                 raise FileNotFoundError(f"training files not found: {absent[:5]}")
-            tok.train(paths, trainer)
         else:
-            tok.train_from_iterator(iterator, trainer)  # type: ignore[arg-type]
-        # The trainer breaks ties between equally frequent pieces in hash order, so ids differ from
-        # run to run; WordPiece matching does not depend on ids, so renumber them canonically
-        # (special tokens first, then sorted) and the same corpus always gives the same ids.
-        learned = tok.get_vocab(with_added_tokens=False)
+            lines = list(iterator)  # type: ignore[arg-type]  # read twice, below
+
+        def blank() -> Tokenizer:
+            tok = Tokenizer(models.WordPiece(unk_token="[UNK]", max_input_chars_per_word=100))
+            tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True,
+                                                        strip_accents=lowercase, lowercase=lowercase)
+            tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+            tok.decoder = decoders.WordPiece(prefix="##")
+            return tok
+
+        def fit(named_first: Sequence[str]) -> dict[str, int]:
+            tok = blank()
+            trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
+                                                special_tokens=[*special_tokens, *named_first],
+                                                limit_alphabet=limit_alphabet, continuing_subword_prefix="##",
+                                                show_progress=False)
+            if files is not None:
+                tok.train(paths, trainer)
+            else:
+                tok.train_from_iterator(lines, trainer)
+            return tok.get_vocab(with_added_tokens=False)
+
+        # Hugging Face's trainer numbers the one-character continuation pieces ("##e") in hash-map
+        # order, which changes from run to run, and breaks ties between equally frequent merges
+        # by those numbers: the same corpus could give a different vocabulary
+        # (huggingface/tokenizers#1794). Which such pieces exist is fixed by the corpus, so a
+        # first pass finds them and the second names them up front, in sorted order: every id,
+        # and so every tie, is then the same in every run.
+        continuing = sorted(t for t in fit(()) if t.startswith("##") and len(t) == 3)
+        learned = fit(continuing)
+        # WordPiece matching does not depend on ids: number them canonically (special tokens
+        # first, then sorted), as a checkpoint's vocab.txt lists them.
         ordered = [t for t in special_tokens if t in learned] + sorted(t for t in learned if t not in special_tokens)
+        tok = blank()
         tok.model = models.WordPiece({t: i for i, t in enumerate(ordered)}, unk_token="[UNK]",
                                      max_input_chars_per_word=100)
+        tok.add_special_tokens(list(special_tokens))
         cls_id, sep_id = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
         # The standard BERT post-processor, so the saved tokenizer.json works in other libraries too.
         tok.post_processor = processors.TemplateProcessing(

@@ -42,18 +42,24 @@ def test_training_puts_special_tokens_first_and_learns_continuations(tok):
     assert cont.shape == (tok.vocab_size,) and bool(cont[tok.token_to_id(pieces[2])]) == pieces[2].startswith("##")
 
 
-def test_training_numbers_the_vocabulary_canonically():
-    """The trainer breaks frequency ties in (Rust) hash order, so two runs on one corpus may keep a
-    different token or two at the vocabulary cutoff; ids are renumbered canonically — special
-    tokens first, then the learned tokens sorted — so the runs otherwise agree."""
+def test_training_is_deterministic_and_numbers_the_vocabulary_canonically():
+    """Hugging Face's trainer numbers continuation pieces in (Rust) hash order and breaks merge
+    ties by those numbers, so on its own one corpus gives different vocabularies from run to run
+    (three in 100 runs on the two lines below); unitok names those pieces up front, so every run
+    agrees, and ids are canonical — special tokens first, then the learned tokens sorted."""
     import sysconfig
     from pathlib import Path
 
+    tiny = ["Wel come to the Tok en izers libr ary.", "Welcome to the tokenizers library, wel come again"]
+    vocabularies = {tuple(sorted(WordPieceTokenizer.train(iterator=tiny, vocab_size=60, min_frequency=1)._tok.get_vocab()
+                                .items())) for _ in range(30)}
+    assert len(vocabularies) == 1
     root = Path(sysconfig.get_paths()["stdlib"])
     texts = [(root / name).read_text(encoding="utf-8") for name in ("argparse.py", "ast.py")]
     first, second = (WordPieceTokenizer.train(iterator=texts, vocab_size=400) for _ in range(2))
     a, b = first._tok.get_vocab(with_added_tokens=False), second._tok.get_vocab(with_added_tokens=False)
-    assert len(set(a) ^ set(b)) <= 10, sorted(set(a) ^ set(b))  # only cutoff ties may differ
+    assert a == b and len(a) == 400
+    assert first._tok.get_added_tokens_decoder().keys() == {0, 1, 2, 3, 4}  # only the special tokens
     for vocab in (a, b):
         specials = [t for t in sorted(vocab, key=vocab.get) if t.startswith("[") and t.endswith("]")]
         learned = [t for t in sorted(vocab, key=vocab.get) if t not in specials]
