@@ -113,6 +113,8 @@ class WordPieceTokenizer:
         """Train a WordPiece vocabulary on text files or an iterator of strings.
 
         ``special_tokens`` must include [PAD] [UNK] [CLS] [SEP] [MASK]; they get the first ids.
+        The same text always gives the same vocabulary and ids: Hugging Face's trainer runs
+        twice (below), so an ``iterator`` is read into memory once.
         """
         if (files is None) == (iterator is None):
             raise ValueError("WordPieceTokenizer.train needs exactly one of `files` or `iterator`")
