@@ -9,16 +9,18 @@ Axis legend: B batch, W beams, V vocabulary, S prompt length, T total length.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from unitok.config import Config
 from unitok.embed.positions import positions_from_mask
 from unitok.layers.attention import build_attention_mask
+from unitok.layers.decode_layout import MIN_NEW_TOKENS, input_major_weights
 from unitok.layers.kv_cache import KVCache, StaticKVCache
 
 Strategy = Literal["greedy", "sample", "beam"]
@@ -69,6 +71,7 @@ class GenerationConfig(Config):
     eos_token_id: int | None = None
     pad_token_id: int | None = None
     compile: bool | str = False
+    input_major: bool | None = None
 
     def __post_init__(self) -> None:
         if self.strategy not in ("greedy", "sample", "beam"):
@@ -78,6 +81,9 @@ class GenerationConfig(Config):
         if self.compile and self.strategy == "beam":
             raise ValueError("compile serves greedy and sampled decoding; beam search reorders its cache every "
                              "step (use compile=False)")
+        if self.input_major is not None and not isinstance(self.input_major, bool):
+            raise TypeError(f"GenerationConfig.input_major must be True, False or None (automatic), got "
+                            f"{self.input_major!r} ({type(self.input_major).__name__})")
         for name in ("early_stopping", "greedy_floor"):
             if not isinstance(getattr(self, name), bool):
                 value = getattr(self, name)
@@ -182,16 +188,28 @@ def _decode(model: Decoder, input_ids: Tensor, mask: Tensor, cfg: GenerationConf
     ids = input_ids
     new = input_ids
     running = torch.ones(B, dtype=torch.bool, device=ids.device)
-    for _ in range(cfg.max_new_tokens):
-        logits = model.next_token_logits(new, step_mask, cache)
-        token, running = _next_tokens(logits, running, cfg, generator)
-        ids = torch.cat([ids, token[:, None]], dim=1)
-        if cfg.eos_token_id is not None and not bool(running.any()):
-            break
-        new = token[:, None]
-        if full_mask is not None:
-            step_mask = full_mask[:, : ids.shape[1]]
+    with contextlib.ExitStack() as layout:
+        for step in range(cfg.max_new_tokens):
+            logits = model.next_token_logits(new, step_mask, cache)
+            token, running = _next_tokens(logits, running, cfg, generator)
+            ids = torch.cat([ids, token[:, None]], dim=1)
+            if cfg.eos_token_id is not None and not bool(running.any()):
+                break
+            new = token[:, None]
+            if full_mask is not None:
+                step_mask = full_mask[:, : ids.shape[1]]
+            if step == 0 and _input_major(model, ids, cfg):  # the prompt ran as laid out; one row a step now
+                layout.enter_context(input_major_weights(model))
     return ids
+
+
+def _input_major(model: Decoder, ids: Tensor, cfg: GenerationConfig) -> bool:
+    """Whether one-row decoding steps should read input-major weights (`GenerationConfig.input_major`)."""
+    if not isinstance(model, nn.Module):
+        return False
+    if cfg.input_major is not None:
+        return cfg.input_major
+    return ids.shape[0] == 1 and ids.device.type == "cpu" and cfg.max_new_tokens >= MIN_NEW_TOKENS
 
 
 def _static_step(model: StaticDecoder, new_ids: Tensor, positions: Tensor, keys: Tensor, index: Tensor,

@@ -1,0 +1,114 @@
+"""Input-major weights while one row decodes: the same tokens, the weights given back as they were."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from unitok.generate import GenerationConfig
+from unitok.layers.decode_layout import MIN_NEW_TOKENS, input_major_weights, widening_linears
+from unitok.models import GPT, GPTConfig
+
+
+def tiny_gpt() -> GPT:
+    torch.manual_seed(0)
+    return GPT(GPTConfig(vocab_size=40, context_length=64, d_model=32, n_layers=2, n_heads=4)).eval()
+
+
+def head_strides(model: GPT) -> tuple[list[tuple[int, ...]], torch.utils.hooks.RemovableHandle]:
+    """The LM head weight's strides at each call of the head, recorded into the returned list."""
+    seen: list[tuple[int, ...]] = []
+    handle = model.lm_head.register_forward_pre_hook(lambda module, args: seen.append(module.weight.stride()))
+    return seen, handle
+
+
+def weights(model: nn.Module) -> dict[str, tuple[int, tuple[int, ...], torch.Tensor]]:
+    return {name: (p.data_ptr(), p.stride(), p.detach().clone()) for name, p in model.named_parameters()}
+
+
+def assert_given_back(model: nn.Module, before: dict) -> None:
+    for name, p in model.named_parameters():
+        ptr, stride, values = before[name]
+        assert (p.data_ptr(), p.stride()) == (ptr, stride), name  # the original tensor, not a copy
+        assert torch.equal(p, values), name
+
+
+def test_one_row_decoding_reads_input_major_weights_after_the_prompt_and_gives_them_back():
+    model = tiny_gpt()
+    before = weights(model)
+    seen, handle = head_strides(model)
+    model.generate(torch.tensor([[3, 4, 5]]), max_new_tokens=MIN_NEW_TOKENS)
+    handle.remove()
+    assert seen[0] == (32, 1)  # the prompt: the weights as they are
+    assert set(seen[1:]) == {(1, 40)}  # each one-row step: (40, 32) values stored input-major
+    assert_given_back(model, before)
+
+
+@pytest.mark.parametrize("strategy", ["greedy", "sample"])
+def test_input_major_decoding_gives_the_same_tokens(strategy):
+    model = tiny_gpt()
+    for prompt in (torch.tensor([[3, 4, 5]]), torch.randint(2, 40, (3, 4), generator=torch.Generator().manual_seed(1))):
+        runs = [model.generate(prompt, max_new_tokens=24, strategy=strategy, input_major=choice,
+                               generator=torch.Generator().manual_seed(7)) for choice in (True, False)]
+        assert torch.equal(runs[0], runs[1])
+
+
+@pytest.mark.parametrize("options, laid_out", [
+    ({"max_new_tokens": MIN_NEW_TOKENS}, True),  # one row, enough tokens: automatic
+    ({"max_new_tokens": MIN_NEW_TOKENS - 1}, False),  # the copy would cost more than it saves
+    ({"max_new_tokens": MIN_NEW_TOKENS, "input_major": False}, False),
+    ({"max_new_tokens": 4, "input_major": True}, True),
+    ({"max_new_tokens": MIN_NEW_TOKENS, "strategy": "beam", "num_beams": 2}, False),  # several rows a step
+])
+def test_when_the_weights_are_laid_out(options, laid_out):
+    model = tiny_gpt()
+    seen, handle = head_strides(model)
+    model.generate(torch.tensor([[3, 4, 5]]), **options)
+    handle.remove()
+    assert ((1, 40) in seen) == laid_out
+    seen, handle = head_strides(model)
+    model.generate(torch.tensor([[3, 4, 5], [6, 7, 8]]), max_new_tokens=MIN_NEW_TOKENS)  # two rows: as they are
+    handle.remove()
+    assert set(seen) == {(32, 1)}
+
+
+def test_an_error_while_decoding_gives_the_weights_back():
+    model = tiny_gpt()
+    before = weights(model)
+    calls = []
+
+    def fail_on_the_third_step(module, args):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("stopped")
+
+    handle = model.lm_head.register_forward_pre_hook(fail_on_the_third_step)
+    with pytest.raises(RuntimeError, match="stopped"):
+        model.generate(torch.tensor([[3, 4, 5]]), max_new_tokens=MIN_NEW_TOKENS)
+    handle.remove()
+    assert_given_back(model, before)
+
+
+def test_only_widening_float32_linear_weights_are_laid_out():
+    model = nn.Sequential(nn.Linear(8, 16), nn.Linear(16, 4), nn.Linear(4, 4), nn.Linear(4, 8).bfloat16())
+    assert widening_linears(model) == [model[0], model[2]]  # out ≥ in, float32
+    with input_major_weights(model) as count:
+        assert count == 2
+        assert model[0].weight.stride() == (1, 16) and model[2].weight.stride() == (1, 4)
+        assert model[1].weight.stride() == (16, 1)  # narrowing: read faster as it is
+        x = torch.randn(1, 8)
+        torch.testing.assert_close(model[0](x), x @ model[0].weight.detach().T + model[0].bias.detach())
+    assert model[0].weight.stride() == (8, 1)
+
+
+def test_a_tied_head_is_laid_out_once():
+    model = tiny_gpt()
+    assert model.lm_head.weight is model.tok_embed.weight
+    with input_major_weights(model):
+        assert model.tok_embed.weight.stride() == (1, 40)
+
+
+def test_input_major_must_be_a_bool_or_none():
+    with pytest.raises(TypeError, match="GenerationConfig.input_major must be True, False or None .*'yes' \\(str\\)"):
+        GenerationConfig(input_major="yes")
