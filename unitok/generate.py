@@ -198,18 +198,20 @@ def _decode(model: Decoder, input_ids: Tensor, mask: Tensor, cfg: GenerationConf
             new = token[:, None]
             if full_mask is not None:
                 step_mask = full_mask[:, : ids.shape[1]]
-            if step == 0 and _input_major(model, ids, cfg):  # the prompt ran as laid out; one row a step now
-                layout.enter_context(input_major_weights(model))
+            if step == 0:  # the prompt ran as the weights are; from here a step is B rows
+                _lend_input_major(layout, model, B, ids.device, cfg)
     return ids
 
 
-def _input_major(model: Decoder, ids: Tensor, cfg: GenerationConfig) -> bool:
-    """Whether one-row decoding steps should read input-major weights (`GenerationConfig.input_major`)."""
-    if not isinstance(model, nn.Module):
-        return False
-    if cfg.input_major is not None:
-        return cfg.input_major
-    return ids.shape[0] == 1 and ids.device.type == "cpu" and cfg.max_new_tokens >= MIN_NEW_TOKENS
+def _lend_input_major(layout: contextlib.ExitStack, model: Decoder, rows: int, device: torch.device,
+                      cfg: GenerationConfig) -> None:
+    """Lay out the weights that decoding steps of ``rows`` rows read faster input-major, until
+    ``layout`` closes (`GenerationConfig.input_major`; True: every widening layer)."""
+    if not isinstance(model, nn.Module) or cfg.input_major is False:
+        return
+    if cfg.input_major is None and (device.type != "cpu" or cfg.max_new_tokens < MIN_NEW_TOKENS):
+        return
+    layout.enter_context(input_major_weights(model, None if cfg.input_major else rows))
 
 
 def _static_step(model: StaticDecoder, new_ids: Tensor, positions: Tensor, keys: Tensor, index: Tensor,

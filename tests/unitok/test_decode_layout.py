@@ -7,7 +7,12 @@ import torch
 from torch import nn
 
 from unitok.generate import GenerationConfig
-from unitok.layers.decode_layout import MIN_NEW_TOKENS, input_major_weights, widening_linears
+from unitok.layers.decode_layout import (
+    ALL_WIDENING_ROWS,
+    MIN_NEW_TOKENS,
+    input_major_weights,
+    widening_linears,
+)
 from unitok.models import GPT, GPTConfig
 
 
@@ -59,7 +64,7 @@ def test_input_major_decoding_gives_the_same_tokens(strategy):
     ({"max_new_tokens": MIN_NEW_TOKENS - 1}, False),  # the copy would cost more than it saves
     ({"max_new_tokens": MIN_NEW_TOKENS, "input_major": False}, False),
     ({"max_new_tokens": 4, "input_major": True}, True),
-    ({"max_new_tokens": MIN_NEW_TOKENS, "strategy": "beam", "num_beams": 2}, False),  # several rows a step
+    ({"max_new_tokens": MIN_NEW_TOKENS, "strategy": "beam", "num_beams": 2}, False),  # beams: as they are
 ])
 def test_when_the_weights_are_laid_out(options, laid_out):
     model = tiny_gpt()
@@ -67,10 +72,23 @@ def test_when_the_weights_are_laid_out(options, laid_out):
     model.generate(torch.tensor([[3, 4, 5]]), **options)
     handle.remove()
     assert ((1, 40) in seen) == laid_out
+
+
+def test_two_rows_still_read_input_major_weights_more_do_not():
+    model = tiny_gpt()
+    everything = widening_linears(model)  # out ≥ in: qkv, attention output, MLP up, the head
+    assert len(everything) == 7 and widening_linears(model, rows=ALL_WIDENING_ROWS) == everything
+    assert widening_linears(model, rows=ALL_WIDENING_ROWS + 1) == []
+    for rows, laid_out in ((ALL_WIDENING_ROWS, True), (ALL_WIDENING_ROWS + 1, False)):
+        seen, handle = head_strides(model)
+        model.generate(torch.randint(2, 40, (rows, 3)), max_new_tokens=MIN_NEW_TOKENS)
+        handle.remove()
+        assert seen[0] == (32, 1)
+        assert set(seen[1:]) == ({(1, 40)} if laid_out else {(32, 1)})
     seen, handle = head_strides(model)
-    model.generate(torch.tensor([[3, 4, 5], [6, 7, 8]]), max_new_tokens=MIN_NEW_TOKENS)  # two rows: as they are
+    model.generate(torch.randint(2, 40, (3, 3)), max_new_tokens=4, input_major=True)  # forced: any batch
     handle.remove()
-    assert set(seen) == {(32, 1)}
+    assert set(seen[1:]) == {(1, 40)}
 
 
 def test_an_error_while_decoding_gives_the_weights_back():
