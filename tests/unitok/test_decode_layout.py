@@ -130,3 +130,18 @@ def test_a_tied_head_is_laid_out_once():
 def test_input_major_must_be_a_bool_or_none():
     with pytest.raises(TypeError, match="GenerationConfig.input_major must be True, False or None .*'yes' \\(str\\)"):
         GenerationConfig(input_major="yes")
+
+
+def test_inference_mode_decoding_leaves_weights_a_training_step_can_use():
+    model = tiny_gpt()
+    before = weights(model)
+    with torch.inference_mode():  # as the pipelines decode
+        out = model.generate(torch.tensor([[3, 4, 5]]), max_new_tokens=MIN_NEW_TOKENS)
+    assert_given_back(model, before)
+    assert not any(p.is_inference() for p in model.parameters())
+    assert torch.equal(out, model.generate(torch.tensor([[3, 4, 5]]), max_new_tokens=MIN_NEW_TOKENS, input_major=False))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ids = torch.tensor([[3, 4, 5, 6]])
+    model.train()(ids, labels=ids, return_logits=False).loss.backward()
+    optimizer.step()
+    assert all(torch.isfinite(p).all() for p in model.parameters())
