@@ -20,7 +20,12 @@ from torch import Tensor, nn
 from unitok.config import Config
 from unitok.embed.positions import positions_from_mask
 from unitok.layers.attention import build_attention_mask
-from unitok.layers.decode_layout import MIN_NEW_TOKENS, input_major_weights
+from unitok.layers.decode_layout import (
+    MAX_COPY_BYTES,
+    MIN_NEW_TOKENS,
+    copy_bytes,
+    input_major_weights,
+)
 from unitok.layers.kv_cache import KVCache, StaticKVCache
 
 Strategy = Literal["greedy", "sample", "beam"]
@@ -209,7 +214,8 @@ def _lend_input_major(layout: contextlib.ExitStack, model: Decoder, rows: int, d
     ``layout`` closes (`GenerationConfig.input_major`; True: every widening layer)."""
     if not isinstance(model, nn.Module) or cfg.input_major is False:
         return
-    if cfg.input_major is None and (device.type != "cpu" or cfg.max_new_tokens < MIN_NEW_TOKENS):
+    if cfg.input_major is None and (device.type != "cpu" or cfg.max_new_tokens < MIN_NEW_TOKENS
+                                    or copy_bytes(model, rows) > MAX_COPY_BYTES):
         return
     layout.enter_context(input_major_weights(model, None if cfg.input_major else rows))
 

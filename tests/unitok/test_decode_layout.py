@@ -10,6 +10,7 @@ from unitok.generate import GenerationConfig
 from unitok.layers.decode_layout import (
     ALL_WIDENING_ROWS,
     MIN_NEW_TOKENS,
+    copy_bytes,
     input_major_weights,
     widening_linears,
 )
@@ -145,3 +146,17 @@ def test_inference_mode_decoding_leaves_weights_a_training_step_can_use():
     model.train()(ids, labels=ids, return_logits=False).loss.backward()
     optimizer.step()
     assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_the_automatic_choice_copies_no_more_than_max_copy_bytes(monkeypatch):
+    import unitok.generate as generation
+
+    model = tiny_gpt()
+    assert copy_bytes(model) == sum(m.weight.numel() * 4 for m in widening_linears(model))  # the tied head once
+    assert copy_bytes(model, rows=ALL_WIDENING_ROWS + 1) == 0
+    monkeypatch.setattr(generation, "MAX_COPY_BYTES", copy_bytes(model) - 1)  # as if the model were larger
+    for forced, laid_out in ((None, False), (True, True)):
+        seen, handle = head_strides(model)
+        model.generate(torch.tensor([[3, 4, 5]]), max_new_tokens=MIN_NEW_TOKENS, input_major=forced)
+        handle.remove()
+        assert ((1, 40) in seen) == laid_out
