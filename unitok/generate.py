@@ -44,6 +44,9 @@ class StaticDecoder(Protocol):
 
 
 class Decoder(Protocol):
+    """A model, or a session over one (T5's over its encoded sources); a session that is not an
+    ``nn.Module`` may name the module its steps read as ``weights`` (for `GenerationConfig.input_major`)."""
+
     def new_cache(self, capacity: int) -> KVCache: ...
 
     def next_token_logits(self, new_ids: Tensor, attention_mask: Tensor | None, cache: KVCache) -> Tensor:
@@ -212,12 +215,13 @@ def _lend_input_major(layout: contextlib.ExitStack, model: Decoder, rows: int, d
                       cfg: GenerationConfig) -> None:
     """Lay out the weights that decoding steps of ``rows`` rows read faster input-major, until
     ``layout`` closes (`GenerationConfig.input_major`; True: every widening layer)."""
-    if not isinstance(model, nn.Module) or cfg.input_major is False:
+    module = model if isinstance(model, nn.Module) else getattr(model, "weights", None)
+    if not isinstance(module, nn.Module) or cfg.input_major is False:
         return
     if cfg.input_major is None and (device.type != "cpu" or cfg.max_new_tokens < MIN_NEW_TOKENS
-                                    or copy_bytes(model, rows) > MAX_COPY_BYTES):
+                                    or copy_bytes(module, rows) > MAX_COPY_BYTES):
         return
-    layout.enter_context(input_major_weights(model, None if cfg.input_major else rows))
+    layout.enter_context(input_major_weights(module, None if cfg.input_major else rows))
 
 
 def _static_step(model: StaticDecoder, new_ids: Tensor, positions: Tensor, keys: Tensor, index: Tensor,

@@ -160,3 +160,24 @@ def test_the_automatic_choice_copies_no_more_than_max_copy_bytes(monkeypatch):
         model.generate(torch.tensor([[3, 4, 5]]), max_new_tokens=MIN_NEW_TOKENS, input_major=forced)
         handle.remove()
         assert ((1, 40) in seen) == laid_out
+
+
+def test_encoder_decoder_decoding_lays_out_the_decoder_only_and_gives_the_same_tokens():
+    from unitok.models import T5, T5Config
+
+    torch.manual_seed(0)
+    model = T5(T5Config.from_name("t5-tiny", vocab_size=50, dropout=0.0, relative_buckets=8,
+                                  relative_max_distance=16)).eval()
+    before = weights(model)
+    decoder_qkv, encoder_qkv = model.decoder.blocks[0].sublayers.attn.qkv, model.encoder.blocks[0].sublayers.attn.qkv
+    seen: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
+    handle = decoder_qkv.register_forward_pre_hook(
+        lambda module, args: seen.append((module.weight.stride(), encoder_qkv.weight.stride())))
+    source = torch.randint(2, 50, (1, 7), generator=torch.Generator().manual_seed(2))
+    laid_out = model.generate(source, max_new_tokens=MIN_NEW_TOKENS)  # the encoder ran before the layout
+    handle.remove()
+    out, inp = decoder_qkv.out_features, decoder_qkv.in_features
+    assert seen[0] == ((inp, 1), (inp, 1))  # the start token: as the weights are
+    assert set(seen[1:]) == {((1, out), (inp, 1))}  # each step: the decoder's weights input-major, not the encoder's
+    assert_given_back(model, before)
+    assert torch.equal(laid_out, model.generate(source, max_new_tokens=MIN_NEW_TOKENS, input_major=False))

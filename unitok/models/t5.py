@@ -330,6 +330,8 @@ class _DecodingSession:
 
     def __init__(self, model: T5, memory: Tensor, memory_mask: Tensor | None) -> None:
         self.model, self.memory, self.memory_mask = model, memory, memory_mask
+        # what the decoding steps read (input-major decoding lays out these, not the encoder)
+        self.weights = nn.ModuleList([model.decoder, model.lm_head])
 
     def new_cache(self, capacity: int) -> KVCache:
         return self.model.decoder.new_cache(capacity)
