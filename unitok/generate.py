@@ -65,7 +65,13 @@ class GenerationConfig(Config):
     ``num_beams`` hypotheses are finished (the Hugging Face convention). ``compile`` (greedy and
     sampling, for models with a ``decode_step``) decodes over a `StaticKVCache` with the step
     compiled by `torch.compile` (True: inductor; or a backend's name): the same tokens, every
-    step one shape, no host sync but the end-of-sequence check."""
+    step one shape, no host sync but the end-of-sequence check. ``input_major`` (greedy and
+    sampling): after the prompt, decode with the widening linear layers' weights laid out
+    input-major (`unitok.layers.decode_layout`: the same tokens; steps of one or two rows read
+    those weights faster, for one copy of them while decoding); None, the default, does so on the
+    CPU for up to `ALL_WIDENING_ROWS` rows, at least `MIN_NEW_TOKENS` new tokens and a copy of at
+    most `MAX_COPY_BYTES`; True: for any batch and size (CPU float32 weights only); False: never.
+    Beam search keeps the weights as they are (its 5-row steps gained nothing)."""
 
     max_new_tokens: int = 32
     strategy: Strategy = "greedy"

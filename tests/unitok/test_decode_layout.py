@@ -1,4 +1,5 @@
-"""Input-major weights while one row decodes: the same tokens, the weights given back as they were."""
+"""Input-major weights while a row or two decode: the same logits and tokens, the weights given back
+as they were."""
 
 from __future__ import annotations
 
@@ -49,6 +50,17 @@ def test_one_row_decoding_reads_input_major_weights_after_the_prompt_and_gives_t
     assert seen[0] == (32, 1)  # the prompt: the weights as they are
     assert set(seen[1:]) == {(1, 40)}  # each one-row step: (40, 32) values stored input-major
     assert_given_back(model, before)
+
+
+def test_a_model_on_input_major_weights_computes_the_same_logits():
+    model = tiny_gpt()
+    ids = torch.randint(2, 40, (2, 9), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        expected = model(ids).logits
+        with input_major_weights(model) as count:
+            assert count == 7 and model.lm_head.weight.stride() == (1, 40)
+            laid_out = model(ids).logits
+    torch.testing.assert_close(laid_out, expected, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("strategy", ["greedy", "sample"])

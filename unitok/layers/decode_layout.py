@@ -40,10 +40,14 @@ def widening_linears(model: nn.Module, rows: int | None = None) -> list[nn.Linea
             and m.weight.dtype == torch.float32 and m.weight.is_contiguous()]
 
 
+def _weights(model: nn.Module, rows: int | None) -> dict[int, nn.Parameter]:
+    """The `widening_linears` weights by identity: a tied weight once."""
+    return {id(m.weight): m.weight for m in widening_linears(model, rows)}
+
+
 def copy_bytes(model: nn.Module, rows: int | None = None) -> int:
     """The memory `input_major_weights` (``model``, ``rows``) would copy, in bytes (a tied weight once)."""
-    params = {id(m.weight): m.weight for m in widening_linears(model, rows)}
-    return sum(p.numel() * p.element_size() for p in params.values())
+    return sum(p.numel() * p.element_size() for p in _weights(model, rows).values())
 
 
 @contextlib.contextmanager
@@ -53,7 +57,7 @@ def input_major_weights(model: nn.Module, rows: int | None = None) -> Iterator[i
     are put back as they were. Yields how many weights were laid out. A tied weight (a GPT head
     sharing the embedding) is laid out once. Inference only: the copies are made without
     gradient tracking, and the originals stay alive meanwhile (the weights' memory once more)."""
-    params = {id(m.weight): m.weight for m in widening_linears(model, rows)}
+    params = _weights(model, rows)
     originals = {key: param.data for key, param in params.items()}
     try:
         with torch.no_grad():
