@@ -54,6 +54,9 @@ def _cross_entropy(logits: Tensor, labels: Tensor) -> Tensor:
 # forward + backward: V=50,304, D=768, 4,096 rows 0.90x the unfused pair's time; D=256, 1,020 rows
 # 1.01x (0.97x unchunked, 1.06x at 2**23 values a chunk, 1.13x at 2**21).
 CHUNK_VALUES = 1 << 25
+# Values per block of a chunk's softmax passes: 2 MiB of float32, which stays in cache between
+# the passes (log-softmax, exp, scaling, the one-hot, the cast back).
+BLOCK_VALUES = 1 << 19
 
 
 def linear_cross_entropy(hidden: Tensor, weight: Tensor, labels: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -99,31 +102,60 @@ class _LinearCrossEntropy(torch.autograd.Function):
             scored = labels != IGNORE_INDEX
             count = scored.sum().to(torch.float32)  # a tensor: no host sync; 0 gives NaN, as torch's mean does
             targets = labels.clamp(min=0)[:, None]  # ignored rows read class 0, then count for nothing
-            total = hidden.new_zeros((), dtype=torch.float32)
             grad_h = torch.empty_like(hidden) if need_h else None
-            grad_w = torch.zeros_like(weight, dtype=torch.float32) if need_w else None
-            grad_b = torch.zeros_like(bias, dtype=torch.float32) if need_b else None
-            rows = max(hidden.shape[1], CHUNK_VALUES // max(weight.shape[0], 1))
+            grad_w = grad_b = None  # the first chunk's gradients, then the others' added
+            need_grad = need_h or need_w or need_b
+            # d(mean loss)/d(logits) = (softmax − one-hot) / count on scored rows, 0 elsewhere
+            row_weight = scored.to(torch.float32).div_(count.clamp(min=1))[:, None]  # (rows, 1); none scored: 0
+            picked = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)  # log p(target)
+            V = weight.shape[0]
+            rows = max(1, min(hidden.shape[0], max(hidden.shape[1], CHUNK_VALUES // max(V, 1))))
+            block = max(1, min(rows, BLOCK_VALUES // max(V, 1)))
+            # One logits buffer serves every chunk, and the softmax and its gradient are made in
+            # place a cache-sized block of rows at a time (under autocast in one small float32
+            # buffer): a fresh buffer this large is faulted in and zeroed page by page by the kernel
+            # (glibc unmaps blocks above 32 MiB when they are freed), and each pass over it would
+            # come from memory — together a third of a bf16 GPT step.
+            logits_buf = hidden.new_empty((rows, V), dtype=dtype)
+            block_buf = None if dtype == torch.float32 else hidden.new_empty((block, V), dtype=torch.float32)
             for start in range(0, hidden.shape[0], rows):
                 h = hidden[start:start + rows].to(dtype)
-                t, keep = targets[start:start + rows], scored[start:start + rows]
-                log_p = F.log_softmax(F.linear(h, w, b), dim=-1, dtype=torch.float32)  # (rows, V)
-                total = total - log_p.gather(1, t).squeeze(1).where(keep, 0.0).sum()
-                if not (need_h or need_w or need_b):
+                logits = logits_buf[:h.shape[0]]
+                if b is None:
+                    torch.mm(h, w.t(), out=logits)
+                else:
+                    torch.addmm(b, h, w.t(), out=logits)
+                for first in range(0, h.shape[0], block):
+                    part = logits[first:first + block]
+                    rows_in = slice(start + first, start + first + part.shape[0])
+                    log_p = part if block_buf is None else block_buf[:part.shape[0]].copy_(part)
+                    torch.log_softmax(log_p, dim=-1, out=log_p)  # float32
+                    t = targets[rows_in]
+                    torch.gather(log_p, 1, t, out=picked[rows_in, None])
+                    if need_grad:
+                        log_p.exp_().mul_(row_weight[rows_in]).scatter_add_(1, t, -row_weight[rows_in])
+                        if need_b:
+                            grad_b = log_p.sum(0) if grad_b is None else grad_b.add_(log_p.sum(0))
+                        if log_p is not part:
+                            part.copy_(log_p)  # the gradient in the GEMMs' dtype
+                if not need_grad:
                     continue
-                # d(mean loss)/d(logits) = (softmax − one-hot) / count on scored rows, 0 elsewhere
-                weight_row = keep.to(torch.float32).div_(count.clamp(min=1))[:, None]  # (rows, 1); none scored: 0
-                grad = log_p.exp_().mul_(weight_row).scatter_add_(1, t, -weight_row)
-                del log_p
-                g = grad.to(dtype)
+                g = logits  # now the logits' gradient
                 if need_h:
                     grad_h[start:start + rows] = g @ w
-                if need_w and dtype == torch.float32:
-                    grad_w.addmm_(g.t(), h)
-                elif need_w:  # a bf16 / fp16 product, summed in float32 across chunks
-                    grad_w += (g.t() @ h).float()
-                if need_b:
-                    grad_b += grad.sum(0)
+                if need_w:
+                    # a bf16 / fp16 product is summed in float32 across chunks
+                    if grad_w is None:
+                        grad_w = (g.t() @ h).to(torch.float32)
+                    elif dtype == torch.float32:
+                        grad_w.addmm_(g.t(), h)
+                    else:
+                        grad_w += (g.t() @ h).float()
+            total = -picked.where(scored, 0.0).sum()
+            if need_w and grad_w is None:  # no rows at all
+                grad_w = torch.zeros_like(weight, dtype=torch.float32)
+            if need_b and grad_b is None:
+                grad_b = torch.zeros_like(bias, dtype=torch.float32)
         ctx.save_for_backward(grad_h, grad_w, grad_b)
         ctx.dtypes = (weight.dtype, bias.dtype if bias is not None else None)
         return total / count

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from unitok.layers import build_attention_mask, causal_mask, reference_attention, sdpa_attention
+from unitok.layers.attention import SHORT_BF16_SCORES
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -56,21 +57,48 @@ def test_mask_length_mismatch_is_an_error():
         build_attention_mask(4, 4, True, torch.ones(1, 3))
 
 
+def _inputs(n: int, dtype: torch.dtype, mask_kind: str):
+    q, k, v = (torch.randn(2, 3, n, 8).to(dtype).requires_grad_() for _ in range(3))
+    mask = {"causal": None, "bool": causal_mask(n, n)[None, None],
+            "additive": torch.randn(1, 1, n, n)}[mask_kind]  # a float32 position bias
+    return q, k, v, mask
+
+
+def _exact(q, k, v, mask, mask_kind):
+    exact, _ = reference_attention(q.float(), k.float(), v.float(), mask, is_causal=mask_kind == "causal")
+    return exact
+
+
 @pytest.mark.parametrize("mask_kind", ["causal", "bool", "additive"])
-def test_half_precision_on_the_cpu_attends_in_fp32_and_returns_the_input_dtype(mask_kind):
-    # PyTorch's CPU bf16 attention kernel is slower than its fp32 one, so bf16 inputs are attended
-    # in fp32: the result is the fp32 attention of the same (rounded) inputs, cast back.
-    q, k, v = (torch.randn(2, 3, 6, 8).to(torch.bfloat16).requires_grad_() for _ in range(3))
-    mask = {"causal": None, "bool": causal_mask(6, 6)[None, None],
-            "additive": torch.randn(1, 1, 6, 6).to(torch.bfloat16)}[mask_kind]
+def test_short_bf16_attention_on_the_cpu_is_written_out_in_bf16(mask_kind):
+    # Up to SHORT_BF16_SCORES scores a head, bf16 attention on the CPU is computed as a bf16 kernel
+    # would: bf16 products, the softmax in fp32 with its weights rounded to bf16, an fp32 bias
+    # added in fp32 (faster than the fp32 flash kernel: forward + backward 5.0 against 8.8 ms).
+    q, k, v, mask = _inputs(6, torch.bfloat16, mask_kind)
     out = sdpa_attention(q, k, v, mask, is_causal=mask_kind == "causal")
     assert out.dtype == torch.bfloat16
-    exact, _ = reference_attention(q.float(), k.float(), v.float(),
-                                   None if mask is None else (mask if mask.dtype == torch.bool else mask.float()),
-                                   is_causal=mask_kind == "causal")
-    torch.testing.assert_close(out, exact.to(torch.bfloat16), atol=1e-2, rtol=0)
+    scores = (q @ k.transpose(-2, -1)) * (8 ** -0.5)
+    bool_mask = causal_mask(6, 6) if mask_kind == "causal" else mask
+    scores = scores + mask if mask_kind == "additive" else scores.masked_fill(~bool_mask, float("-inf"))
+    torch.testing.assert_close(out, scores.softmax(-1).to(torch.bfloat16) @ v, atol=0, rtol=0)
+    torch.testing.assert_close(out, _exact(q, k, v, mask, mask_kind).to(torch.bfloat16), atol=3e-2, rtol=0)
     out.float().sum().backward()
     assert q.grad is not None and q.grad.dtype == torch.bfloat16 and torch.isfinite(q.grad.float()).all()
+
+
+@pytest.mark.parametrize("mask_kind", ["causal", "bool", "additive"])
+@pytest.mark.parametrize("dtype, n", [(torch.bfloat16, 257), (torch.float16, 6)])
+def test_long_bf16_and_any_fp16_attention_on_the_cpu_attends_in_fp32(mask_kind, dtype, n):
+    # Beyond SHORT_BF16_SCORES (and for fp16 at any length) the fp32 flash kernel attends, since
+    # PyTorch's half-precision one is slower on the CPU: the fp32 attention of the same (rounded)
+    # inputs, cast back.
+    assert n * n > SHORT_BF16_SCORES or dtype == torch.float16
+    q, k, v, mask = _inputs(n, dtype, mask_kind)
+    out = sdpa_attention(q, k, v, mask, is_causal=mask_kind == "causal")
+    assert out.dtype == dtype
+    torch.testing.assert_close(out, _exact(q, k, v, mask, mask_kind).to(dtype), atol=1e-2, rtol=0)
+    out.float().sum().backward()
+    assert q.grad is not None and q.grad.dtype == dtype and torch.isfinite(q.grad.float()).all()
 
 
 def test_attention_under_cpu_autocast_returns_bf16_with_fp32_grads_for_fp32_leaves():

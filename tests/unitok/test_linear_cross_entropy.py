@@ -42,11 +42,14 @@ def loss_and_grads(fn, hidden, weight, bias, labels, scale: float = 1.0):
 
 
 @pytest.mark.parametrize("chunk_values", [losses.CHUNK_VALUES, 64 * 53, 1])
+@pytest.mark.parametrize("block_values", [losses.BLOCK_VALUES, 5 * 53, 1])
 @pytest.mark.parametrize("bias", [True, False])
-def test_equals_linear_then_cross_entropy(monkeypatch, chunk_values, bias):
-    """One chunk, several chunks (rows ≥ the width, 16 here) and the smallest chunks: the same
-    loss and gradients as the unfused pair, whatever scales the loss afterwards."""
+def test_equals_linear_then_cross_entropy(monkeypatch, chunk_values, block_values, bias):
+    """One chunk, several chunks (rows ≥ the width, 16 here) and the smallest chunks, their softmax
+    passes in one block, blocks of 5 rows (the last one short) or of one row: the same loss and
+    gradients as the unfused pair, whatever scales the loss afterwards."""
     monkeypatch.setattr(losses, "CHUNK_VALUES", chunk_values)
+    monkeypatch.setattr(losses, "BLOCK_VALUES", block_values)
     args = problem(bias=bias)
     ref_loss, ref_grads = loss_and_grads(reference, *args, scale=2.5)
     loss, grads = loss_and_grads(fused, *args, scale=2.5)
@@ -55,9 +58,13 @@ def test_equals_linear_then_cross_entropy(monkeypatch, chunk_values, bias):
         torch.testing.assert_close(ours, theirs, atol=1e-6, rtol=1e-5)
 
 
-def test_bf16_autocast_matches_autocast_reference():
-    """Under autocast the GEMMs run in bf16 and the softmax in float32, as autocast runs the
-    unfused pair; the gradients come back in the parameters' float32."""
+@pytest.mark.parametrize("chunk_values, block_values", [(losses.CHUNK_VALUES, losses.BLOCK_VALUES), (40 * 101, 7 * 101)])
+def test_bf16_autocast_matches_autocast_reference(monkeypatch, chunk_values, block_values):
+    """Under autocast the GEMMs run in bf16 and the softmax in float32 (a block of rows at a time
+    in a float32 buffer), as autocast runs the unfused pair; the gradients come back in the
+    parameters' float32."""
+    monkeypatch.setattr(losses, "CHUNK_VALUES", chunk_values)
+    monkeypatch.setattr(losses, "BLOCK_VALUES", block_values)
     args = problem(rows=64, width=32, classes=101)
     with torch.autocast("cpu", torch.bfloat16):
         ref_loss, ref_grads = loss_and_grads(reference, *args)
