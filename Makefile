@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run run-gpt test test-compile bench claims lint notebooks lab clean
+.PHONY: install run run-gpt test test-compile bench bench-gpu claims lint notebooks lab clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -54,6 +54,12 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/summary.py --threads 1
 	$(BIN)/python benchmarks/tokenizer_vs_hf.py --threads 1
 	$(BIN)/python benchmarks/bf16_vs_fp32.py --threads 1
+
+# On a machine with a CUDA GPU (benchmarks/gpu.sh, logs in runs/bench-gpu): GPT-124M bf16 training
+# MFU (eager and compiled) and generation against Hugging Face, the CUDA-only checks
+# (benchmarks/cuda_checks.py), a Lightning fit in bf16-mixed, every family's table on cuda.
+bench-gpu: $(STAMP)
+	PYTHON=$(BIN)/python bash benchmarks/gpu.sh
 
 # The lectures' claims over 3 seeds at a fixed small budget (benchmarks/claims.py): prints each
 # claim's arms (mean ± std) and gap, writes runs/claims/claims.md for the README.

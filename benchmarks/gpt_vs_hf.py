@@ -19,7 +19,9 @@ Training also prints model FLOP/s: 6·N + 12·L·D·T FLOPs a token (N parameter
 position table, as nanoGPT and PaLM count them: forward and backward of every weight, plus
 attention's scores and mixing), and on CUDA the model FLOPs utilisation (MFU) against the
 GPU's dense peak at ``--precision`` (``--peak-tflops`` to give it). ``--precision bf16`` trains
-both sides under ``torch.autocast(bfloat16)``, as ``--trainer.precision bf16-mixed`` does.
+both sides under ``torch.autocast(bfloat16)``, as ``--trainer.precision bf16-mixed`` does;
+``--compile`` trains both compiled (unitok's transformer stacks as ``tasks.Compile`` compiles
+them, Hugging Face's whole model); ``--fused-adamw`` steps both with PyTorch's fused AdamW.
 
 Repetitions alternate between the two libraries (unitok, HF, HF, unitok, ...) so slow drifts
 of the machine hit both alike; the table reports the median of the repetitions and the ratio
@@ -30,9 +32,9 @@ Run (``make bench`` calls the first line)::
     python benchmarks/gpt_vs_hf.py
     python benchmarks/gpt_vs_hf.py --threads 1 --repeats 5
     python benchmarks/gpt_vs_hf.py --device cuda --d-model 768 --n-layers 12 --n-heads 12
-    # GPT-2 124M, bf16, MFU (the issue's H100 target: ≥ 50 %)
+    # GPT-2 124M, bf16, MFU (the issue's H100 target: ≥ 50 %); --compile: both sides compiled
     python benchmarks/gpt_vs_hf.py --device cuda --precision bf16 --d-model 768 --n-layers 12 --n-heads 12 \
-        --vocab-size 50304 --context-length 1024 --batch-size 16 --seq-len 1024 --skip-generate
+        --vocab-size 50304 --context-length 1024 --batch-size 16 --seq-len 1024 --skip-generate --fused-adamw
 
 Needs ``transformers`` (the ``dev`` extra).
 """
@@ -87,6 +89,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--beams", type=int, default=4, help="beam-search width timed too (1: not timed)")
     p.add_argument("--peak-tflops", type=float, default=None,
                    help="the device's dense peak at --precision, for MFU (default: known GPUs by name)")
+    p.add_argument("--compile", action="store_true",
+                   help="train compiled: unitok's transformer stacks as tasks.Compile compiles them "
+                        "(compile_backbones), Hugging Face's whole model through torch.compile")
+    p.add_argument("--fused-adamw", action="store_true",
+                   help="both sides step with PyTorch's fused AdamW (unitok's tasks do; default: torch's choice)")
     p.add_argument("--compile-decode", action="store_true",
                    help="also time generate(compile=True): the static-cache step compiled by inductor "
                         "(compilation in the warm-up, not timed)")
@@ -188,6 +195,20 @@ def make_train_step(model: nn.Module, ids: Tensor, steps: int, amp: Callable[[],
     return run
 
 
+def training_copy(model: nn.Module, args: argparse.Namespace) -> nn.Module:
+    """A copy of ``model`` for one side's training runs; with ``--compile`` unitok's transformer
+    stacks are compiled as its tasks compile them, Hugging Face's model as a whole."""
+    model = copy.deepcopy(model)
+    if not args.compile:
+        return model
+    if isinstance(model, GPT):
+        from unitok.compile import compile_backbones
+
+        compile_backbones(model)
+        return model
+    return torch.compile(model)
+
+
 def bench_train(ours: nn.Module, hf: nn.Module, args: argparse.Namespace) -> dict[str, float]:
     """Training tokens/s (median over repetitions) for both models, on copies of them."""
     g = torch.Generator().manual_seed(args.seed + 1)
@@ -198,16 +219,19 @@ def bench_train(ours: nn.Module, hf: nn.Module, args: argparse.Namespace) -> dic
         loss_ours = float(lm_loss(ours(ids).logits, ids))
         loss_hf = float(lm_loss(hf(ids).logits, ids))
     amp = functools.partial(autocast, args.device, args.precision)
-    runs = {"unitok": make_train_step(copy.deepcopy(ours), ids, args.train_steps, amp),
-            "hf": make_train_step(copy.deepcopy(hf), ids, args.train_steps, amp)}
+    fused = True if args.fused_adamw else None
+    runs = {"unitok": make_train_step(training_copy(ours, args), ids, args.train_steps, amp, fused),
+            "hf": make_train_step(training_copy(hf, args), ids, args.train_steps, amp, fused)}
     times = alternate(runs, args.repeats, args.warmup, args.device, label="gpt train")
     # Each side's default training path (labels=): unitok's LM head fused with the loss.
     with torch.no_grad():
         gap = abs(float(default_loss(ours, ids)) - float(default_loss(hf, ids)))
     if gap > 1e-4:
         raise AssertionError(f"unitok's and Hugging Face's labels= losses differ by {gap:.2e}")
-    default = alternate({"unitok": make_train_step(copy.deepcopy(ours), ids, args.train_steps, amp, loss_fn=default_loss),
-                         "hf": make_train_step(copy.deepcopy(hf), ids, args.train_steps, amp, loss_fn=default_loss)},
+    default = alternate({"unitok": make_train_step(training_copy(ours, args), ids, args.train_steps, amp, fused,
+                                                   loss_fn=default_loss),
+                         "hf": make_train_step(training_copy(hf, args), ids, args.train_steps, amp, fused,
+                                               loss_fn=default_loss)},
                         args.repeats, args.warmup, args.device, label="gpt train, default paths (labels=)")
     tokens = args.batch_size * args.seq_len * args.train_steps
     return {"unitok": tokens / statistics.median(times["unitok"]),
@@ -304,7 +328,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"config: D={args.d_model} L={args.n_layers} H={args.n_heads} V={args.vocab_size} "
           f"ctx={args.context_length} ({n_params / 1e6:.2f}M params) | device={args.device} "
           f"threads={torch.get_num_threads()} torch={torch.__version__} precision={args.precision} "
-          f"hf_attn={hf_attention_backend(hf)} malloc={args.malloc} repeats={args.repeats}"
+          f"hf_attn={hf_attention_backend(hf)} malloc={args.malloc} repeats={args.repeats} "
+          f"compile={args.compile} fused_adamw={args.fused_adamw}"
           + (f" gpu={torch.cuda.get_device_name(torch.device(args.device))}" if args.device.startswith("cuda") else ""))
     result: dict[str, Any] = {"threads": torch.get_num_threads(), "device": args.device}
     rows: list[tuple[str, float, float]] = []

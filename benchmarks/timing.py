@@ -36,12 +36,18 @@ def add_malloc_option(parser: argparse.ArgumentParser) -> None:
 
 def prepare_process(args: argparse.Namespace) -> None:
     """What every side-by-side benchmark does first: ``--malloc``, ``--threads`` (torch's choice
-    when None) and a clear exit when ``--device cuda`` is asked for without CUDA."""
+    when None), a clear exit when ``--device cuda`` is asked for without CUDA, and on CUDA no
+    TF32 (plain fp32 matmuls and convolutions)."""
     apply_malloc(args.malloc)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit("--device cuda asked for, but CUDA is not available")
+    if args.device.startswith("cuda"):
+        # fp32 means fp32 on both sides: cuDNN's convolutions default to TF32 (10-bit mantissas),
+        # which moved the Conformer's outputs 1e-4 from torchaudio's on an H100 (9.5e-7 without)
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
 
 
 def apply_malloc(choice: str) -> None:

@@ -71,3 +71,25 @@ def test_every_benchmark_prepares_its_process_the_same_way(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit, match="--device cuda asked for, but CUDA is not available"):
         timing.prepare_process(argparse.Namespace(malloc="default", threads=None, device="cuda"))
+    # on CUDA, fp32 is plain fp32: no TF32 in matmuls or cuDNN's convolutions
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32  # process-wide switches
+    try:
+        torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = True
+        timing.prepare_process(argparse.Namespace(malloc="default", threads=None, device="cuda"))
+        assert not torch.backends.cudnn.allow_tf32 and not torch.backends.cuda.matmul.allow_tf32
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+def test_gpt_benchmark_trains_compiled_with_fused_adamw_on_request(capsys):
+    args = ["--d-model", "32", "--n-layers", "1", "--n-heads", "2", "--vocab-size", "128", "--batch-size", "2",
+            "--seq-len", "16", "--repeats", "1", "--warmup", "0", "--skip-generate", "--threads", "1"]
+    parsed = gpt_vs_hf.parse_args([*args, "--compile", "--fused-adamw"])
+    ours, hf = gpt_vs_hf.build_models(parsed)
+    unitok_copy, hf_copy = gpt_vs_hf.training_copy(ours, parsed), gpt_vs_hf.training_copy(hf, parsed)
+    assert getattr(unitok_copy.backbone, "_unitok_compiled", False)  # as tasks.Compile compiles it
+    assert isinstance(hf_copy, torch._dynamo.eval_frame.OptimizedModule)  # the whole HF model
+    plain = gpt_vs_hf.parse_args(args)
+    assert gpt_vs_hf.training_copy(ours, plain) is not ours  # a copy each, never compiled
+    assert not getattr(gpt_vs_hf.training_copy(ours, plain).backbone, "_unitok_compiled", False)

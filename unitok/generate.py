@@ -65,7 +65,10 @@ class GenerationConfig(Config):
     ``num_beams`` hypotheses are finished (the Hugging Face convention). ``compile`` (greedy and
     sampling, for models with a ``decode_step``) decodes over a `StaticKVCache` with the step
     compiled by `torch.compile` (True: inductor; or a backend's name): the same tokens, every
-    step one shape, no host sync but the end-of-sequence check. ``input_major`` (greedy and
+    step one shape, no host sync but the end-of-sequence check; on a CUDA device the compiled
+    step is also captured once as a CUDA graph and replayed for each token (``cuda_graph``; a
+    one-row step is hundreds of small kernels whose launches cost more than their work).
+    ``input_major`` (greedy and
     sampling): after the prompt, decode with the widening linear layers' weights laid out
     input-major (`unitok.layers.decode_layout`: the same tokens; steps of one or two rows read
     those weights faster, for one copy of them while decoding); None, the default, does so on the
@@ -85,6 +88,7 @@ class GenerationConfig(Config):
     eos_token_id: int | None = None
     pad_token_id: int | None = None
     compile: bool | str = False
+    cuda_graph: bool = True
     input_major: bool | None = None
 
     def __post_init__(self) -> None:
@@ -98,7 +102,7 @@ class GenerationConfig(Config):
         if self.input_major is not None and not isinstance(self.input_major, bool):
             raise TypeError(f"GenerationConfig.input_major must be True, False or None (automatic), got "
                             f"{self.input_major!r} ({type(self.input_major).__name__})")
-        for name in ("early_stopping", "greedy_floor"):
+        for name in ("early_stopping", "greedy_floor", "cuda_graph"):
             if not isinstance(getattr(self, name), bool):
                 value = getattr(self, name)
                 raise TypeError(f"GenerationConfig.{name} must be bool, got {value!r} ({type(value).__name__})")
@@ -274,6 +278,8 @@ def _static_generate(model: Decoder, input_ids: Tensor, mask: Tensor, cfg: Gener
     cache.length = S
     cache.index = index = torch.full((1,), S, dtype=torch.long, device=device)
     position = positions[:, -1:] + 1  # (B, 1)
+    if device.type == "cuda" and cfg.cuda_graph and cfg.max_new_tokens > 1:
+        step = _cuda_graph_step(step, model, position, keys, index, cache)
     ids = input_ids
     running = torch.ones(B, dtype=torch.bool, device=device)
     for t in range(cfg.max_new_tokens):
@@ -283,9 +289,38 @@ def _static_generate(model: Decoder, input_ids: Tensor, mask: Tensor, cfg: Gener
             break
         logits = step(model, token[:, None], position, keys, index, cache)
         cache.length += 1
-        index += 1  # in place: the cache reads the same tensor
+        index += 1  # in place: the cache (and a captured graph) reads the same tensor
         position = position + 1
     return ids
+
+
+def _cuda_graph_step(step: Callable[..., Tensor], model: StaticDecoder, position: Tensor, keys: Tensor,
+                     index: Tensor, cache: StaticKVCache) -> Callable[..., Tensor]:
+    """``step`` captured once as a CUDA graph over this decoding's buffers: each call copies the
+    (B, 1) token and position into the graph's inputs and replays every kernel in one launch.
+    ``keys``, ``index`` and the cache are read where they lie (the loop advances ``index`` in
+    place); the logits come back in the graph's one output buffer, overwritten by the next call."""
+    token_in = torch.zeros_like(position)
+    position_in = position.clone()
+    # Warm-up outside the graph (compiled kernels, cuBLAS workspaces, the allocator's pools); it
+    # writes keys and values at ``index``, which the first real step overwrites before reading.
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            step(model, token_in, position_in, keys, index, cache)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        logits_out = step(model, token_in, position_in, keys, index, cache)
+
+    def replay(_model: StaticDecoder, token: Tensor, position: Tensor, *_: object) -> Tensor:
+        token_in.copy_(token)
+        position_in.copy_(position)
+        graph.replay()
+        return logits_out
+
+    return replay
 
 
 def _beam_search(model: Decoder, input_ids: Tensor, mask: Tensor, cfg: GenerationConfig) -> Tensor:

@@ -96,6 +96,8 @@ def test_bad_compiled_decoding_requests_are_refused_early():
         GenerationConfig(compile="")
     with pytest.raises(TypeError, match="compile must be bool \\| str, got 1"):
         GenerationConfig.from_dict({"compile": 1})
+    with pytest.raises(TypeError, match="cuda_graph must be bool, got 'yes'"):
+        GenerationConfig(compile=True, cuda_graph="yes")
     t5 = T5(T5Config.from_name("t5-tiny", vocab_size=64)).eval()
     with pytest.raises(ValueError, match="needs a model with a decode_step and a new_static_cache"):
         t5.generate(ids, max_new_tokens=3, compile=BACKEND)
