@@ -6,7 +6,8 @@ random weights and converted with ``unitok.convert.from_transformers``):
 1. Training: tokens/s of forward + next-token cross-entropy + backward + AdamW step on a
    (batch × seq_len) batch of random ids. Both models compute the loss the same way, outside
    the model, from their logits; then again on each library's default path, ``labels=``
-   (unitok with ``return_logits=False``: its LM head fused with the loss, as its tasks train).
+   (unitok with ``return_logits=False``: its LM head fused with the loss, as its tasks train)
+   with fused AdamW (the default of unitok's tasks and of Hugging Face's Trainer on torch >= 2.8).
 2. Generation: new tokens/s of greedy decoding with a KV cache, batch 1, ``--new-tokens``
    tokens after a ``--prompt-len`` random prompt. EOS stopping is off on both sides, so both
    generate exactly the same number of tokens; the two outputs are checked to be equal.
@@ -21,7 +22,7 @@ attention's scores and mixing), and on CUDA the model FLOPs utilisation (MFU) ag
 GPU's dense peak at ``--precision`` (``--peak-tflops`` to give it). ``--precision bf16`` trains
 both sides under ``torch.autocast(bfloat16)``, as ``--trainer.precision bf16-mixed`` does;
 ``--compile`` trains both compiled (unitok's transformer stacks as ``tasks.Compile`` compiles
-them, Hugging Face's whole model); ``--fused-adamw`` steps both with PyTorch's fused AdamW.
+them, Hugging Face's whole model); ``--fused-adamw`` steps the same-loss rows with fused AdamW too.
 
 Repetitions alternate between the two libraries (unitok, HF, HF, unitok, ...) so slow drifts
 of the machine hit both alike; the table reports the median of the repetitions and the ratio
@@ -93,7 +94,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="train compiled: unitok's transformer stacks as tasks.Compile compiles them "
                         "(compile_backbones), Hugging Face's whole model through torch.compile")
     p.add_argument("--fused-adamw", action="store_true",
-                   help="both sides step with PyTorch's fused AdamW (unitok's tasks do; default: torch's choice)")
+                   help="the same-loss rows step PyTorch's fused AdamW on both sides too (the labels= rows, "
+                        "each library's default path, always do)")
     p.add_argument("--compile-decode", action="store_true",
                    help="also time generate(compile=True): the static-cache step compiled by inductor "
                         "(compilation in the warm-up, not timed)")
@@ -228,9 +230,11 @@ def bench_train(ours: nn.Module, hf: nn.Module, args: argparse.Namespace) -> dic
         gap = abs(float(default_loss(ours, ids)) - float(default_loss(hf, ids)))
     if gap > 1e-4:
         raise AssertionError(f"unitok's and Hugging Face's labels= losses differ by {gap:.2e}")
-    default = alternate({"unitok": make_train_step(training_copy(ours, args), ids, args.train_steps, amp, fused,
+    # ... stepping fused AdamW: unitok's tasks do, and so does Hugging Face's Trainer by default
+    # (``optim="adamw_torch_fused"`` on torch >= 2.8).
+    default = alternate({"unitok": make_train_step(training_copy(ours, args), ids, args.train_steps, amp, True,
                                                    loss_fn=default_loss),
-                         "hf": make_train_step(training_copy(hf, args), ids, args.train_steps, amp, fused,
+                         "hf": make_train_step(training_copy(hf, args), ids, args.train_steps, amp, True,
                                                loss_fn=default_loss)},
                         args.repeats, args.warmup, args.device, label="gpt train, default paths (labels=)")
     tokens = args.batch_size * args.seq_len * args.train_steps

@@ -6,7 +6,8 @@ converted with ``unitok.convert.from_transformers``; logits are checked equal fi
 1. Training: target tokens/s of encoder + decoder forward, cross-entropy, backward and an
    AdamW step on a batch of random sources and targets: both sides computing the loss alike
    from their logits, then each on its default path, ``labels=`` (unitok with
-   ``return_logits=False``: its LM head fused with the loss, as its tasks train).
+   ``return_logits=False``: its LM head fused with the loss, as its tasks train) stepping fused
+   AdamW (unitok's tasks and Hugging Face's Trainer, on torch >= 2.8, both default to it).
 2. Beam search: new tokens/s of ``generate(num_beams=W, max_new_tokens=M)`` with EOS
    disabled (every row runs the full M steps on both sides), outputs checked identical; also
    unitok without its greedy floor (``greedy_floor=False``: W rows a source, Hugging Face's work).
@@ -82,10 +83,12 @@ def build_models(args: argparse.Namespace) -> tuple[nn.Module, nn.Module]:
 
 
 def make_train_step(model: nn.Module, loss_fn: Callable[[nn.Module], Tensor], steps: int,
-                    amp: Callable[[], AbstractContextManager] = nullcontext) -> Callable[[], float]:
-    """A closure running ``steps`` AdamW steps on a copy of ``model`` with ``loss_fn(model)``."""
+                    amp: Callable[[], AbstractContextManager] = nullcontext,
+                    fused: bool | None = None) -> Callable[[], float]:
+    """A closure running ``steps`` AdamW steps on a copy of ``model`` with ``loss_fn(model)``
+    (``fused``: PyTorch's fused AdamW kernel)."""
     model = copy.deepcopy(model).train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused)
 
     def run() -> float:
         loss = torch.zeros(())
@@ -132,8 +135,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     tokens = args.batch_size * args.target_len * args.train_steps
     train = {k: tokens / statistics.median(v) for k, v in times.items()}
 
-    # Each library's default training path, labels=: unitok's LM head fused with the loss
-    # (return_logits=False, as Seq2SeqTask trains), Hugging Face's logits then its loss.
+    # Each library's default training path: labels= (unitok's LM head fused with the loss,
+    # return_logits=False, as Seq2SeqTask trains; Hugging Face's logits then its loss) and fused
+    # AdamW (unitok's tasks step it; so does Hugging Face's Trainer by default on torch >= 2.8).
     def ours_default(m: nn.Module) -> Tensor:
         return m(src, labels=labels, return_logits=False).loss
 
@@ -144,8 +148,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         gap = abs(float(ours_default(ours)) - float(theirs_default(theirs)))
     if gap > 1e-4:
         raise AssertionError(f"unitok's and Hugging Face's labels= losses differ by {gap:.2e}")
-    times = alternate({"unitok": make_train_step(ours, ours_default, args.train_steps, amp),
-                       "hf": make_train_step(theirs, theirs_default, args.train_steps, amp)},
+    times = alternate({"unitok": make_train_step(ours, ours_default, args.train_steps, amp, fused=True),
+                       "hf": make_train_step(theirs, theirs_default, args.train_steps, amp, fused=True)},
                       args.repeats, args.warmup, args.device, label="t5 train, default paths (labels=)")
     train_default = {k: tokens / statistics.median(v) for k, v in times.items()}
 
