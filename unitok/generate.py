@@ -222,13 +222,14 @@ def _decode(model: Decoder, input_ids: Tensor, mask: Tensor, cfg: GenerationConf
 
 
 def _lend_input_major(layout: contextlib.ExitStack, model: Decoder, rows: int, device: torch.device,
-                      cfg: GenerationConfig) -> None:
+                      cfg: GenerationConfig, min_new_tokens: int = MIN_NEW_TOKENS) -> None:
     """Lay out the weights that decoding steps of ``rows`` rows read faster input-major, until
-    ``layout`` closes (`GenerationConfig.input_major`; True: every widening layer)."""
+    ``layout`` closes (`GenerationConfig.input_major`; True: every widening layer), when at least
+    ``min_new_tokens`` are asked for."""
     module = model if isinstance(model, nn.Module) else getattr(model, "weights", None)
     if not isinstance(module, nn.Module) or cfg.input_major is False:
         return
-    if cfg.input_major is None and (device.type != "cpu" or cfg.max_new_tokens < MIN_NEW_TOKENS
+    if cfg.input_major is None and (device.type != "cpu" or cfg.max_new_tokens < min_new_tokens
                                     or copy_bytes(module, rows) > MAX_COPY_BYTES):
         return
     layout.enter_context(input_major_weights(module, None if cfg.input_major else rows))
@@ -278,19 +279,25 @@ def _static_generate(model: Decoder, input_ids: Tensor, mask: Tensor, cfg: Gener
     cache.length = S
     cache.index = index = torch.full((1,), S, dtype=torch.long, device=device)
     position = positions[:, -1:] + 1  # (B, 1)
-    if device.type == "cuda" and cfg.cuda_graph and cfg.max_new_tokens > 1:
-        step = _cuda_graph_step(step, model, position, keys, index, cache)
     ids = input_ids
     running = torch.ones(B, dtype=torch.bool, device=device)
-    for t in range(cfg.max_new_tokens):
-        token, running = _next_tokens(logits, running, cfg, generator)
-        ids = torch.cat([ids, token[:, None]], dim=1)
-        if t + 1 == cfg.max_new_tokens or (cfg.eos_token_id is not None and not bool(running.any())):
-            break
-        logits = step(model, token[:, None], position, keys, index, cache)
-        cache.length += 1
-        index += 1  # in place: the cache (and a captured graph) reads the same tensor
-        position = position + 1
+    with contextlib.ExitStack() as layout:
+        # The prompt ran as the weights are; the steps read them input-major where that is faster
+        # (GPT D=256 on the CPU: 2.05-2.10x Hugging Face's eager decoding, against 1.26-1.30x
+        # compiled on the weights as stored). Whatever the number of new tokens: the compiled step
+        # is traced for the weights' strides, so one layout keeps one graph for every length.
+        _lend_input_major(layout, model, B, device, cfg, min_new_tokens=1)
+        if device.type == "cuda" and cfg.cuda_graph and cfg.max_new_tokens > 1:
+            step = _cuda_graph_step(step, model, position, keys, index, cache)
+        for t in range(cfg.max_new_tokens):
+            token, running = _next_tokens(logits, running, cfg, generator)
+            ids = torch.cat([ids, token[:, None]], dim=1)
+            if t + 1 == cfg.max_new_tokens or (cfg.eos_token_id is not None and not bool(running.any())):
+                break
+            logits = step(model, token[:, None], position, keys, index, cache)
+            cache.length += 1
+            index += 1  # in place: the cache (and a captured graph) reads the same tensor
+            position = position + 1
     return ids
 
 

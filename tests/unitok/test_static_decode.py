@@ -5,6 +5,7 @@ The ordinary suite traces with ``aot_eager`` (Dynamo + AOTAutograd, no C++ warm-
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import pytest
@@ -67,6 +68,31 @@ def test_compiled_decoding_stops_at_eos_and_samples_as_eager_with_one_seed():
     draws = [gpt.generate(ids, max_new_tokens=10, strategy="sample", top_k=20, generator=torch.Generator().manual_seed(4),
                           compile=backend) for backend in (False, BACKEND)]
     assert torch.equal(draws[0], draws[1])
+
+
+def test_compiled_decoding_steps_on_input_major_weights_and_gives_them_back(monkeypatch):
+    import unitok.generate as generate
+
+    lent = []  # how many weights each decoding laid out
+    real = generate.input_major_weights
+
+    @contextlib.contextmanager
+    def spy(model, rows):
+        with real(model, rows) as count:
+            lent.append(count)
+            yield count
+
+    monkeypatch.setattr(generate, "input_major_weights", spy)
+    gpt = tiny_gpt()
+    before = {name: (p.data_ptr(), p.stride()) for name, p in gpt.named_parameters()}
+    ids = torch.randint(0, 64, (1, 6), generator=torch.Generator().manual_seed(6))
+    eager = gpt.generate(ids, max_new_tokens=8, input_major=False)
+    compiled = gpt.generate(ids, max_new_tokens=8, compile=BACKEND)  # one row: laid out, even for 8 tokens
+    assert lent == [7] and torch.equal(compiled, eager)  # per layer qkv, out, MLP in; the tied head
+    assert {name: (p.data_ptr(), p.stride()) for name, p in gpt.named_parameters()} == before  # given back
+    gpt.generate(ids, max_new_tokens=8, compile=BACKEND, input_major=False)
+    gpt.generate(ids.repeat(3, 1), max_new_tokens=8, compile=BACKEND)  # three rows: as they are
+    assert lent == [7, 0]  # input_major=False: not asked; three rows: nothing gains
 
 
 def test_the_compiled_step_is_traced_once_for_every_new_token_and_prompt_length():
