@@ -286,7 +286,8 @@ def _static_generate(model: Decoder, input_ids: Tensor, mask: Tensor, cfg: Gener
         # (GPT D=256 on the CPU: 2.05-2.10x Hugging Face's eager decoding, against 1.26-1.30x
         # compiled on the weights as stored). Whatever the number of new tokens: the compiled step
         # is traced for the weights' strides, so one layout keeps one graph for every length.
-        _lend_input_major(layout, model, B, device, cfg, min_new_tokens=1)
+        if cfg.max_new_tokens > 1:  # one new token comes from the prompt's logits: no step runs
+            _lend_input_major(layout, model, B, device, cfg, min_new_tokens=1)
         if device.type == "cuda" and cfg.cuda_graph and cfg.max_new_tokens > 1:
             step = _cuda_graph_step(step, model, position, keys, index, cache)
         for t in range(cfg.max_new_tokens):
