@@ -321,6 +321,27 @@ def test_records_follow_the_predict_set_under_ddp(tmp_path):
     assert not list(tmp_path.rglob("*.tmp"))
 
 
+
+def test_a_gloo_group_is_destroyed_when_its_process_exits(tmp_path, monkeypatch):
+    import torch.distributed as dist
+
+    from tasks import predictions
+
+    hooks = []
+    monkeypatch.setattr(predictions.atexit, "register", hooks.append)
+    monkeypatch.setattr(predictions, "_gloo_exit_hook_registered", False)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        predictions._destroy_gloo_group_at_exit()
+        predictions._destroy_gloo_group_at_exit()  # once a process
+        assert len(hooks) == 1
+        hooks[0]()  # what the interpreter runs at exit
+        assert not dist.is_initialized()
+        hooks[0]()  # nothing left to destroy: no error
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
 def test_a_predict_step_that_returns_no_records_is_a_clear_error(tmp_path):
     class Plain(L.LightningModule):
         def __init__(self) -> None:
