@@ -178,7 +178,6 @@ def _ordered(record: Record) -> Record:
     return {**first, **{k: v for k, v in record.items() if k not in first}}
 
 
-
 _gloo_exit_hook_registered = False
 
 
@@ -197,6 +196,7 @@ def _destroy_gloo_group_at_exit() -> None:
 def _destroy_process_group() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
+
 
 class PredictionWriter(BasePredictionWriter):
     """Writes every ``predict_step`` record as one JSON line (see this module's docstring for

@@ -82,14 +82,31 @@ def test_every_benchmark_prepares_its_process_the_same_way(monkeypatch):
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
 
 
-def test_gpt_benchmark_trains_compiled_with_fused_adamw_on_request(capsys):
+def test_gpt_benchmark_compiles_each_side_as_its_library_does_on_request():
     args = ["--d-model", "32", "--n-layers", "1", "--n-heads", "2", "--vocab-size", "128", "--batch-size", "2",
-            "--seq-len", "16", "--repeats", "1", "--warmup", "0", "--skip-generate", "--threads", "1"]
-    parsed = gpt_vs_hf.parse_args([*args, "--compile", "--fused-adamw"])
-    ours, hf = gpt_vs_hf.build_models(parsed)
-    unitok_copy, hf_copy = gpt_vs_hf.training_copy(ours, parsed), gpt_vs_hf.training_copy(hf, parsed)
-    assert getattr(unitok_copy.backbone, "_unitok_compiled", False)  # as tasks.Compile compiles it
-    assert isinstance(hf_copy, torch._dynamo.eval_frame.OptimizedModule)  # the whole HF model
-    plain = gpt_vs_hf.parse_args(args)
-    assert gpt_vs_hf.training_copy(ours, plain) is not ours  # a copy each, never compiled
-    assert not getattr(gpt_vs_hf.training_copy(ours, plain).backbone, "_unitok_compiled", False)
+            "--seq-len", "16"]
+    ours, hf = gpt_vs_hf.build_models(gpt_vs_hf.parse_args(args))
+    compiled = gpt_vs_hf.parse_args([*args, "--compile"])
+    assert getattr(gpt_vs_hf.training_copy(ours, compiled).backbone, "_unitok_compiled", False)  # as tasks.Compile
+    assert isinstance(gpt_vs_hf.training_copy(hf, compiled), torch._dynamo.eval_frame.OptimizedModule)  # whole
+    plain = gpt_vs_hf.training_copy(ours, gpt_vs_hf.parse_args(args))
+    assert plain is not ours and not getattr(plain.backbone, "_unitok_compiled", False)  # a copy, not compiled
+
+
+@pytest.mark.parametrize("flag, same_loss_fused", [([], None), (["--fused-adamw"], True)])
+def test_gpt_benchmark_default_paths_step_fused_adamw_on_both_sides(monkeypatch, flag, same_loss_fused):
+    made = []
+    real = gpt_vs_hf.make_train_step
+
+    def spy(model, ids, steps, amp, fused=None, loss_fn=gpt_vs_hf.same_loss):
+        made.append((loss_fn, fused))
+        return real(model, ids, steps, amp, fused, loss_fn=loss_fn)
+
+    monkeypatch.setattr(gpt_vs_hf, "make_train_step", spy)
+    args = gpt_vs_hf.parse_args(["--d-model", "32", "--n-layers", "1", "--n-heads", "2", "--vocab-size", "128",
+                                 "--batch-size", "2", "--seq-len", "16", "--repeats", "1", "--warmup", "0", *flag])
+    ours, hf = gpt_vs_hf.build_models(args)
+    gpt_vs_hf.bench_train(ours, hf, args)
+    # unitok and HF each: the same-loss step (fused only with --fused-adamw), then each library's
+    # default path, labels= with fused AdamW (unitok's tasks' and HF Trainer's default optimiser)
+    assert made == [(gpt_vs_hf.same_loss, same_loss_fused)] * 2 + [(gpt_vs_hf.default_loss, True)] * 2
