@@ -21,10 +21,14 @@ from unitok.config import Config
 from unitok.embed.positions import positions_from_mask
 from unitok.layers.attention import build_attention_mask
 from unitok.layers.decode_layout import (
+    FEW_ROWS,
     MAX_COPY_BYTES,
+    MIN_COLD_BYTES,
     MIN_NEW_TOKENS,
     copy_bytes,
     input_major_weights,
+    output_major_products,
+    weight_bytes,
 )
 from unitok.layers.kv_cache import KVCache, StaticKVCache
 
@@ -74,7 +78,10 @@ class GenerationConfig(Config):
     those weights faster, for one copy of them while decoding); None, the default, does so on the
     CPU for up to `ALL_WIDENING_ROWS` rows, at least `MIN_NEW_TOKENS` new tokens and a copy of at
     most `MAX_COPY_BYTES`; True: for any batch and size (CPU float32 weights only); False: never.
-    Beam search keeps the weights as they are (its 5-row steps gained nothing)."""
+    Beam search keeps the weights as they are (its 5-row steps gained nothing); steps of
+    `FEW_ROWS` rows (a beam search's W + 1, a small batch) compute their widening products
+    output-major instead where the decoding weights outgrow the cache (`MIN_COLD_BYTES`;
+    `unitok.layers.decode_layout.output_major_products`: the same tokens)."""
 
     max_new_tokens: int = 32
     strategy: Strategy = "greedy"
@@ -207,6 +214,7 @@ def _decode(model: Decoder, input_ids: Tensor, mask: Tensor, cfg: GenerationConf
     new = input_ids
     running = torch.ones(B, dtype=torch.bool, device=ids.device)
     with contextlib.ExitStack() as layout:
+        _lend_output_major(layout, model, B, ids.device)
         for step in range(cfg.max_new_tokens):
             logits = model.next_token_logits(new, step_mask, cache)
             token, running = _next_tokens(logits, running, cfg, generator)
@@ -233,6 +241,15 @@ def _lend_input_major(layout: contextlib.ExitStack, model: Decoder, rows: int, d
                                     or copy_bytes(module, rows) > MAX_COPY_BYTES):
         return
     layout.enter_context(input_major_weights(module, None if cfg.input_major else rows))
+
+
+def _lend_output_major(layout: contextlib.ExitStack, model: Decoder, rows: int, device: torch.device) -> None:
+    """Compute the widening products of ``rows``-row steps output-major until ``layout`` closes,
+    where that is faster: `FEW_ROWS` rows on the CPU, decoding weights of at least `MIN_COLD_BYTES`."""
+    module = model if isinstance(model, nn.Module) else getattr(model, "weights", None)
+    if (isinstance(module, nn.Module) and device.type == "cpu" and FEW_ROWS[0] <= rows <= FEW_ROWS[1]
+            and weight_bytes(module) >= MIN_COLD_BYTES):
+        layout.enter_context(output_major_products())
 
 
 def _static_step(model: StaticDecoder, new_ids: Tensor, positions: Tensor, keys: Tensor, index: Tensor,
@@ -382,79 +399,81 @@ def _beam_search(model: Decoder, input_ids: Tensor, mask: Tensor, cfg: Generatio
     batch_base = (torch.arange(B, device=device) * R)[:, None]
     top_w = torch.arange(keep, device=device)[None, :] < W
     searching = True
-    for cur in range(S, max_len):
-        logits = model.next_token_logits(new, flat_mask, cache).float()  # (B·R, V)
-        V = logits.shape[-1]
-        all_logp = logits.log_softmax(dim=-1).view(B, R, V)
-        length = cur + 1 - S
-        if track:  # the greedy row: its argmax, until EOS
-            token = all_logp[:, W].argmax(dim=-1)
-            step_logp = all_logp[:, W].gather(1, token[:, None])[:, 0]
-            greedy_logp = greedy_logp + torch.where(greedy_running, step_logp, torch.zeros_like(step_logp))
-            greedy_len = greedy_len + greedy_running.long()
-            token = torch.where(greedy_running, token, torch.full_like(token, pad))
-            greedy_seqs[:, cur] = token
-            if eos is not None:
-                greedy_running = greedy_running & (token != eos)
-        if searching:
-            logp = all_logp[:, :W] + scores[:, :, None]
-            cand_scores, cand_index = logp.reshape(B, W * V).topk(keep, dim=-1)  # (B, 2W)
-            cand_beam, cand_token = cand_index // V, cand_index % V
-            cand_seqs = seqs.gather(1, cand_beam[:, :, None].expand(-1, -1, max_len)).clone()
-            cand_seqs[:, :, cur] = cand_token
-            finished = torch.zeros_like(cand_token, dtype=torch.bool) if eos is None else cand_token == eos
+    with contextlib.ExitStack() as layout:
+        _lend_output_major(layout, model, B * R, device)
+        for cur in range(S, max_len):
+            logits = model.next_token_logits(new, flat_mask, cache).float()  # (B·R, V)
+            V = logits.shape[-1]
+            all_logp = logits.log_softmax(dim=-1).view(B, R, V)
+            length = cur + 1 - S
+            if track:  # the greedy row: its argmax, until EOS
+                token = all_logp[:, W].argmax(dim=-1)
+                step_logp = all_logp[:, W].gather(1, token[:, None])[:, 0]
+                greedy_logp = greedy_logp + torch.where(greedy_running, step_logp, torch.zeros_like(step_logp))
+                greedy_len = greedy_len + greedy_running.long()
+                token = torch.where(greedy_running, token, torch.full_like(token, pad))
+                greedy_seqs[:, cur] = token
+                if eos is not None:
+                    greedy_running = greedy_running & (token != eos)
+            if searching:
+                logp = all_logp[:, :W] + scores[:, :, None]
+                cand_scores, cand_index = logp.reshape(B, W * V).topk(keep, dim=-1)  # (B, 2W)
+                cand_beam, cand_token = cand_index // V, cand_index % V
+                cand_seqs = seqs.gather(1, cand_beam[:, :, None].expand(-1, -1, max_len)).clone()
+                cand_seqs[:, :, cur] = cand_token
+                finished = torch.zeros_like(cand_token, dtype=torch.bool) if eos is None else cand_token == eos
+                if cur + 1 >= max_len:
+                    finished = torch.ones_like(finished)
+
+                # Running beams for the next step: the best W candidates that did not finish.
+                running_scores = cand_scores + finished.float() * neg
+                next_scores, pick = running_scores.topk(W, dim=-1)
+                seqs = cand_seqs.gather(1, pick[:, :, None].expand(-1, -1, max_len))
+                beam_origin = cand_beam.gather(1, pick)
+
+                # Finished pool: offer the newly finished among the top W candidates.
+                offered = cand_scores / (length**penalty)
+                pool_full = done_flag.all(dim=1, keepdim=True) & cfg.early_stopping
+                offered = offered + (pool_full | ~open_).float() * neg
+                newly = finished & top_w
+                offered = offered + (~newly).float() * neg
+                merged_scores = torch.cat([done_scores, offered], dim=1)
+                merged_seqs = torch.cat([done_seqs, cand_seqs], dim=1)
+                merged_lens = torch.cat([done_lens, torch.full_like(cand_token, cur + 1)], dim=1)
+                merged_flag = torch.cat([done_flag, newly], dim=1)
+                best = merged_scores.topk(W, dim=-1).indices
+                done_scores = merged_scores.gather(1, best)
+                done_seqs = merged_seqs.gather(1, best[:, :, None].expand(-1, -1, max_len))
+                done_lens = merged_lens.gather(1, best)
+                done_flag = merged_flag.gather(1, best)
+                scores = next_scores
+
+                # Could the best running beam still beat the worst finished hypothesis?
+                best_running = scores[:, :1] / (max(length, 1) ** penalty)
+                worst_done = torch.where(done_flag, done_scores.min(dim=1, keepdim=True).values,
+                                         torch.full_like(done_scores, neg))
+                open_ = open_ & (best_running > worst_done).any(dim=-1, keepdim=True)
+                all_hit = bool(finished.all())
+                searching = not (not bool(open_.any()) or (cfg.early_stopping and bool(done_flag.all())) or all_hit)
             if cur + 1 >= max_len:
-                finished = torch.ones_like(finished)
-
-            # Running beams for the next step: the best W candidates that did not finish.
-            running_scores = cand_scores + finished.float() * neg
-            next_scores, pick = running_scores.topk(W, dim=-1)
-            seqs = cand_seqs.gather(1, pick[:, :, None].expand(-1, -1, max_len))
-            beam_origin = cand_beam.gather(1, pick)
-
-            # Finished pool: offer the newly finished among the top W candidates.
-            offered = cand_scores / (length**penalty)
-            pool_full = done_flag.all(dim=1, keepdim=True) & cfg.early_stopping
-            offered = offered + (pool_full | ~open_).float() * neg
-            newly = finished & top_w
-            offered = offered + (~newly).float() * neg
-            merged_scores = torch.cat([done_scores, offered], dim=1)
-            merged_seqs = torch.cat([done_seqs, cand_seqs], dim=1)
-            merged_lens = torch.cat([done_lens, torch.full_like(cand_token, cur + 1)], dim=1)
-            merged_flag = torch.cat([done_flag, newly], dim=1)
-            best = merged_scores.topk(W, dim=-1).indices
-            done_scores = merged_scores.gather(1, best)
-            done_seqs = merged_seqs.gather(1, best[:, :, None].expand(-1, -1, max_len))
-            done_lens = merged_lens.gather(1, best)
-            done_flag = merged_flag.gather(1, best)
-            scores = next_scores
-
-            # Could the best running beam still beat the worst finished hypothesis?
-            best_running = scores[:, :1] / (max(length, 1) ** penalty)
-            worst_done = torch.where(done_flag, done_scores.min(dim=1, keepdim=True).values,
-                                     torch.full_like(done_scores, neg))
-            open_ = open_ & (best_running > worst_done).any(dim=-1, keepdim=True)
-            all_hit = bool(finished.all())
-            searching = not (not bool(open_.any()) or (cfg.early_stopping and bool(done_flag.all())) or all_hit)
-        if cur + 1 >= max_len:
-            break
-        if not searching:
-            # The search is over; the greedy row goes on only while its answer could still beat the
-            # best found: log-probabilities only fall, so the best it can reach is its log-probability
-            # so far over the largest (penalty > 0) or current (penalty ≤ 0) length.
-            longest = torch.full_like(greedy_len, cfg.max_new_tokens) if penalty > 0 else greedy_len.clamp(min=1)
-            reach = greedy_logp / longest.float() ** penalty
-            if not track or not bool((greedy_running & (reach > done_scores[:, 0])).any()):
                 break
-            beam_origin = torch.arange(W, device=device).expand(B, W)  # frozen beams: rows stay
-        rows = beam_origin + batch_base
-        next_ids = seqs[:, :, cur]
-        if track:
-            rows = torch.cat([rows, batch_base + W], dim=1)
-            next_ids = torch.cat([next_ids, greedy_seqs[:, cur, None]], dim=1)
-        cache.reorder(rows.reshape(-1), cross=False)  # beams of one input share its encoder states
-        new = next_ids.reshape(B * R, 1)
-        flat_mask = None if full_mask is None else full_mask[:, : cur + 1]
+            if not searching:
+                # The search is over; the greedy row goes on only while its answer could still beat the
+                # best found: log-probabilities only fall, so the best it can reach is its log-probability
+                # so far over the largest (penalty > 0) or current (penalty ≤ 0) length.
+                longest = torch.full_like(greedy_len, cfg.max_new_tokens) if penalty > 0 else greedy_len.clamp(min=1)
+                reach = greedy_logp / longest.float() ** penalty
+                if not track or not bool((greedy_running & (reach > done_scores[:, 0])).any()):
+                    break
+                beam_origin = torch.arange(W, device=device).expand(B, W)  # frozen beams: rows stay
+            rows = beam_origin + batch_base
+            next_ids = seqs[:, :, cur]
+            if track:
+                rows = torch.cat([rows, batch_base + W], dim=1)
+                next_ids = torch.cat([next_ids, greedy_seqs[:, cur, None]], dim=1)
+            cache.reorder(rows.reshape(-1), cross=False)  # beams of one input share its encoder states
+            new = next_ids.reshape(B * R, 1)
+            flat_mask = None if full_mask is None else full_mask[:, : cur + 1]
     best, best_len = done_seqs[:, 0], done_lens[:, 0]
     if track:
         # An answer cut by the length limit is finished too, as in the beams' pool.

@@ -21,6 +21,7 @@ from unitok.generate import GenerationConfig, generate
 from unitok.heads import ClassificationHead, pool_tokens
 from unitok.layers.activations import Activation
 from unitok.layers.attention import Kernel
+from unitok.layers.decode_layout import head_logits
 from unitok.layers.kv_cache import KVCache, StaticKVCache
 from unitok.losses import causal_lm_loss, linear_cross_entropy
 from unitok.models.base import PretrainedModel
@@ -251,7 +252,7 @@ class GPT(PretrainedModel):
         # Ids after the prompt come from the model's own argmax/sampling: no range check needed.
         hidden = self._run_backbone(new_ids, attention_mask, None, cache, True,
                                     check_ids=cache.seq_len == 0).last_hidden_state
-        return self.lm_head(hidden[:, -1])
+        return head_logits(hidden[:, -1], self.lm_head)
 
     def new_static_cache(self, capacity: int) -> StaticKVCache:
         """A fixed-capacity cache for `decode_step` holding at least ``capacity`` positions (prompt +

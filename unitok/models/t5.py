@@ -25,6 +25,7 @@ from unitok.embed.frames import ConvSubsampling
 from unitok.generate import GenerationConfig, generate
 from unitok.layers.activations import Activation
 from unitok.layers.attention import CrossAttention, Kernel, SelfAttention
+from unitok.layers.decode_layout import head_logits
 from unitok.layers.kv_cache import KVCache
 from unitok.losses import cross_entropy, linear_cross_entropy
 from unitok.models.base import PretrainedModel
@@ -348,5 +349,5 @@ class _DecodingSession:
             self.memory = self.memory.repeat_interleave(W, dim=0)
             if self.memory_mask is not None:
                 self.memory_mask = self.memory_mask.repeat_interleave(W, dim=0)
-        logits, _ = self.model.decode(new_ids, self.memory, self.memory_mask, attention_mask, cache)
-        return logits[:, -1]
+        h, _ = self.model._head_input(new_ids, self.memory, self.memory_mask, attention_mask, cache, False, "sdpa")
+        return head_logits(h[:, -1], self.model.lm_head)  # the last position's only

@@ -1,0 +1,156 @@
+"""Output-major products for decoding steps of a few rows: (weight @ xᵀ)ᵀ instead of ``F.linear``
+where the decoding weights outgrow the cache — the same logits within rounding, the same tokens."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import unitok.generate as generation
+import unitok.layers.decode_layout as decode_layout
+import unitok.layers.fused_linear as fused_linear
+from unitok.layers.decode_layout import (
+    FEW_ROWS,
+    MIN_COLD_BYTES,
+    ROWS_BY_INPUTS,
+    head_logits,
+    input_major_weights,
+    most_rows,
+    output_major_linear,
+    output_major_products,
+    weight_bytes,
+)
+from unitok.models import GPT, T5, GPTConfig, T5Config
+
+
+def tiny_gpt() -> GPT:
+    torch.manual_seed(0)
+    return GPT(GPTConfig(vocab_size=40, context_length=64, d_model=32, n_layers=2, n_heads=4)).eval()
+
+
+def tiny_t5() -> T5:
+    torch.manual_seed(0)
+    return T5(T5Config.from_name("t5-tiny", vocab_size=100, dropout=0.0, relative_buckets=8,
+                                 relative_max_distance=16)).eval()
+
+
+@pytest.fixture
+def taken(monkeypatch) -> list[tuple[int, int]]:
+    """Every product computed output-major, as (rows, out_features), recorded in the returned list."""
+    seen: list[tuple[int, int]] = []
+    real = decode_layout.output_major_linear
+
+    def spy(x, fc):
+        out = real(x, fc)
+        if out is not None:
+            seen.append((x.numel() // fc.in_features, fc.out_features))
+        return out
+
+    monkeypatch.setattr(decode_layout, "output_major_linear", spy)  # the LM head (head_logits)
+    monkeypatch.setattr(fused_linear, "output_major_linear", spy)  # attention and MLP layers
+    return seen
+
+
+@pytest.mark.parametrize("rows", range(FEW_ROWS[0], FEW_ROWS[1] + 1))
+@pytest.mark.parametrize("bias", [True, False])
+def test_a_few_rows_computed_output_major_equal_f_linear(rows, bias):
+    torch.manual_seed(rows)
+    fc = nn.Linear(48, 200, bias=bias)
+    x = torch.randn(rows, 1, 48)  # a decode step: (rows, one new token, features)
+    with torch.no_grad(), output_major_products():
+        out = output_major_linear(x, fc)
+        expected = F.linear(x, fc.weight, fc.bias)
+    assert out is not None and out.shape == (rows, 1, 200) and out.is_contiguous()
+    torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
+
+
+def test_outside_the_block_and_the_rule_f_linear_runs():
+    fc = nn.Linear(48, 200)
+    few = torch.randn(FEW_ROWS[0], 48)
+    with torch.no_grad():
+        assert output_major_linear(few, fc) is None  # not lent: ordinary forwards are untouched
+        with output_major_products():
+            assert output_major_linear(few, fc) is not None
+            assert output_major_linear(torch.randn(FEW_ROWS[0] - 1, 48), fc) is None  # one row: input-major's
+            assert output_major_linear(torch.randn(FEW_ROWS[1] + 1, 48), fc) is None  # F.linear catches up
+            assert output_major_linear(torch.randn(3, 200), nn.Linear(200, 48)) is None  # narrowing
+            assert output_major_linear(few.double(), fc.double()) is None  # float32 only
+            with input_major_weights(fc):  # the weight laid out input-major: that layout's product
+                assert output_major_linear(few, fc) is None
+            handle = fc.register_forward_hook(lambda *args: None)  # a hook must see the module run
+            assert output_major_linear(few, fc) is None
+            handle.remove()
+    with output_major_products():
+        assert output_major_linear(few, fc) is None  # a gradient is wanted: autograd's F.linear
+
+
+@pytest.mark.parametrize("inputs, rows", [(48, 10), (256, 10), (257, 8), (512, 8), (513, 6), (768, 6)])
+def test_wider_layers_take_fewer_rows_output_major(inputs, rows):
+    assert most_rows(inputs) == rows and ROWS_BY_INPUTS[0][1] == FEW_ROWS[1]
+    fc = nn.Linear(inputs, inputs)
+    with torch.no_grad(), output_major_products():
+        assert output_major_linear(torch.randn(rows, inputs), fc) is not None
+        assert output_major_linear(torch.randn(rows + 1, inputs), fc) is None
+
+
+def test_head_logits_runs_the_head_where_output_major_does_not_apply():
+    head = nn.Linear(16, 64, bias=False)
+    hidden = torch.randn(4, 16)
+    with torch.no_grad():
+        expected = head(hidden)
+        torch.testing.assert_close(head_logits(hidden, head), expected, rtol=0, atol=0)
+        with output_major_products():
+            torch.testing.assert_close(head_logits(hidden, head), expected, rtol=1e-6, atol=1e-6)
+
+
+def test_the_benchmark_models_one_out_of_cache_one_in():
+    """GPT D=256, V=8,192 (21 MB) ran its 5-row steps at cold-cache speed; D=128, V=4,096 (5 MB) did not."""
+    large = GPT(GPTConfig(vocab_size=8192, context_length=256, d_model=256, n_layers=4, n_heads=4))
+    small = GPT(GPTConfig(vocab_size=4096, context_length=256, d_model=128, n_layers=4, n_heads=4))
+    assert weight_bytes(large) >= MIN_COLD_BYTES > weight_bytes(small)
+
+
+@pytest.mark.parametrize("num_beams", [2, 4])
+def test_beam_search_of_a_model_out_of_cache_runs_output_major_and_finds_the_same_answers(
+        monkeypatch, taken, num_beams):
+    model = tiny_gpt()
+    prompt = torch.tensor([[3, 4, 5, 6]])
+    options = dict(max_new_tokens=12, strategy="beam", num_beams=num_beams, eos_token_id=None)
+    as_stored = model.generate(prompt, **options)
+    assert taken == []  # 60 kB of weights stay in cache: F.linear
+    monkeypatch.setattr(generation, "MIN_COLD_BYTES", 0)  # as if they did not
+    output_major = model.generate(prompt, **options)
+    rows = num_beams + 1  # W beams and the greedy row
+    assert {r for r, _ in taken} == {rows}
+    assert {out for _, out in taken} == {96, 32, 128, 40}  # qkv, attention output, MLP up, the head
+    assert torch.equal(output_major, as_stored)
+
+
+def test_greedy_batches_of_a_few_rows_run_output_major_one_or_two_rows_read_input_major(monkeypatch, taken):
+    model = tiny_gpt()
+    prompts = torch.randint(2, 40, (4, 7), generator=torch.Generator().manual_seed(1))  # prompt rows: > 6
+    expected = model.generate(prompts, max_new_tokens=20)
+    monkeypatch.setattr(generation, "MIN_COLD_BYTES", 0)
+    assert torch.equal(model.generate(prompts, max_new_tokens=20), expected)
+    assert taken and {r for r, _ in taken} == {4}
+    for batch, prompt_head in ((1, []), (2, [(2, 40)])):
+        taken.clear()
+        model.generate(prompts[:batch], max_new_tokens=20)
+        # the prompt's head (two rows of the stored weights) at most; then the steps read the
+        # weights input-major (test_decode_layout.py), which output-major products leave alone
+        assert taken == prompt_head
+
+
+def test_encoder_decoder_beam_search_runs_its_decoder_output_major_and_finds_the_same_answers(monkeypatch, taken):
+    model = tiny_t5()
+    source = torch.randint(2, 100, (1, 7), generator=torch.Generator().manual_seed(2))
+    expected = model.generate(source, max_new_tokens=10, strategy="beam", num_beams=4)
+    assert taken == []
+    monkeypatch.setattr(generation, "MIN_COLD_BYTES", 0)
+    out = model.generate(source, max_new_tokens=10, strategy="beam", num_beams=4)
+    # the decoder's steps: 4 beams and the greedy row; once, cross-attention's keys and values of the 7 source positions
+    assert {r for r, _ in taken} == {5, 7} and sum(r == 7 for r, _ in taken) == len(model.decoder.blocks)
+    assert any(out == 100 for _, out in taken)  # the head (64 -> 100) among them
+    assert torch.equal(out, expected)
