@@ -12,6 +12,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import gpt_vs_hf  # noqa: E402
 import summary  # noqa: E402
+import t5_vs_hf  # noqa: E402
 import timing  # noqa: E402
 
 
@@ -110,3 +111,19 @@ def test_gpt_benchmark_default_paths_step_fused_adamw_on_both_sides(monkeypatch,
     # unitok and HF each: the same-loss step (fused only with --fused-adamw), then each library's
     # default path, labels= with fused AdamW (unitok's tasks' and HF Trainer's default optimiser)
     assert made == [(gpt_vs_hf.same_loss, same_loss_fused)] * 2 + [(gpt_vs_hf.default_loss, True)] * 2
+
+
+def test_t5_benchmark_default_paths_step_fused_adamw_on_both_sides(monkeypatch):
+    made = []
+    real = t5_vs_hf.make_train_step
+
+    def spy(model, loss_fn, steps, amp=None, fused=None):
+        made.append((type(model).__module__.split(".")[0], fused))
+        return real(model, loss_fn, steps, amp, fused)
+
+    monkeypatch.setattr(t5_vs_hf, "make_train_step", spy)
+    t5_vs_hf.main(["--vocab-size", "64", "--d-model", "32", "--heads", "2", "--layers", "1", "--batch-size", "2",
+                   "--source-len", "8", "--target-len", "4", "--gen-batch", "1", "--new-tokens", "3",
+                   "--repeats", "1", "--warmup", "0"])
+    # the same-loss rows step the unfused AdamW; each library's default path (labels=), fused AdamW
+    assert made == [("unitok", None), ("transformers", None), ("unitok", True), ("transformers", True)]
