@@ -3,6 +3,8 @@ where the decoding weights outgrow the cache — the same logits within rounding
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -76,7 +78,12 @@ def test_outside_the_block_and_the_rule_f_linear_runs():
             assert output_major_linear(torch.randn(FEW_ROWS[0] - 1, 48), fc) is None  # one row: input-major's
             assert output_major_linear(torch.randn(FEW_ROWS[1] + 1, 48), fc) is None  # F.linear catches up
             assert output_major_linear(torch.randn(3, 200), nn.Linear(200, 48)) is None  # narrowing
-            assert output_major_linear(few.double(), fc.double()) is None  # float32 only
+            assert output_major_linear(few.double(), copy.deepcopy(fc).double()) is None  # float32 only
+            assert output_major_linear(few, fc) is not None  # (.double() converts in place: a copy above)
+            wide = torch.randn(2, 96)  # 96 features for a 48-input layer: as many numbers as 4 rows
+            assert output_major_linear(wide, fc) is None
+            with pytest.raises(RuntimeError, match="cannot be multiplied"):
+                fused_linear.linear(wide, fc)  # F.linear's own error, not 4 rows of wrong products
             with input_major_weights(fc):  # the weight laid out input-major: that layout's product
                 assert output_major_linear(few, fc) is None
             handle = fc.register_forward_hook(lambda *args: None)  # a hook must see the module run

@@ -31,7 +31,8 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 from torch import Tensor, nn
-from torch.nn.modules import module as _module
+
+from unitok.layers.plain_linear import replaceable
 
 # Below this many new tokens the one-off copy costs more than the faster steps save (a 21 MB
 # model: ~12 ms of copies against ~1 ms saved a token).
@@ -118,16 +119,16 @@ def output_major_linear(x: Tensor, fc: nn.Linear) -> Tensor | None:
     2 to `most_rows` rows for a widening (out ≥ in) plain float32 CPU layer, its weight as stored,
     nothing needing a gradient and no hook to run: the same values, rounded in another order
     (within 1e-6 relative); None where not (the caller runs ``fc``)."""
-    if not _OUTPUT_MAJOR.get():  # cheap and usually false: ordinary forwards leave at once
+    # cheap and usually false: ordinary forwards (and traced graphs, before any shape test) leave at once
+    if torch.compiler.is_compiling() or not _OUTPUT_MAJOR.get():
         return None
-    weight, rows = fc.weight, x.numel() // max(fc.in_features, 1)
+    weight = fc.weight
+    if x.dim() == 0 or x.shape[-1] != fc.in_features:  # a wrong width: F.linear raises, naming both
+        return None
+    rows = x.numel() // fc.in_features
     if not (FEW_ROWS[0] <= rows <= most_rows(fc.in_features) and fc.out_features >= fc.in_features
-            and type(fc) is nn.Linear and weight.device.type == "cpu" and weight.dtype == torch.float32
-            and x.dtype == torch.float32 and weight.is_contiguous()
-            and not torch.compiler.is_compiling() and not torch.is_autocast_enabled("cpu")
-            and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
-            and not (fc._forward_hooks or fc._forward_pre_hooks
-                     or _module._global_forward_hooks or _module._global_forward_pre_hooks)):
+            and weight.device.type == "cpu" and weight.dtype == torch.float32
+            and x.dtype == torch.float32 and weight.is_contiguous() and replaceable(x, fc)):
         return None
     flat = x.reshape(rows, fc.in_features).t()
     out = weight @ flat if fc.bias is None else torch.addmm(fc.bias[:, None], weight, flat)  # (out, rows)

@@ -19,6 +19,7 @@ from torch.nn.modules import module as _module
 
 from unitok.layers.activations import Activation, activate_fresh
 from unitok.layers.decode_layout import output_major_linear
+from unitok.layers.plain_linear import replaceable
 
 # config name -> (oneDNN post-op, its algorithm). Activations missing here (quick_gelu) run unfused.
 ONEDNN_POST_OPS: dict[str | None, tuple[str, str]] = {
@@ -47,14 +48,9 @@ def uses_onednn(x: Tensor, fc: nn.Linear, activation: Activation | None = None) 
         and x.device.type == "cpu"
         and x.dtype == torch.float32
         and activation in ONEDNN_POST_OPS
-        and type(fc) is nn.Linear  # subclasses (parametrised, quantised, adapters) own their forward
         and fc.weight.dtype == torch.float32
         and torch.backends.mkldnn.enabled
-        and not (torch.is_grad_enabled() and (x.requires_grad or fc.weight.requires_grad
-                                              or (fc.bias is not None and fc.bias.requires_grad)))
-        and not (fc._forward_hooks or fc._forward_pre_hooks
-                 or _module._global_forward_hooks or _module._global_forward_pre_hooks)
-        and not torch.is_autocast_enabled("cpu")
+        and replaceable(x, fc)
     )
 
 
