@@ -36,7 +36,8 @@ test: $(STAMP)
 # The compiled path through inductor (a C++ toolchain's compile warm-up per model, so not part
 # of `make test`, which traces the same checks with the aot_eager backend).
 test-compile: $(STAMP)
-	UNITOK_COMPILE_BACKEND=inductor $(BIN)/python -m pytest -q -rs -p no:cacheprovider tests/unitok/test_compile.py tests/unitok/test_static_decode.py
+	UNITOK_COMPILE_BACKEND=inductor $(BIN)/python -m pytest -q -rs -p no:cacheprovider tests/unitok/test_compile.py tests/unitok/test_static_decode.py \
+		tests/unitok/test_linear_cross_entropy.py
 
 # Jupyter in .venv for the notebooks: `make notebooks` installs it, `make lab` opens them.
 NB_STAMP := $(VENV)/.notebooks

@@ -4,7 +4,8 @@
 2. `compile_backbones` through inductor (Triton kernels) gives eager's outputs and gradients on CUDA.
 3. bf16 autocast training follows the fp32 loss curve on CUDA (GPT, ViT), as on the CPU.
 4. The LM head fused with the loss (`linear_cross_entropy`) equals ``cross_entropy(linear(...))`` on
-   CUDA, in float32 and under bf16 autocast, gradients included.
+   CUDA, in float32 and under bf16 autocast, gradients included; eager and with its chunks'
+   softmax gradient compiled (``compile=True``: inductor's Triton kernels).
 5. Decoding on CUDA: greedy and beam search give the CPU's tokens; ``generate(compile=True)`` (a
    static cache, the step compiled and captured as a CUDA graph) gives eager's tokens, greedy,
    left-padded and seeded sampling alike.
@@ -118,22 +119,32 @@ def bf16_follows_fp32(model: torch.nn.Module, loss_fn: Callable[[torch.nn.Module
     return f"fp32 {fp32[0]:.3f} -> {fp32[-1]:.3f}, bf16 -> {bf16[-1]:.3f}, largest gap {gap:.1%}"
 
 
-def fused_loss_equals_unfused(device: str) -> str:
+def fused_loss_equals_unfused(device: str, compile: bool = False) -> str:
+    """Two chunks (the GPU's 2**27 values: 2,668 rows at V = 50,304), a bias, ignored labels."""
     g = torch.Generator(device=device).manual_seed(4)
     hidden = torch.randn(3000, 256, device=device, generator=g, requires_grad=True)
     weight = (0.05 * torch.randn(50304, 256, device=device, generator=g)).requires_grad_()
+    bias = (0.1 * torch.randn(50304, device=device, generator=g)).requires_grad_()
     labels = torch.randint(0, 50304, (3000,), device=device, generator=g)
     labels[::7] = -100
     details = []
     for bf16, tol in ((False, 1e-5), (True, 2e-2)):
         with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=bf16):
-            fused = linear_cross_entropy(hidden, weight, labels)
-            plain = F.cross_entropy(F.linear(hidden, weight).float(), labels)
-        grads_f = torch.autograd.grad(fused, (hidden, weight))
-        grads_p = torch.autograd.grad(plain, (hidden, weight))
+            fused = linear_cross_entropy(hidden, weight, labels, bias, compile=compile)
+            plain = F.cross_entropy(F.linear(hidden, weight, bias).float(), labels)
+        grads_f = torch.autograd.grad(fused, (hidden, weight, bias))
+        grads_p = torch.autograd.grad(plain, (hidden, weight, bias))
         errs = [rel_err(fused, plain)] + [rel_err(a, b) for a, b in zip(grads_f, grads_p)]
         assert max(errs) < tol, f"{'bf16' if bf16 else 'fp32'}: relative errors {errs}"
         details.append(f"{'bf16' if bf16 else 'fp32'} worst {max(errs):.1e}")
+    # a model held in bf16 (no autocast): bf16 hidden states and their gradient, the weight's summed in float32
+    low = [t.detach().bfloat16().requires_grad_() for t in (hidden, weight, bias)]
+    fused = linear_cross_entropy(low[0], low[1], labels, low[2], compile=compile)
+    plain = F.cross_entropy(F.linear(*low).float(), labels)
+    errs = [rel_err(fused, plain)] + [rel_err(a.float(), b.float()) for a, b in
+                                      zip(torch.autograd.grad(fused, low), torch.autograd.grad(plain, low))]
+    assert max(errs) < 2e-2, f"bf16 weights: relative errors {errs}"
+    details.append(f"bf16 weights worst {max(errs):.1e}")
     return ", ".join(details)
 
 
@@ -198,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
               model, loss_fn, device)
     check("linear_cross_entropy == cross_entropy(linear) on cuda (fp32, bf16 autocast), with gradients",
           fused_loss_equals_unfused, device)
+    check("linear_cross_entropy(compile=True) == cross_entropy(linear) on cuda: inductor's softmax gradient",
+          fused_loss_equals_unfused, device, True)
 
     torch.manual_seed(5)
     gpt = GPT(GPTConfig.from_name("gpt-mini", vocab_size=512, dropout=0.0)).eval()

@@ -22,7 +22,8 @@ attention's scores and mixing), and on CUDA the model FLOPs utilisation (MFU) ag
 GPU's dense peak at ``--precision`` (``--peak-tflops`` to give it). ``--precision bf16`` trains
 both sides under ``torch.autocast(bfloat16)``, as ``--trainer.precision bf16-mixed`` does;
 ``--compile`` trains both compiled (unitok's transformer stacks as ``tasks.Compile`` compiles
-them, Hugging Face's whole model); ``--fused-adamw`` steps the same-loss rows with fused AdamW too.
+them, Hugging Face's whole model); ``--fused-adamw`` steps the same-loss rows with fused AdamW too;
+``--profile ROWS`` prints torch.profiler's busiest operators for a step of each default path.
 
 Repetitions alternate between the two libraries (unitok, HF, HF, unitok, ...) so slow drifts
 of the machine hit both alike; the table reports the median of the repetitions and the ratio
@@ -96,6 +97,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fused-adamw", action="store_true",
                    help="the same-loss rows step PyTorch's fused AdamW on both sides too (the labels= rows, "
                         "each library's default path, always do)")
+    p.add_argument("--profile", type=int, default=0, metavar="ROWS",
+                   help="after training, profile three steps of each side's default path (labels=) and print "
+                        "the ROWS operators with the most self time on the device (0: no profile)")
     p.add_argument("--compile-decode", action="store_true",
                    help="also time generate(compile=True): the static-cache step compiled by inductor "
                         "(compilation in the warm-up, not timed)")
@@ -245,6 +249,26 @@ def bench_train(ours: nn.Module, hf: nn.Module, args: argparse.Namespace) -> dic
             "loss_unitok": loss_ours, "loss_hf": loss_hf}
 
 
+def profile_default_paths(ours: nn.Module, hf: nn.Module, args: argparse.Namespace) -> None:
+    """Where a training step of each side's default path (``labels=``, fused AdamW; compiled with
+    ``--compile``) spends its time: torch.profiler's operators by self time on the device."""
+    from torch.profiler import ProfilerActivity, profile
+
+    g = torch.Generator().manual_seed(args.seed + 1)
+    ids = torch.randint(0, args.vocab_size, (args.batch_size, args.seq_len), generator=g).to(args.device)
+    amp = functools.partial(autocast, args.device, args.precision)
+    cuda = args.device.startswith("cuda")
+    for name, model in (("unitok", ours), ("hf", hf)):
+        step = make_train_step(training_copy(model, args), ids, 1, amp, True, loss_fn=default_loss)
+        step(), step()  # warm-up, compilation included
+        with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+            for _ in range(3):
+                step()  # returns the loss as a float: each step ends synchronised
+        print(f"profile, {name} default path (labels=), 3 steps:")
+        print(prof.key_averages().table(sort_by="self_device_time_total" if cuda else "self_cpu_time_total",
+                                        row_limit=args.profile, max_name_column_width=60))
+
+
 def bench_generate(ours: nn.Module, hf: nn.Module, args: argparse.Namespace) -> dict[str, Any]:
     """Greedy decoding new tokens/s (median) for both; checks the generated ids agree."""
     g = torch.Generator().manual_seed(args.seed + 2)
@@ -356,6 +380,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             line += (f"; MFU against {peak:g} TFLOP/s: unitok {100 * train['mfu']['unitok']:.1f} %, "
                      f"HF {100 * train['mfu']['hf']:.1f} %")
         print(line)
+        if args.profile:
+            profile_default_paths(ours, hf, args)
     if not args.skip_generate:
         gen = bench_generate(ours, hf, args)
         result["generate"] = gen

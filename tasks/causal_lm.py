@@ -11,6 +11,7 @@ from torch import Tensor
 
 from tasks.optim import adamw_warmup_cosine
 from tasks.predictions import Record, mean_log_likelihood, records, until_eos
+from unitok.compile import loss_backend
 from unitok.losses import linear_cross_entropy
 from unitok.models import GPT, GPTConfig
 
@@ -61,7 +62,7 @@ class CausalLMTask(L.LightningModule):
         # head runs fused with the loss, so the (B, N, V) logits are never held whole.
         out = self.model(batch["input_ids"], attention_mask=batch.get("attention_mask"), return_logits=False)
         return linear_cross_entropy(out.last_hidden_state, self.model.lm_head.weight, batch["labels"],
-                                    self.model.lm_head.bias)
+                                    self.model.lm_head.bias, compile=loss_backend(self.model))
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         loss = self._loss(batch)

@@ -14,6 +14,9 @@ Axis legend: B batch, N positions, V classes (vocabulary or labels), T output fr
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -54,14 +57,21 @@ def _cross_entropy(logits: Tensor, labels: Tensor) -> Tensor:
 # forward + backward: V=50,304, D=768, 4,096 rows 0.90x the unfused pair's time; D=256, 1,020 rows
 # 1.01x (0.97x unchunked, 1.06x at 2**23 values a chunk, 1.13x at 2**21).
 CHUNK_VALUES = 1 << 25
+# A GPU's chunks are four times larger: each chunk adds its (V, D) weight gradient to the float32
+# sum (a bf16 product, cast, added: 0.2 ms a chunk for GPT-2's head on an H100), and the memory
+# is there (GPT-124M at batch 16 x 1,024: 7 chunks, not 25).
+GPU_CHUNK_VALUES = 1 << 27
 # Values per block of a chunk's softmax passes on the CPU: 2 MiB of float32, which stays in cache
-# between the passes (log-softmax, exp, scaling, the one-hot, the cast back). A GPU takes the
+# between the passes (log-softmax, exp, the one-hot, the scaling and cast back). A GPU takes the
 # whole chunk as one block: there each pass is a kernel launch, and blocks of ten rows (V=50,304)
 # made the fused loss 2.2x slower than Hugging Face's whole GPT-124M step on an H100.
 BLOCK_VALUES = 1 << 19
+# torch.mm / addmm with ``out_dtype``: bf16 / fp16 products written in float32 (CUDA only)
+_CUDA_FLOAT32_OUT_GEMMS = all("dtype_out" in op.overloads() for op in (torch.ops.aten.mm, torch.ops.aten.addmm))
 
 
-def linear_cross_entropy(hidden: Tensor, weight: Tensor, labels: Tensor, bias: Tensor | None = None) -> Tensor:
+def linear_cross_entropy(hidden: Tensor, weight: Tensor, labels: Tensor, bias: Tensor | None = None, *,
+                         compile: bool | str = False) -> Tensor:
     """``cross_entropy(F.linear(hidden, weight, bias), labels)`` — the mean over labels ≠ -100, in
     float32 — with the LM head and the loss fused: the (…, V) logits are made a chunk of rows at a
     time and turned into their gradient (softmax − one-hot) at once, so neither the logits nor
@@ -70,6 +80,11 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, labels: Tensor, bias: T
     rounding), under autocast too (its GEMMs in the autocast dtype, the softmax in float32). The
     gradients of the inputs that need one are computed in the forward pass (backward only scales
     them), so the loss cannot be differentiated twice; under ``no_grad`` only the loss is computed.
+
+    ``compile`` (True: inductor, or a `torch.compile` backend's name) computes each chunk's
+    softmax, log p(target) and gradient as one compiled function (`softmax_gradient`), which
+    inductor fuses into a few kernels over the logits instead of one pass per operation; the GEMMs
+    stay as they are. `unitok.compile.compile_backbones` turns it on for the models it compiles.
 
     hidden (…, D), weight (V, D), labels (…) class ids, bias (V,) or None.
     """
@@ -83,9 +98,34 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, labels: Tensor, bias: T
         # F.linear refuses mixed dtypes outside autocast; casting here would hide the mistake
         raise ValueError(f"hidden is {hidden.dtype} but the weight / bias are {weight.dtype} / "
                          f"{bias.dtype if bias is not None else None}: give them one dtype, or run under autocast")
+    if not isinstance(compile, (bool, str)) or compile == "":
+        raise ValueError(f"compile must be True/False or a torch.compile backend's name, got {compile!r}")
     check_class_labels(labels, hidden.shape[:-1], weight.shape[0])
+    softmax_grad = _compiled_softmax_gradient("inductor" if compile is True else compile) if compile else None
     return _LinearCrossEntropy.apply(hidden.reshape(-1, hidden.shape[-1]), weight, bias,
-                                     labels.reshape(-1).to(hidden.device))
+                                     labels.reshape(-1).to(hidden.device), softmax_grad)
+
+
+def softmax_gradient(logits: Tensor, targets: Tensor, row_weight: Tensor, need_grad: bool,
+                     need_bias: bool) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """One chunk of `linear_cross_entropy` after its logits GEMM, written for torch.compile to
+    fuse: (rows, V) logits, (rows, 1) targets, (rows, 1) row weights (1 / count on scored rows, 0
+    elsewhere) -> log p(target) (rows,) in float32; with ``need_grad`` the logits' gradient
+    (softmax − one-hot) · row weight in the logits' dtype, and with ``need_bias`` its column sums
+    in float32. The one-hot is a comparison, not a scatter, so it fuses with the rest."""
+    log_p = torch.log_softmax(logits.float(), dim=-1)
+    picked = log_p.gather(1, targets).squeeze(1)
+    if not need_grad:
+        return picked, None, None
+    one_hot = torch.arange(logits.shape[1], device=logits.device) == targets
+    grad = (log_p.exp() - one_hot.float()) * row_weight
+    return picked, grad.to(logits.dtype), grad.sum(0) if need_bias else None
+
+
+@functools.cache
+def _compiled_softmax_gradient(backend: str) -> Callable[..., tuple[Tensor, Tensor | None, Tensor | None]]:
+    # static shapes: a step's chunks take two (the full chunk and the last), each traced once
+    return torch.compile(softmax_gradient, backend=backend, fullgraph=True, dynamic=False)
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
@@ -93,7 +133,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
     backward only scales them by the incoming gradient."""
 
     @staticmethod
-    def forward(ctx, hidden: Tensor, weight: Tensor, bias: Tensor | None, labels: Tensor) -> Tensor:
+    def forward(ctx, hidden: Tensor, weight: Tensor, bias: Tensor | None, labels: Tensor,
+                softmax_grad: Callable[..., tuple[Tensor, Tensor | None, Tensor | None]] | None) -> Tensor:
         device = hidden.device.type
         # autocast's rule for F.linear: GEMMs in the autocast dtype; cross-entropy in float32
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
@@ -111,15 +152,20 @@ class _LinearCrossEntropy(torch.autograd.Function):
             row_weight = scored.to(torch.float32).div_(count.clamp(min=1))[:, None]  # (rows, 1); none scored: 0
             picked = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)  # log p(target)
             V = weight.shape[0]
-            rows = max(1, min(hidden.shape[0], max(hidden.shape[1], CHUNK_VALUES // max(V, 1))))
-            block = rows if hidden.device.type != "cpu" else max(1, min(rows, BLOCK_VALUES // max(V, 1)))
+            on_cpu = hidden.device.type == "cpu"
+            chunk_values = CHUNK_VALUES if on_cpu else GPU_CHUNK_VALUES
+            rows = max(1, min(hidden.shape[0], max(hidden.shape[1], chunk_values // max(V, 1))))
+            block = max(1, min(rows, BLOCK_VALUES // max(V, 1))) if on_cpu else rows
             # One logits buffer serves every chunk, and the softmax and its gradient are made in
             # place a cache-sized block of rows at a time (under autocast in one small float32
             # buffer): a fresh buffer this large is faulted in and zeroed page by page by the kernel
             # (glibc unmaps blocks above 32 MiB when they are freed), and each pass over it would
             # come from memory — together a third of a bf16 GPT step.
             logits_buf = hidden.new_empty((rows, V), dtype=dtype)
-            block_buf = None if dtype == torch.float32 else hidden.new_empty((block, V), dtype=torch.float32)
+            block_buf = None
+            minus_one = hidden.new_full((1, 1), -1.0, dtype=torch.float32)  # the one-hot's scatter source
+            if dtype != torch.float32 and softmax_grad is None:
+                block_buf = hidden.new_empty((block, V), dtype=torch.float32)
             for start in range(0, hidden.shape[0], rows):
                 h = hidden[start:start + rows].to(dtype)
                 logits = logits_buf[:h.shape[0]]
@@ -127,27 +173,46 @@ class _LinearCrossEntropy(torch.autograd.Function):
                     torch.mm(h, w.t(), out=logits)
                 else:
                     torch.addmm(b, h, w.t(), out=logits)
-                for first in range(0, h.shape[0], block):
-                    part = logits[first:first + block]
-                    rows_in = slice(start + first, start + first + part.shape[0])
-                    log_p = part if block_buf is None else block_buf[:part.shape[0]].copy_(part)
-                    torch.log_softmax(log_p, dim=-1, out=log_p)  # float32
-                    t = targets[rows_in]
-                    torch.gather(log_p, 1, t, out=picked[rows_in, None])
-                    if need_grad:
-                        log_p.exp_().mul_(row_weight[rows_in]).scatter_add_(1, t, -row_weight[rows_in])
-                        if need_b:
-                            grad_b = log_p.sum(0) if grad_b is None else grad_b.add_(log_p.sum(0))
-                        if log_p is not part:
-                            part.copy_(log_p)  # the gradient in the GEMMs' dtype
+                chunk = slice(start, start + h.shape[0])
+                if softmax_grad is not None:
+                    picked[chunk], g, part_b = softmax_grad(logits, targets[chunk], row_weight[chunk],
+                                                            need_grad, need_b)
+                    if need_b:
+                        grad_b = part_b if grad_b is None else grad_b.add_(part_b)
+                else:
+                    g = logits  # becomes the logits' gradient, in place
+                    for first in range(0, h.shape[0], block):
+                        part = logits[first:first + block]
+                        rows_in = slice(start + first, start + first + part.shape[0])
+                        if block_buf is None:  # float32 logits: the softmax in place
+                            log_p = torch.log_softmax(part, dim=-1, out=part)
+                        else:  # bf16 / fp16 logits read, the float32 log-softmax written: one pass
+                            log_p = torch.log_softmax(part, dim=-1, dtype=torch.float32,
+                                                      out=block_buf[:part.shape[0]])
+                        t = targets[rows_in]
+                        torch.gather(log_p, 1, t, out=picked[rows_in, None])
+                        if need_grad:
+                            # (softmax − one-hot) · row weight, the scaling fused with the cast back
+                            log_p.exp_().scatter_add_(1, t, minus_one.expand(t.shape))
+                            if need_b:
+                                part_b = log_p.t() @ row_weight[rows_in, 0]
+                                grad_b = part_b if grad_b is None else grad_b.add_(part_b)
+                            torch.mul(log_p, row_weight[rows_in], out=part)
                 if not need_grad:
                     continue
-                g = logits  # now the logits' gradient
+                # bf16 / fp16 products are summed in float32 across chunks; cuBLAS writes them
+                # there itself (no low-precision product to cast and add: 2 ms a GPT-124M step)
+                to_float32 = dtype != torch.float32 and hidden.is_cuda and _CUDA_FLOAT32_OUT_GEMMS
                 if need_h:
-                    grad_h[start:start + rows] = g @ w
+                    if to_float32 and grad_h.dtype == torch.float32:  # float32 hidden states under autocast
+                        torch.mm(g, w, out_dtype=torch.float32, out=grad_h[chunk])
+                    else:
+                        grad_h[chunk] = g @ w
                 if need_w:
-                    # a bf16 / fp16 product is summed in float32 across chunks
-                    if grad_w is None:
+                    if to_float32:
+                        grad_w = (torch.mm(g.t(), h, out_dtype=torch.float32) if grad_w is None else
+                                  torch.addmm(grad_w, g.t(), h, out_dtype=torch.float32, out=grad_w))
+                    elif grad_w is None:
                         grad_w = (g.t() @ h).to(torch.float32)
                     elif dtype == torch.float32:
                         grad_w.addmm_(g.t(), h)
@@ -170,7 +235,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         return (grad_h * grad_loss.to(grad_h.dtype) if grad_h is not None else None,
                 (grad_w * grad_loss).to(w_dtype) if grad_w is not None else None,
                 (grad_b * grad_loss).to(b_dtype) if grad_b is not None else None,
-                None)
+                None, None)
 
 
 def causal_lm_loss(logits: Tensor, labels: Tensor) -> Tensor:

@@ -1,6 +1,6 @@
 """The compiled path equals eager: `compile_backbones` compiles every transformer stack as one
 graph (no graph breaks), leaves the input checks and evaluation eager, and gives the same
-outputs and gradients. The ordinary suite traces with the ``aot_eager`` backend (Dynamo +
+outputs and gradients; the LM head fused with its loss compiles along (`loss_backend`). The ordinary suite traces with the ``aot_eager`` backend (Dynamo +
 AOTAutograd, the parts that could change the maths, without a C++ toolchain's warm-up);
 ``make test-compile`` runs the same checks through inductor."""
 
@@ -12,7 +12,7 @@ import os
 import pytest
 import torch
 
-from unitok.compile import compile_backbones
+from unitok.compile import compile_backbones, loss_backend
 from unitok.models import GPT, T5, GPTConfig, T5Config, ViT, ViTConfig
 
 BACKEND = os.environ.get("UNITOK_COMPILE_BACKEND", "aot_eager")
@@ -50,6 +50,41 @@ def test_compiled_backbones_give_the_eager_outputs_and_gradients(family):
     for (name, p_e), p_c in zip(eager.named_parameters(), compiled.parameters(), strict=True):
         if p_e.grad is not None:
             torch.testing.assert_close(p_c.grad, p_e.grad, atol=1e-5, rtol=1e-4, msg=lambda m, n=name: f"{n}: {m}")
+
+
+LABELS_RUNS = {  # the fused LM-head loss: labels scored without the logits
+    "gpt": lambda m: m(IDS, labels=IDS, return_logits=False).loss,
+    "t5": lambda m: m(IDS, labels=IDS[:, :5], return_logits=False).loss,
+}
+
+
+@pytest.mark.parametrize("family", ["gpt", "t5"])
+def test_the_fused_lm_loss_compiles_with_the_stacks_while_training(monkeypatch, family):
+    import torch._dynamo
+
+    import unitok.losses
+
+    torch._dynamo.reset()
+    eager = models()[family][0].train()
+    compiled = copy.deepcopy(eager)
+    compile_backbones(compiled, backend=BACKEND)
+    assert loss_backend(compiled) == BACKEND and loss_backend(eager) is False
+    seen = []
+    real = unitok.losses._compiled_softmax_gradient
+    monkeypatch.setattr(unitok.losses, "_compiled_softmax_gradient", lambda backend: seen.append(backend) or real(backend))
+    loss_e, loss_c = LABELS_RUNS[family](eager), LABELS_RUNS[family](compiled)
+    assert seen == [BACKEND]  # only the compiled model's loss took the compiled chunks
+    torch.testing.assert_close(loss_c, loss_e, atol=1e-6, rtol=1e-6)
+    loss_e.backward()
+    loss_c.backward()
+    for (name, p_e), p_c in zip(eager.named_parameters(), compiled.parameters(), strict=True):
+        if p_e.grad is not None:
+            torch.testing.assert_close(p_c.grad, p_e.grad, atol=1e-5, rtol=1e-4, msg=lambda m, n=name: f"{n}: {m}")
+    compiled.eval()  # evaluation stays eager, the loss too
+    assert loss_backend(compiled) is False
+    with torch.no_grad():
+        LABELS_RUNS[family](compiled)
+    assert seen == [BACKEND]
 
 
 def test_a_backbone_compiles_to_one_graph_without_breaks():

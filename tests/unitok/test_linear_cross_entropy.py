@@ -1,9 +1,13 @@
 """`linear_cross_entropy`: the LM head fused with the cross-entropy gives the same loss and the same
 gradients as ``F.cross_entropy(F.linear(...))`` — float32 to rounding, bf16 autocast within its
 rounding — whether the rows fit one chunk or many, with ignored labels, a bias and tied weights;
-GPT's and T5's ``return_logits=False`` and the LM tasks that use it train the same model."""
+GPT's and T5's ``return_logits=False`` and the LM tasks that use it train the same model. With
+``compile=`` each chunk's softmax and gradient run as one compiled function and give the same
+numbers (the ordinary suite traces with ``aot_eager``; ``make test-compile`` with inductor)."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 import torch
@@ -12,6 +16,8 @@ import torch.nn.functional as F
 import unitok.losses as losses
 from unitok.losses import linear_cross_entropy
 from unitok.models import GPT, T5, GPTConfig, T5Config
+
+BACKEND = os.environ.get("UNITOK_COMPILE_BACKEND", "aot_eager")
 
 
 def problem(rows: int = 37, width: int = 16, classes: int = 53, bias: bool = True, seed: int = 0):
@@ -75,6 +81,40 @@ def test_bf16_autocast_matches_autocast_reference(monkeypatch, chunk_values, blo
         assert ours.dtype == param.dtype == torch.float32
         # bf16 products: about three significant digits (the bias's sum is float32 here, bf16 there)
         torch.testing.assert_close(ours, theirs, atol=2e-3, rtol=2e-2)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_compiled_chunks_give_the_eager_loss_and_gradients(monkeypatch, precision):
+    """Three chunks, the last one short, a bias and ignored labels: the compiled softmax gradient
+    (the one-hot a comparison instead of a scatter) equals the eager passes — float32 to
+    rounding, under bf16 autocast to the rounding of the gradient's cast back to bf16."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    monkeypatch.setattr(losses, "CHUNK_VALUES", 32 * 53)
+    args = problem()  # 74 rows: chunks of 32, 32 and 10
+    with torch.autocast("cpu", torch.bfloat16, enabled=precision == "bf16"):
+        loss, grads = loss_and_grads(fused, *args, scale=2.5)
+        compiled_loss, compiled_grads = loss_and_grads(
+            lambda h, w, b, y: linear_cross_entropy(h, w, y, b, compile=BACKEND), *args, scale=2.5)
+    assert counters["stats"]["unique_graphs"] == 2  # traced once a chunk shape (32 and 10 rows), then reused
+    tolerance = {"atol": 1e-6, "rtol": 1e-5} if precision == "fp32" else {"atol": 2e-3, "rtol": 2e-2}
+    torch.testing.assert_close(compiled_loss, loss, atol=1e-6, rtol=1e-6)  # the loss is float32 either way
+    for ours, theirs in zip(compiled_grads, grads, strict=True):
+        torch.testing.assert_close(ours, theirs, **tolerance)
+    # the loss alone: the compiled function without its gradient
+    with torch.no_grad(), torch.autocast("cpu", torch.bfloat16, enabled=precision == "bf16"):
+        torch.testing.assert_close(linear_cross_entropy(*args[:2], args[3], args[2], compile=BACKEND), loss,
+                                   atol=1e-6, rtol=1e-6)
+
+
+def test_compile_takes_a_bool_or_a_backend_name():
+    hidden, weight, bias, labels = problem()
+    for bad in ("", 1, None):
+        with pytest.raises(ValueError, match="compile must be True/False or a torch.compile backend's name"):
+            linear_cross_entropy(hidden, weight, labels, bias, compile=bad)
 
 
 def test_without_gradients_only_the_loss_is_computed():

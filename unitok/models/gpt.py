@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from tokenizers_mm import Tokens
 from unitok.backbone import Backbone, BackboneConfig, init_weights
+from unitok.compile import loss_backend
 from unitok.config import Config
 from unitok.embed import TokenEmbedding, make_positions, positions_from_mask
 from unitok.generate import GenerationConfig, generate
@@ -163,7 +164,8 @@ class GPT(PretrainedModel):
         else:  # the shift of causal_lm_loss: position t is scored on labels[:, t + 1]
             if tuple(labels.shape) != tuple(h.shape[:2]):
                 raise ValueError(f"labels must be (batch, tokens) = {tuple(h.shape[:2])}, got {tuple(labels.shape)}")
-            loss = linear_cross_entropy(h[:, :-1], self.lm_head.weight, labels[:, 1:], self.lm_head.bias)
+            loss = linear_cross_entropy(h[:, :-1], self.lm_head.weight, labels[:, 1:], self.lm_head.bias,
+                                        compile=loss_backend(self))
         class_logits = None
         if self.classifier is not None:
             h = hidden.last_hidden_state  # (B, N, D)

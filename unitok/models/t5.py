@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from tokenizers_mm import Tokens
 from unitok.backbone import Backbone, BackboneConfig
+from unitok.compile import loss_backend
 from unitok.config import Config
 from unitok.embed import RelativePositionBias, TokenEmbedding
 from unitok.embed.frames import ConvSubsampling
@@ -287,7 +288,7 @@ class T5(T5Encoder):
         elif logits is not None:
             loss = cross_entropy(logits, labels)
         else:
-            loss = linear_cross_entropy(h, self.lm_head.weight, labels, self.lm_head.bias)
+            loss = linear_cross_entropy(h, self.lm_head.weight, labels, self.lm_head.bias, compile=loss_backend(self))
         return Seq2SeqLMOutput(logits=logits, encoder_last_hidden_state=enc.last_hidden_state,
                                decoder_last_hidden_state=dec.last_hidden_state,
                                encoder_hidden_states=enc.hidden_states, decoder_hidden_states=dec.hidden_states,
