@@ -124,8 +124,9 @@ def softmax_gradient(logits: Tensor, targets: Tensor, row_weight: Tensor, need_g
 
 @functools.cache
 def _compiled_softmax_gradient(backend: str) -> Callable[..., tuple[Tensor, Tensor | None, Tensor | None]]:
-    # static shapes: a step's chunks take two (the full chunk and the last), each traced once
-    return torch.compile(softmax_gradient, backend=backend, fullgraph=True, dynamic=False)
+    # traced for the first block's shape, then once more with the row count dynamic (the last
+    # chunk's or block's rows change with the batch): never a recompilation a step
+    return torch.compile(softmax_gradient, backend=backend, fullgraph=True)
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
@@ -174,16 +175,20 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 else:
                     torch.addmm(b, h, w.t(), out=logits)
                 chunk = slice(start, start + h.shape[0])
-                if softmax_grad is not None:
-                    picked[chunk], g, part_b = softmax_grad(logits, targets[chunk], row_weight[chunk],
-                                                            need_grad, need_b)
-                    if need_b:
-                        grad_b = part_b if grad_b is None else grad_b.add_(part_b)
-                else:
-                    g = logits  # becomes the logits' gradient, in place
-                    for first in range(0, h.shape[0], block):
-                        part = logits[first:first + block]
-                        rows_in = slice(start + first, start + first + part.shape[0])
+                g = logits  # becomes the logits' gradient, in place
+                for first in range(0, h.shape[0], block):
+                    part = logits[first:first + block]
+                    rows_in = slice(start + first, start + first + part.shape[0])
+                    if softmax_grad is not None:
+                        picked[rows_in], grad, part_b = softmax_grad(part, targets[rows_in], row_weight[rows_in],
+                                                                     need_grad, need_b)
+                        if need_b:
+                            grad_b = part_b if grad_b is None else grad_b.add_(part_b)
+                        if grad is not None and part.shape[0] == h.shape[0]:
+                            g = grad  # the chunk in one block (a GPU): no copy back
+                        elif grad is not None:
+                            part.copy_(grad)  # a cache-sized block (the CPU)
+                    else:
                         if block_buf is None:  # float32 logits: the softmax in place
                             log_p = torch.log_softmax(part, dim=-1, out=part)
                         else:  # bf16 / fp16 logits read, the float32 log-softmax written: one pass

@@ -83,23 +83,31 @@ def test_bf16_autocast_matches_autocast_reference(monkeypatch, chunk_values, blo
         torch.testing.assert_close(ours, theirs, atol=2e-3, rtol=2e-2)
 
 
+@pytest.mark.parametrize("block_values", [losses.BLOCK_VALUES, 5 * 53])
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_compiled_chunks_give_the_eager_loss_and_gradients(monkeypatch, precision):
-    """Three chunks, the last one short, a bias and ignored labels: the compiled softmax gradient
-    (the one-hot a comparison instead of a scatter) equals the eager passes — float32 to
-    rounding, under bf16 autocast to the rounding of the gradient's cast back to bf16."""
+def test_compiled_chunks_give_the_eager_loss_and_gradients(monkeypatch, precision, block_values):
+    """Three chunks, the last one short, a bias and ignored labels, each chunk in one block (as on
+    a GPU) or in blocks of 5 rows (as on the CPU, the last one short): the compiled softmax
+    gradient (the one-hot a comparison instead of a scatter) equals the eager passes — float32
+    to rounding, under bf16 autocast to the rounding of the gradient's cast back to bf16."""
     import torch._dynamo
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
     counters.clear()
     monkeypatch.setattr(losses, "CHUNK_VALUES", 32 * 53)
+    monkeypatch.setattr(losses, "BLOCK_VALUES", block_values)
     args = problem()  # 74 rows: chunks of 32, 32 and 10
     with torch.autocast("cpu", torch.bfloat16, enabled=precision == "bf16"):
         loss, grads = loss_and_grads(fused, *args, scale=2.5)
         compiled_loss, compiled_grads = loss_and_grads(
             lambda h, w, b, y: linear_cross_entropy(h, w, y, b, compile=BACKEND), *args, scale=2.5)
-    assert counters["stats"]["unique_graphs"] == 2  # traced once a chunk shape (32 and 10 rows), then reused
+    # traced for the first block's rows, then once with the rows dynamic, whatever the blocks after
+    assert counters["stats"]["unique_graphs"] == 2
+    with torch.autocast("cpu", torch.bfloat16, enabled=precision == "bf16"):
+        other = problem(rows=23, seed=1)  # another batch's row counts: no new trace
+        loss_and_grads(lambda h, w, b, y: linear_cross_entropy(h, w, y, b, compile=BACKEND), *other)
+    assert counters["stats"]["unique_graphs"] == 2
     tolerance = {"atol": 1e-6, "rtol": 1e-5} if precision == "fp32" else {"atol": 2e-3, "rtol": 2e-2}
     torch.testing.assert_close(compiled_loss, loss, atol=1e-6, rtol=1e-6)  # the loss is float32 either way
     for ours, theirs in zip(compiled_grads, grads, strict=True):
