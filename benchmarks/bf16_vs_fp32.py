@@ -30,7 +30,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: find the benchmarks
 import gpt_vs_hf  # noqa: E402
 import vision_vs_timm  # noqa: E402
-from timing import add_malloc_option, alternate, autocast, prepare_process  # noqa: E402
+from timing import add_malloc_option, alternate, autocast, positive_int, prepare_process  # noqa: E402
 
 MODELS = ("gpt", "vit")
 
@@ -39,7 +39,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=positive_int, default=5)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--device", default="cpu")

@@ -49,6 +49,7 @@ from timing import (  # noqa: E402
     add_precision_option,
     alternate,
     autocast,
+    positive_int,
     prepare_process,
     timed,
 )
@@ -63,11 +64,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--img-size", type=int, default=64)
     p.add_argument("--patch-size", type=int, default=16)
     p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--train-steps", type=int, default=2, help="optimizer steps per repetition")
+    p.add_argument("--train-steps", type=positive_int, default=2, help="optimizer steps per repetition")
     p.add_argument("--classes", type=int, default=1000, help="ImageNet classes in the zero-shot classifier")
     p.add_argument("--templates", type=int, default=80, help="OpenAI ImageNet templates per class")
     p.add_argument("--text-batch", type=int, default=1000, help="prompts per text forward when building")
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=positive_int, default=3)
     p.add_argument("--zero-shot-repeats", type=int, default=1)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")

@@ -26,7 +26,14 @@ import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: find timing.py
-from timing import add_malloc_option, add_precision_option, alternate, autocast, prepare_process  # noqa: E402
+from timing import (  # noqa: E402
+    add_malloc_option,
+    add_precision_option,
+    alternate,
+    autocast,
+    positive_int,
+    prepare_process,
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -39,8 +46,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--vocab", type=int, default=32)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--frames", type=int, default=200, help="frames per utterance (after any subsampling)")
-    p.add_argument("--train-steps", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--train-steps", type=positive_int, default=2)
+    p.add_argument("--repeats", type=positive_int, default=5)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--device", default="cpu")

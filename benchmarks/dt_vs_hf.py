@@ -44,7 +44,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: find timing.py
-from timing import add_malloc_option, add_precision_option, alternate, autocast, prepare_process  # noqa: E402
+from timing import (  # noqa: E402
+    add_malloc_option,
+    add_precision_option,
+    alternate,
+    autocast,
+    positive_int,
+    prepare_process,
+)
 
 KEYS = ("states", "actions", "returns_to_go", "timesteps", "attention_mask")
 
@@ -64,8 +71,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dropout", type=float, default=0.1)
     p.add_argument("--padded-fraction", type=float, default=0.25,
                    help="share of windows left-padded (episode starts)")
-    p.add_argument("--train-steps", type=int, default=5, help="optimizer steps per repetition")
-    p.add_argument("--repeats", type=int, default=5, help="timed repetitions per library")
+    p.add_argument("--train-steps", type=positive_int, default=5, help="optimizer steps per repetition")
+    p.add_argument("--repeats", type=positive_int, default=5, help="timed repetitions per library")
     p.add_argument("--warmup", type=int, default=1, help="untimed repetitions per library")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")

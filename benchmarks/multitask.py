@@ -38,7 +38,7 @@ import lightning as L
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: find timing.py
-from timing import alternate  # noqa: E402
+from timing import alternate, positive_int  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "configs" / "multimodal" / "four_tasks.yaml"
@@ -54,7 +54,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=None, help="override the recipe's seed_everything")
     p.add_argument("--speed-only", action="store_true", help="only the step-cost comparison")
     p.add_argument("--skip-speed", action="store_true", help="only the held-out metrics")
-    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--repeats", type=positive_int, default=10)
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
     return p.parse_args(argv)
 

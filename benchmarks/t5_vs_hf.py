@@ -39,7 +39,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: find timing.py
-from timing import add_malloc_option, add_precision_option, alternate, autocast, prepare_process  # noqa: E402
+from timing import (  # noqa: E402
+    add_malloc_option,
+    add_precision_option,
+    alternate,
+    autocast,
+    positive_int,
+    prepare_process,
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -56,8 +63,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--beams", type=int, default=4)
     p.add_argument("--gen-batch", type=int, default=2)
     p.add_argument("--new-tokens", type=int, default=32)
-    p.add_argument("--train-steps", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--train-steps", type=positive_int, default=2)
+    p.add_argument("--repeats", type=positive_int, default=5)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--device", default="cpu")

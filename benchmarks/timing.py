@@ -20,6 +20,18 @@ PRECISIONS = ("fp32", "bf16")
 MALLOC_CHOICES = ("default", "keep")
 
 
+def positive_int(text: str) -> int:
+    """An argparse type for counts (repetitions, steps): an integer ≥ 1, else a clear error (zero
+    repetitions would leave nothing to divide by)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
 def add_precision_option(parser: argparse.ArgumentParser) -> None:
     """``--precision``: fp32, or bf16 (both sides' training forward and loss under autocast)."""
     parser.add_argument("--precision", choices=PRECISIONS, default="fp32",

@@ -32,7 +32,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: find timing.py
-from timing import alternate  # noqa: E402
+from timing import alternate, positive_int  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -44,7 +44,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="what one encode call gets: a line of source, or a whole file")
     p.add_argument("--lines", type=int, default=5000, help="non-empty lines (or files) encoded per repetition")
     p.add_argument("--batch", type=int, default=128, help="lines (or files) per batch_encode call")
-    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--repeats", type=positive_int, default=7)
     p.add_argument("--threads", type=int, default=None,
                    help="threads of the Rust engine (RAYON_NUM_THREADS) and torch")
     return p.parse_args(argv)

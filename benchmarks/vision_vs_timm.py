@@ -49,7 +49,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: find timing.py
-from timing import add_malloc_option, add_precision_option, alternate, autocast, prepare_process  # noqa: E402
+from timing import (  # noqa: E402
+    add_malloc_option,
+    add_precision_option,
+    alternate,
+    autocast,
+    positive_int,
+    prepare_process,
+)
 
 MODELS = ("vit", "deit", "mixer")
 
@@ -68,9 +75,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--vit-heads", type=int, default=3)
     p.add_argument("--mixer-dim", type=int, default=512, help="MLP-Mixer width (512: S/16)")
     p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--train-steps", type=int, default=2, help="optimizer steps per repetition")
+    p.add_argument("--train-steps", type=positive_int, default=2, help="optimizer steps per repetition")
     p.add_argument("--infer-batches", type=int, default=2, help="forward passes per repetition")
-    p.add_argument("--repeats", type=int, default=5, help="timed repetitions per library")
+    p.add_argument("--repeats", type=positive_int, default=5, help="timed repetitions per library")
     p.add_argument("--warmup", type=int, default=1, help="untimed repetitions per library")
     p.add_argument("--threads", type=int, default=None,
                    help="torch.set_num_threads (default: torch's choice)")

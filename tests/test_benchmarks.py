@@ -83,6 +83,15 @@ def test_every_benchmark_prepares_its_process_the_same_way(monkeypatch):
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
 
 
+@pytest.mark.parametrize("parse", [gpt_vs_hf.parse_args, t5_vs_hf.parse_args])
+def test_step_and_repetition_counts_below_one_are_refused(parse, capsys):
+    assert parse(["--train-steps", "3", "--repeats", "1"]).train_steps == 3
+    for flag, value in (("--train-steps", "0"), ("--repeats", "-2"), ("--repeats", "two")):
+        with pytest.raises(SystemExit):
+            parse([flag, value])
+        assert f"expected an integer >= 1, got {value if value != 'two' else repr(value)}" in capsys.readouterr().err
+
+
 def test_gpt_benchmark_compiles_each_side_as_its_library_does_on_request():
     args = ["--d-model", "32", "--n-layers", "1", "--n-heads", "2", "--vocab-size", "128", "--batch-size", "2",
             "--seq-len", "16"]
