@@ -45,8 +45,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: find timing.py
 from timing import (  # noqa: E402
-    add_malloc_option,
-    add_precision_option,
+    add_side_by_side_options,
     alternate,
     autocast,
     positive_int,
@@ -73,8 +72,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
     p.add_argument("--device", default="cpu")
-    add_precision_option(p)
-    add_malloc_option(p)
+    add_side_by_side_options(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip-train", action="store_true")
     p.add_argument("--skip-zero-shot", action="store_true")

@@ -26,14 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: find timing.py
-from timing import (  # noqa: E402
-    add_malloc_option,
-    add_precision_option,
-    alternate,
-    autocast,
-    positive_int,
-    prepare_process,
-)
+from timing import add_side_by_side_options, alternate, autocast, positive_int, prepare_process  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -51,8 +44,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--device", default="cpu")
-    add_precision_option(p)
-    add_malloc_option(p)
+    add_side_by_side_options(p)
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
 

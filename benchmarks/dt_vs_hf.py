@@ -44,14 +44,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: find timing.py
-from timing import (  # noqa: E402
-    add_malloc_option,
-    add_precision_option,
-    alternate,
-    autocast,
-    positive_int,
-    prepare_process,
-)
+from timing import add_side_by_side_options, alternate, autocast, positive_int, prepare_process  # noqa: E402
 
 KEYS = ("states", "actions", "returns_to_go", "timesteps", "attention_mask")
 
@@ -76,8 +69,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=1, help="untimed repetitions per library")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
-    add_precision_option(p)
-    add_malloc_option(p)
+    add_side_by_side_options(p)
     p.add_argument("--atol", type=float, default=1e-5, help="tolerance of the equal-output check")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)

@@ -59,14 +59,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: find timing.py
-from timing import (  # noqa: E402
-    add_malloc_option,
-    add_precision_option,
-    alternate,
-    autocast,
-    positive_int,
-    prepare_process,
-)
+from timing import add_side_by_side_options, alternate, autocast, positive_int, prepare_process  # noqa: E402
 
 from unitok.models import GPT  # noqa: E402
 
@@ -90,8 +83,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=None,
                    help="torch.set_num_threads (default: torch's choice)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
-    add_precision_option(p)
-    add_malloc_option(p)
+    add_side_by_side_options(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip-train", action="store_true")
     p.add_argument("--skip-generate", action="store_true")

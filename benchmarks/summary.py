@@ -78,8 +78,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--only", nargs="+", choices=BENCHMARKS, default=list(BENCHMARKS))
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--device", default="cpu")
-    timing.add_precision_option(p)
-    timing.add_malloc_option(p)
+    timing.add_side_by_side_options(p)
     args = p.parse_args(argv)
     start = time.perf_counter()
     rows = []

@@ -32,6 +32,12 @@ def positive_int(text: str) -> int:
     return value
 
 
+def add_side_by_side_options(parser: argparse.ArgumentParser) -> None:
+    """The options every side-by-side benchmark takes alike: ``--precision`` and ``--malloc``."""
+    add_precision_option(parser)
+    add_malloc_option(parser)
+
+
 def add_precision_option(parser: argparse.ArgumentParser) -> None:
     """``--precision``: fp32, or bf16 (both sides' training forward and loss under autocast)."""
     parser.add_argument("--precision", choices=PRECISIONS, default="fp32",
