@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
 # The GPU benchmarks and checks, in one script for a lent CUDA machine (`make bench-gpu` here):
-# GPT-124M bf16 training MFU (eager, then compiled) and generation against Hugging Face, the
-# CUDA-only correctness checks, a Lightning fit on the GPU in bf16-mixed, every family's table
-# on CUDA. Each step has its own time limit, so one that hangs does not take the others with it;
+# GPT-124M bf16 training MFU (eager, then compiled with a profile, then compiled at batch 32) and
+# generation against Hugging Face, the CUDA-only correctness checks, a Lightning fit on the GPU
+# in bf16-mixed, every family's table on CUDA. Each step has its own time limit, so one that hangs does not take the others with it;
 # logs go to $LOG_DIR (default runs/bench-gpu). Steps by name as arguments (default: all):
-#   train generate checks compiled fit summary
+#   train generate checks compiled compiled32 fit summary
 # Exit status: the number of steps that failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # unitok from this checkout, installed or not
 PY=${PYTHON:-python3}
 LOG=${LOG_DIR:-runs/bench-gpu}
 mkdir -p "$LOG"
 failed=0
-STEPS=${*:-train generate checks compiled fit summary}
+STEPS=${*:-train generate checks compiled compiled32 fit summary}
 step() {  # step NAME SECONDS COMMAND...: run one step (if asked for), log it, count a failure
   local name=$1 limit=$2; shift 2
   [[ " $STEPS " == *" $name "* ]] || return 0
@@ -29,8 +30,10 @@ step train 120 $PY benchmarks/gpt_vs_hf.py "${GPT124[@]}" --precision bf16 --bat
   --seq-len 1024 --skip-generate --fused-adamw
 step generate 150 $PY benchmarks/gpt_vs_hf.py "${GPT124[@]}" --skip-train --new-tokens 128 --compile-decode
 step checks 200 $PY benchmarks/cuda_checks.py
-step compiled 200 $PY benchmarks/gpt_vs_hf.py "${GPT124[@]}" --precision bf16 --batch-size 16 \
-  --seq-len 1024 --skip-generate --fused-adamw --compile
+step compiled 240 $PY benchmarks/gpt_vs_hf.py "${GPT124[@]}" --precision bf16 --batch-size 16 \
+  --seq-len 1024 --skip-generate --fused-adamw --compile --profile 30
+step compiled32 150 $PY benchmarks/gpt_vs_hf.py "${GPT124[@]}" --precision bf16 --batch-size 32 \
+  --seq-len 1024 --skip-generate --fused-adamw --compile --repeats 3
 step fit 120 $PY -c "import sys; from tasks.cli import main; main(sys.argv[1:])" fit \
   --config configs/vit/digits.yaml --trainer.precision bf16-mixed --trainer.max_steps 300 \
   --trainer.default_root_dir runs/bench-gpu/vit_digits --trainer.callbacks+=tasks.Compile
