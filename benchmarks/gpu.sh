@@ -2,8 +2,8 @@
 # The GPU benchmarks and checks, in one script for a lent CUDA machine (`make bench-gpu` here):
 # GPT-124M bf16 training MFU (eager, then compiled with a profile, then compiled at batch 32) and
 # generation against Hugging Face, the CUDA-only correctness checks, a Lightning fit on the GPU
-# in bf16-mixed, every family's table on CUDA. Each step has its own time limit, so one that hangs does not take the others with it;
-# logs go to $LOG_DIR (default runs/bench-gpu). Steps by name as arguments (default: all):
+# in bf16-mixed, every family's table on CUDA. Each step has its own time limit, so one that
+# hangs does not take the others with it; logs go to $LOG_DIR (default runs/bench-gpu). Steps by name as arguments (default: all):
 #   train generate checks compiled compiled32 fit summary
 # Exit status: the number of steps that failed.
 set -uo pipefail
