@@ -80,8 +80,9 @@ class GenerationConfig(Config):
     most `MAX_COPY_BYTES`; True: for any batch and size (CPU float32 weights only); False: never.
     Beam search keeps the weights as they are (its 5-row steps gained nothing); steps of
     `FEW_ROWS` rows (a beam search's W + 1, a small batch) compute their widening products
-    output-major instead where the decoding weights outgrow the cache (`MIN_COLD_BYTES`;
-    `unitok.layers.decode_layout.output_major_products`: the same tokens)."""
+    output-major instead (`unitok.layers.decode_layout.output_major_products`: the same tokens):
+    ``output_major`` None, the default, where the decoding weights outgrow the cache
+    (`MIN_COLD_BYTES`, on the CPU); True: whatever their size (CPU float32 weights only); False: never."""
 
     max_new_tokens: int = 32
     strategy: Strategy = "greedy"
@@ -97,6 +98,7 @@ class GenerationConfig(Config):
     compile: bool | str = False
     cuda_graph: bool = True
     input_major: bool | None = None
+    output_major: bool | None = None
 
     def __post_init__(self) -> None:
         if self.strategy not in ("greedy", "sample", "beam"):
@@ -106,9 +108,11 @@ class GenerationConfig(Config):
         if self.compile and self.strategy == "beam":
             raise ValueError("compile serves greedy and sampled decoding; beam search reorders its cache every "
                              "step (use compile=False)")
-        if self.input_major is not None and not isinstance(self.input_major, bool):
-            raise TypeError(f"GenerationConfig.input_major must be True, False or None (automatic), got "
-                            f"{self.input_major!r} ({type(self.input_major).__name__})")
+        for name in ("input_major", "output_major"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, bool):
+                raise TypeError(f"GenerationConfig.{name} must be True, False or None (automatic), got "
+                                f"{value!r} ({type(value).__name__})")
         for name in ("early_stopping", "greedy_floor", "cuda_graph"):
             if not isinstance(getattr(self, name), bool):
                 value = getattr(self, name)
@@ -214,7 +218,7 @@ def _decode(model: Decoder, input_ids: Tensor, mask: Tensor, cfg: GenerationConf
     new = input_ids
     running = torch.ones(B, dtype=torch.bool, device=ids.device)
     with contextlib.ExitStack() as layout:
-        _lend_output_major(layout, model, B, ids.device)
+        _lend_output_major(layout, model, B, ids.device, cfg)
         for step in range(cfg.max_new_tokens):
             logits = model.next_token_logits(new, step_mask, cache)
             token, running = _next_tokens(logits, running, cfg, generator)
@@ -243,12 +247,15 @@ def _lend_input_major(layout: contextlib.ExitStack, model: Decoder, rows: int, d
     layout.enter_context(input_major_weights(module, None if cfg.input_major else rows))
 
 
-def _lend_output_major(layout: contextlib.ExitStack, model: Decoder, rows: int, device: torch.device) -> None:
+def _lend_output_major(layout: contextlib.ExitStack, model: Decoder, rows: int, device: torch.device,
+                       cfg: GenerationConfig) -> None:
     """Compute the widening products of ``rows``-row steps output-major until ``layout`` closes,
-    where that is faster: `FEW_ROWS` rows on the CPU, decoding weights of at least `MIN_COLD_BYTES`."""
+    where that is faster: `FEW_ROWS` rows on the CPU, decoding weights of at least `MIN_COLD_BYTES`
+    (`GenerationConfig.output_major`; True: whatever their size, False: never)."""
     module = model if isinstance(model, nn.Module) else getattr(model, "weights", None)
-    if (isinstance(module, nn.Module) and device.type == "cpu" and FEW_ROWS[0] <= rows <= FEW_ROWS[1]
-            and weight_bytes(module) >= MIN_COLD_BYTES):
+    if cfg.output_major is False or not isinstance(module, nn.Module) or device.type != "cpu":
+        return
+    if FEW_ROWS[0] <= rows <= FEW_ROWS[1] and (cfg.output_major or weight_bytes(module) >= MIN_COLD_BYTES):
         layout.enter_context(output_major_products())
 
 
@@ -400,7 +407,7 @@ def _beam_search(model: Decoder, input_ids: Tensor, mask: Tensor, cfg: Generatio
     top_w = torch.arange(keep, device=device)[None, :] < W
     searching = True
     with contextlib.ExitStack() as layout:
-        _lend_output_major(layout, model, B * R, device)
+        _lend_output_major(layout, model, B * R, device, cfg)
         for cur in range(S, max_len):
             logits = model.next_token_logits(new, flat_mask, cache).float()  # (B·R, V)
             V = logits.shape[-1]

@@ -13,6 +13,7 @@ from torch import nn
 import unitok.generate as generation
 import unitok.layers.decode_layout as decode_layout
 import unitok.layers.fused_linear as fused_linear
+from unitok.generate import GenerationConfig
 from unitok.layers.decode_layout import (
     FEW_ROWS,
     MIN_COLD_BYTES,
@@ -133,6 +134,24 @@ def test_beam_search_of_a_model_out_of_cache_runs_output_major_and_finds_the_sam
     assert {r for r, _ in taken} == {rows}
     assert {out for _, out in taken} == {96, 32, 128, 40}  # qkv, attention output, MLP up, the head
     assert torch.equal(output_major, as_stored)
+
+
+def test_generation_config_turns_output_major_products_on_or_off(monkeypatch, taken):
+    """output_major=None decides by the weights' size; True computes a cached model's few-row
+    steps output-major too; False never does, even out of cache; the tokens are the same."""
+    model = tiny_gpt()
+    prompt = torch.tensor([[3, 4, 5, 6]])
+    options = dict(max_new_tokens=8, strategy="beam", num_beams=4, eos_token_id=None)
+    expected = model.generate(prompt, **options)
+    assert taken == []  # automatic: 60 kB of weights stay in cache
+    assert torch.equal(model.generate(prompt, output_major=True, **options), expected)
+    assert taken and {r for r, _ in taken} == {5}
+    taken.clear()
+    monkeypatch.setattr(generation, "MIN_COLD_BYTES", 0)  # out of cache: automatic would take the path
+    assert torch.equal(model.generate(prompt, output_major=False, **options), expected)
+    assert taken == []
+    with pytest.raises(TypeError, match=r"output_major must be True, False or None \(automatic\), got 1"):
+        GenerationConfig(output_major=1)
 
 
 def test_greedy_batches_of_a_few_rows_run_output_major_one_or_two_rows_read_input_major(monkeypatch, taken):
