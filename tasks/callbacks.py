@@ -165,8 +165,8 @@ class PrintPredictions(L.Callback):
 class Compile(L.Callback):
     """Compile the task's transformer stacks with torch.compile before training
     (`unitok.compile.compile_backbones`: the blocks as one graph each, and each chunk of the LM
-    head's fused loss; input checks eager; evaluation stays eager). The first steps pay the compilation (tens of seconds on a CPU);
-    worth it for long runs. ``backend`` / ``mode`` / ``dynamic``: as `torch.compile` takes them.
+    head's fused loss; input checks eager; evaluation stays eager). The first steps pay the
+    compilation (tens of seconds on a CPU); worth it for long runs. ``backend`` / ``mode`` / ``dynamic``: as `torch.compile` takes them.
 
     In a recipe: ``trainer.callbacks: [{class_path: tasks.Compile}]``; on the command line:
     ``--trainer.callbacks+=tasks.Compile``."""

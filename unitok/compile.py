@@ -13,6 +13,7 @@ that trains with it reads from `loss_backend`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -24,7 +25,8 @@ from unitok.backbone import Backbone
 def compile_backbones(model: nn.Module, training_only: bool = True, **options: Any) -> int:
     """Compile every `Backbone` inside ``model`` in place (weights and state-dict keys
     unchanged), and the fused LM-head loss of the modules in it (`loss_backend`); ``options`` go
-    to `torch.compile` (backend, mode, dynamic, …), the loss takes the backend alone. -> how many
+    to `torch.compile` (backend, mode, dynamic, …), the loss takes the backend (a name or a
+    callable) alone. -> how many
     stacks were compiled. Calling it again on a compiled model changes nothing."""
     loss_setting = (options.get("backend") or "inductor", training_only)
     for module in model.modules():
@@ -48,7 +50,7 @@ def compile_backbones(model: nn.Module, training_only: bool = True, **options: A
     return count
 
 
-def loss_backend(module: nn.Module) -> str | bool:
+def loss_backend(module: nn.Module) -> bool | str | Callable[..., Any]:
     """The `torch.compile` backend for ``module``'s LM head fused with its loss (the ``compile``
     argument of `unitok.losses.linear_cross_entropy`): the one `compile_backbones` was given, while
     the module trains (or always, if it compiled more than training); False otherwise."""

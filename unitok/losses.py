@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -71,7 +72,7 @@ _CUDA_FLOAT32_OUT_GEMMS = all("dtype_out" in op.overloads() for op in (torch.ops
 
 
 def linear_cross_entropy(hidden: Tensor, weight: Tensor, labels: Tensor, bias: Tensor | None = None, *,
-                         compile: bool | str = False) -> Tensor:
+                         compile: bool | str | Callable[..., Any] = False) -> Tensor:
     """``cross_entropy(F.linear(hidden, weight, bias), labels)`` — the mean over labels ≠ -100, in
     float32 — with the LM head and the loss fused: the (…, V) logits are made a chunk of rows at a
     time and turned into their gradient (softmax − one-hot) at once, so neither the logits nor
@@ -81,7 +82,7 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, labels: Tensor, bias: T
     gradients of the inputs that need one are computed in the forward pass (backward only scales
     them), so the loss cannot be differentiated twice; under ``no_grad`` only the loss is computed.
 
-    ``compile`` (True: inductor, or a `torch.compile` backend's name) computes each chunk's
+    ``compile`` (True: inductor, or a `torch.compile` backend: its name or callable) computes each chunk's
     softmax, log p(target) and gradient as one compiled function (`softmax_gradient`), which
     inductor fuses into a few kernels over the logits instead of one pass per operation; the GEMMs
     stay as they are. `unitok.compile.compile_backbones` turns it on for the models it compiles.
@@ -98,8 +99,9 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, labels: Tensor, bias: T
         # F.linear refuses mixed dtypes outside autocast; casting here would hide the mistake
         raise ValueError(f"hidden is {hidden.dtype} but the weight / bias are {weight.dtype} / "
                          f"{bias.dtype if bias is not None else None}: give them one dtype, or run under autocast")
-    if not isinstance(compile, (bool, str)) or compile == "":
-        raise ValueError(f"compile must be True/False or a torch.compile backend's name, got {compile!r}")
+    if not (isinstance(compile, (bool, str)) or callable(compile)) or compile == "":
+        raise ValueError(f"compile must be True/False or a torch.compile backend (a name or a callable), "
+                         f"got {compile!r}")
     check_class_labels(labels, hidden.shape[:-1], weight.shape[0])
     softmax_grad = _compiled_softmax_gradient("inductor" if compile is True else compile) if compile else None
     return _LinearCrossEntropy.apply(hidden.reshape(-1, hidden.shape[-1]), weight, bias,
@@ -123,7 +125,7 @@ def softmax_gradient(logits: Tensor, targets: Tensor, row_weight: Tensor, need_g
 
 
 @functools.cache
-def _compiled_softmax_gradient(backend: str) -> Callable[..., tuple[Tensor, Tensor | None, Tensor | None]]:
+def _compiled_softmax_gradient(backend: str | Callable[..., Any]) -> Callable[..., tuple[Tensor, Tensor | None, Tensor | None]]:
     # traced for the first block's shape, then once more with the row count dynamic (the last
     # chunk's or block's rows change with the batch): never a recompilation a step
     return torch.compile(softmax_gradient, backend=backend, fullgraph=True)

@@ -1,8 +1,9 @@
 """The compiled path equals eager: `compile_backbones` compiles every transformer stack as one
 graph (no graph breaks), leaves the input checks and evaluation eager, and gives the same
-outputs and gradients; the LM head fused with its loss compiles along (`loss_backend`). The ordinary suite traces with the ``aot_eager`` backend (Dynamo +
-AOTAutograd, the parts that could change the maths, without a C++ toolchain's warm-up);
-``make test-compile`` runs the same checks through inductor."""
+outputs and gradients; the LM head fused with its loss compiles along (`loss_backend`). The
+ordinary suite traces with the ``aot_eager`` backend (Dynamo + AOTAutograd, the parts that could
+change the maths, without a C++ toolchain's warm-up); ``make test-compile`` runs the same checks
+through inductor."""
 
 from __future__ import annotations
 

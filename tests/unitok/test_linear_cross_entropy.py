@@ -118,10 +118,22 @@ def test_compiled_chunks_give_the_eager_loss_and_gradients(monkeypatch, precisio
                                    atol=1e-6, rtol=1e-6)
 
 
-def test_compile_takes_a_bool_or_a_backend_name():
+def test_compile_takes_a_bool_or_a_backend_name_or_callable():
+    import torch._dynamo
+
+    torch._dynamo.reset()
     hidden, weight, bias, labels = problem()
+    graphs = []
+
+    def backend(graph, example_inputs):  # a torch.compile backend: record the graph, run it as traced
+        graphs.append(graph)
+        return graph.forward
+
+    loss = linear_cross_entropy(hidden, weight, labels, bias, compile=backend)
+    assert graphs  # the chunk's softmax gradient went through it
+    torch.testing.assert_close(loss, linear_cross_entropy(hidden, weight, labels, bias), atol=1e-6, rtol=1e-6)
     for bad in ("", 1, None):
-        with pytest.raises(ValueError, match="compile must be True/False or a torch.compile backend's name"):
+        with pytest.raises(ValueError, match=r"compile must be True/False or a torch.compile backend \(a name"):
             linear_cross_entropy(hidden, weight, labels, bias, compile=bad)
 
 
