@@ -259,7 +259,8 @@ def profile_default_paths(ours: nn.Module, hf: nn.Module, args: argparse.Namespa
     cuda = args.device.startswith("cuda")
     for name, model in (("unitok", ours), ("hf", hf)):
         step = make_train_step(training_copy(model, args), ids, 1, amp, True, loss_fn=default_loss)
-        step(), step()  # warm-up, compilation included
+        for _ in range(2):  # warm-up, compilation included
+            step()
         with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
             for _ in range(3):
                 step()  # returns the loss as a float: each step ends synchronised
