@@ -6,7 +6,10 @@
 4. The LM head fused with the loss (`linear_cross_entropy`) equals ``cross_entropy(linear(...))`` on
    CUDA, in float32 and under bf16 autocast, gradients included; eager and with its chunks'
    softmax gradient compiled (``compile=True``: inductor's Triton kernels).
-5. Decoding on CUDA: greedy and beam search give the CPU's tokens; ``generate(compile=True)`` (a
+5. A training step on CUDA (GPT's fused loss, ViT's cross-entropy, fused AdamW) makes no host
+   sync (``torch.cuda.set_sync_debug_mode("error")``): the input checks' verdicts are read
+   deferred (`unitok.checks.deferred_checks`), and bad ids, labels and pixels are still named.
+6. Decoding on CUDA: greedy and beam search give the CPU's tokens; ``generate(compile=True)`` (a
    static cache, the step compiled and captured as a CUDA graph) gives eager's tokens, greedy,
    left-padded and seeded sampling alike.
 
@@ -33,11 +36,14 @@ from unitok.losses import linear_cross_entropy
 from unitok.models import GPT, T5, GPTConfig, T5Config, ViT, ViTConfig
 
 RESULTS: list[tuple[str, bool, str]] = []
+ONLY: list[str] = []  # --only: run just the checks whose names contain one of these
 Run = Callable[[torch.nn.Module, str], torch.Tensor]
 
 
 def check(name: str, fn: Callable[..., str], *args: object) -> None:
     """Run ``fn(*args)``; record a pass (its return value as the detail) or a failure, and print it."""
+    if ONLY and not any(part in name for part in ONLY):
+        return
     start = time.perf_counter()
     try:
         detail, ok = fn(*args), True
@@ -148,6 +154,51 @@ def fused_loss_equals_unfused(device: str, compile: bool = False) -> str:
     return ", ".join(details)
 
 
+def training_step_without_host_sync(device: str) -> str:
+    """Two warm-up steps, then one under sync debug mode "error"; then bad inputs, each named."""
+    torch.manual_seed(0)
+    gpt = GPT(GPTConfig.from_name("gpt-micro", vocab_size=512, dropout=0.0)).to(device).train()
+    vit = ViT(ViTConfig.from_name("vit-digits", dropout=0.0)).to(device).train()
+    opt = torch.optim.AdamW([*gpt.parameters(), *vit.parameters()], lr=1e-4, fused=device.startswith("cuda"))
+    g = torch.Generator().manual_seed(8)
+    ids = torch.randint(0, 512, (4, 64), generator=g).to(device)
+    pixels = torch.randn(8, 1, 32, 32, generator=g).to(device)
+    classes = torch.randint(0, 10, (8,), generator=g).to(device)
+
+    def step(ids: torch.Tensor = ids, pixels: torch.Tensor = pixels, labels: torch.Tensor = ids) -> None:
+        with torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
+            loss = gpt(ids, labels=labels, return_logits=False).loss + vit(pixels, labels=classes).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    step()
+    step()
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+    try:
+        step()
+    finally:
+        if device.startswith("cuda"):
+            torch.cuda.set_sync_debug_mode("default")
+    bad_ids, bad_labels, bad_pixels = ids.clone(), ids.clone(), pixels.clone()
+    bad_ids[1, 3], bad_labels[2, 5], bad_pixels[3, 0, 1, 1] = 512, 600, float("nan")
+    errors = []
+    for name, kwargs, expected in (("ids", dict(ids=bad_ids), "token ids [512] are outside"),
+                                   ("labels", dict(labels=bad_labels), "labels [600] are outside"),
+                                   ("pixels", dict(pixels=bad_pixels), "pixel_values contain 1 NaN/inf")):
+        try:
+            step(**kwargs)
+        except ValueError as error:
+            assert expected in str(error), f"bad {name}: {error}"
+            errors.append(name)
+        else:
+            raise AssertionError(f"bad {name} passed")
+    step()  # the device is still usable: no device-side assert fired
+    return f"no sync in a step; bad {', '.join(errors)} named"
+
+
 def decoding_as_on_the_cpu(gpt: GPT, device: str, beam: bool, prompt: torch.Tensor,
                            mask: torch.Tensor | None) -> str:
     options = dict(strategy="beam", num_beams=4, max_new_tokens=32) if beam else dict(max_new_tokens=48)
@@ -178,7 +229,11 @@ def compiled_decoding_as_eager(gpt: GPT, device: str, graph: bool, prompt: torch
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda", help="cuda, or cpu for a dry run of the script")
-    device = p.parse_args(argv).device
+    p.add_argument("--only", nargs="+", default=[], metavar="TEXT",
+                   help="run just the checks whose names contain one of these texts")
+    args = p.parse_args(argv)
+    device = args.device
+    ONLY[:] = args.only
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit("cuda_checks.py needs a CUDA device (or --device cpu for a dry run)")
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -212,6 +267,9 @@ def main(argv: list[str] | None = None) -> int:
     check("linear_cross_entropy(compile=True) == cross_entropy(linear) on cuda: inductor's softmax gradient",
           fused_loss_equals_unfused, device, True)
 
+    check("a training step on cuda makes no host sync (deferred input checks), bad input still named",
+          training_step_without_host_sync, device)
+
     torch.manual_seed(5)
     gpt = GPT(GPTConfig.from_name("gpt-mini", vocab_size=512, dropout=0.0)).eval()
     prompt = torch.randint(0, 512, (2, 12), generator=torch.Generator().manual_seed(6))
@@ -225,6 +283,8 @@ def main(argv: list[str] | None = None) -> int:
         check(f"compile=True decoding on cuda == eager (static cache, cuda_graph={graph})",
               compiled_decoding_as_eager, gpt, device, graph, prompt, padded, mask)
 
+    if not RESULTS:
+        raise SystemExit(f"no check's name contains any of {ONLY}")
     failed = [name for name, ok, _ in RESULTS if not ok]
     print(f"\n{len(RESULTS) - len(failed)} passed, {len(failed)} failed")
     return 1 if failed else 0

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The GPU benchmarks and checks, in one script for a lent CUDA machine (`make bench-gpu` here):
 # GPT-124M bf16 training MFU (eager, then compiled with a profile, then compiled at batch 32) and
-# generation against Hugging Face, the CUDA-only correctness checks, a Lightning fit on the GPU
-# in bf16-mixed, every family's table on CUDA. Each step has its own time limit, so one that
+# generation against Hugging Face, the CUDA-only correctness checks, what the input checks'
+# verdicts cost a step (deferred against at once), a Lightning fit on the GPU in bf16-mixed,
+# ViT / DeiT / Mixer against timm at batch 8 (long repetitions) and at a GPU's batch (ViT-S width,
+# 12 blocks, batch 128, bf16), every family's table on CUDA. Each step has its own time limit, so one that
 # hangs does not take the others with it; logs go to $LOG_DIR (default runs/bench-gpu). Steps by name as arguments (default: all):
-#   train generate checks compiled compiled32 fit summary
+#   train generate checks compiled compiled32 syncs fit vision8 vision summary
 # Exit status: the number of steps that failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -13,7 +15,7 @@ PY=${PYTHON:-python3}
 LOG=${LOG_DIR:-runs/bench-gpu}
 mkdir -p "$LOG"
 failed=0
-STEPS=${*:-train generate checks compiled compiled32 fit summary}
+STEPS=${*:-train generate checks compiled compiled32 syncs fit vision8 vision summary}
 step() {  # step NAME SECONDS COMMAND...: run one step (if asked for), log it, count a failure
   local name=$1 limit=$2; shift 2
   [[ " $STEPS " == *" $name "* ]] || return 0
@@ -34,9 +36,13 @@ step compiled 240 $PY benchmarks/gpt_vs_hf.py "${GPT124[@]}" --precision bf16 --
   --seq-len 1024 --skip-generate --fused-adamw --compile --profile 30
 step compiled32 150 $PY benchmarks/gpt_vs_hf.py "${GPT124[@]}" --precision bf16 --batch-size 32 \
   --seq-len 1024 --skip-generate --fused-adamw --compile --repeats 3
+step syncs 200 $PY benchmarks/deferred_checks.py
 step fit 120 $PY -c "import sys; from tasks.cli import main; main(sys.argv[1:])" fit \
   --config configs/vit/digits.yaml --trainer.precision bf16-mixed --trainer.max_steps 300 \
   --trainer.default_root_dir runs/bench-gpu/vit_digits --trainer.callbacks+=tasks.Compile
+step vision8 150 $PY benchmarks/vision_vs_timm.py --device cuda --train-steps 20 --infer-batches 40 --repeats 7
+step vision 200 $PY benchmarks/vision_vs_timm.py --device cuda --precision bf16 --batch-size 128 --depth 12 \
+  --vit-dim 384 --vit-heads 6 --train-steps 5 --infer-batches 10 --repeats 5
 step summary 180 $PY benchmarks/summary.py --device cuda --threads 4
 echo "=== $failed step(s) failed"
 exit "$failed"

@@ -49,7 +49,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: find timing.py
-from timing import add_side_by_side_options, alternate, autocast, positive_int, prepare_process  # noqa: E402
+from timing import (  # noqa: E402
+    add_side_by_side_options,
+    alternate,
+    autocast,
+    positive_int,
+    prepare_process,
+    sync,
+)
 
 MODELS = ("vit", "deit", "mixer")
 
@@ -77,6 +84,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     add_side_by_side_options(p)
     p.add_argument("--atol", type=float, default=1e-4, help="tolerance of the equal-output check")
+    p.add_argument("--profile", type=int, default=0, metavar="ROWS",
+                   help="after timing, profile a training and an inference repetition of unitok's default path "
+                        "and timm's: wall, device busy time and kernels, then the ROWS busiest operators by device "
+                        "and by host time (0: none)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip-train", action="store_true")
     p.add_argument("--skip-infer", action="store_true")
@@ -238,6 +249,43 @@ def bench_infer(ours: nn.Module, theirs: nn.Module, args: argparse.Namespace,
     return {name: n / statistics.median(t) for name, t in times.items()}
 
 
+def profile_sides(ours: nn.Module, theirs: nn.Module, kind: str, args: argparse.Namespace,
+                  batch: tuple[Tensor, Tensor, Tensor]) -> None:
+    """Where a repetition of each side goes (torch.profiler): its wall time, the device's busy
+    time and kernel count (a small batch on a GPU is bound by the host launching kernels), and
+    the ``--profile`` busiest operators (by device time on a GPU, then by host time)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = args.device.startswith("cuda")
+    amp = functools.partial(autocast, args.device, args.precision)
+    for name, model in sides(ours, theirs).items():
+        if name == "unitok_all_tokens":
+            continue
+        train = make_train_step(prepare_for_training(model, kind), kind, batch, args.train_steps, amp)
+        model.eval()
+
+        @torch.no_grad()
+        def infer(model: nn.Module = model) -> None:
+            for _ in range(args.infer_batches):
+                model(batch[0])
+
+        for mode, run in (("train", train), ("infer", infer)):
+            run()  # warm-up
+            sync(args.device)
+            with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+                start = time.perf_counter()
+                run()
+                sync(args.device)
+                wall = time.perf_counter() - start
+            events = prof.key_averages()
+            kernels = [e for e in events if e.device_type.name == "CUDA" and not e.is_user_annotation]
+            busy = sum(e.self_device_time_total for e in kernels) / 1e6
+            print(f"profile, {kind} {mode}, {name}: {1e3 * wall:.2f} ms under the profiler"
+                  + (f", device busy {1e3 * busy:.2f} ms, {sum(e.count for e in kernels)} kernels" if cuda else ""))
+            for key in ("self_device_time_total", "self_cpu_time_total") if cuda else ("self_cpu_time_total",):
+                print(events.table(sort_by=key, row_limit=args.profile, max_name_column_width=50))
+
+
 # --------------------------------------------------------------------------- report
 def print_table(rows: list[tuple[str, str, float, float]]) -> None:
     """model | metric | unitok | timm | ratio (unitok / timm)."""
@@ -284,6 +332,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             rows.append((kind, "infer images/s", infer["unitok"], infer["timm"]))
             if "unitok_all_tokens" in infer:
                 rows.append((kind, "  all tokens", infer["unitok_all_tokens"], infer["timm"]))
+        if args.profile:
+            profile_sides(ours, theirs, kind, args, batch)
     print_table(rows)
     result["seconds"] = time.perf_counter() - start
     print(f"({result['seconds']:.0f} s)")

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import deferred_checks  # noqa: E402
 import gpt_vs_hf  # noqa: E402
 import summary  # noqa: E402
 import t5_vs_hf  # noqa: E402
@@ -136,3 +137,33 @@ def test_t5_benchmark_default_paths_step_fused_adamw_on_both_sides(monkeypatch):
                    "--repeats", "1", "--warmup", "0"])
     # the same-loss rows step the unfused AdamW; each library's default path (labels=), fused AdamW
     assert made == [("unitok", None), ("transformers", None), ("unitok", True), ("transformers", True)]
+
+
+def test_the_deferred_checks_benchmark_compares_what_it_names():
+    """Its three variants: checks deferred on a GPU (unitok as it runs), read at once, and none at all
+    (bad ids and labels pass unnamed); each undoes the others' settings."""
+    import unitok.checks as checks
+    import unitok.losses as losses
+    from unitok.embed import TokenEmbedding
+    from unitok.losses import linear_cross_entropy
+
+    setups = deferred_checks.variants()
+    embed = TokenEmbedding(5, 2)
+    hidden, weight = torch.randn(2, 3), torch.randn(5, 3)
+    try:
+        setups["none"]()
+        with pytest.raises(IndexError):  # torch's own index error: unitok's range check is off
+            embed(torch.tensor([[7]]))
+        bad = torch.tensor([9, 1])
+        assert losses.check_class_labels(bad, (2,), 5) is bad  # passed through unchecked
+        setups["at once"]()
+        assert checks._DEFERRING_DEVICES == frozenset()
+        with pytest.raises(ValueError, match=r"token ids \[7\] are outside"):
+            embed(torch.tensor([[7]]))
+        with pytest.raises(ValueError, match=r"labels \[9\] are outside"):
+            linear_cross_entropy(hidden, weight, torch.tensor([9, 1]))
+    finally:
+        setups["deferred"]()
+    assert checks._DEFERRING_DEVICES == frozenset({"cuda"})
+    with pytest.raises(ValueError, match=r"labels \[9\] are outside"):
+        linear_cross_entropy(hidden, weight, torch.tensor([9, 1]))

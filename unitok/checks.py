@@ -1,17 +1,90 @@
-"""Input checks shared by the models: refuse bad input up front with a message that names it."""
+"""Input checks shared by the models: refuse bad input up front with a message that names it.
+
+A check of a tensor on a GPU has to bring its verdict to the host, and reading it there waits
+for everything queued before it: a training step whose checks run first drains the GPU's queue
+once per check. Inside `deferred_checks` (the models' forwards and the fused loss open one) a
+GPU check instead queues its verdict as a non-blocking copy and the scope reads every verdict
+as it ends, when the GPU has long passed them; the error is the same and is raised before the
+scope's results are returned. Until then a deferred check's caller makes bad values harmless
+(out-of-range ids clamped), so a gather cannot fault on them first. CPU tensors are checked at once.
+"""
 
 from __future__ import annotations
 
+import math
+import threading
+from collections.abc import Callable
+from contextlib import ContextDecorator
+from typing import Any
+
 import torch
 from torch import Tensor
+
+_state = threading.local()  # .pending: the open scope's queued verdicts, or None outside a scope
+_DEFERRING_DEVICES = frozenset({"cuda"})  # where reading a verdict at once would drain a queue
+
+
+class deferred_checks(ContextDecorator):  # noqa: N801 (used as a context manager and decorator)
+    """Scope (``with deferred_checks():`` or ``@deferred_checks()``) in which checks of GPU tensors
+    read their verdicts at the end rather than at once. Nested scopes join the outermost one; a
+    scope left by an exception drops its verdicts (that error goes first)."""
+
+    def _recreate_cm(self) -> deferred_checks:  # as a decorator: a fresh scope per call (reentrant, thread-safe)
+        return type(self)()
+
+    def __enter__(self) -> deferred_checks:
+        self._outermost = getattr(_state, "pending", None) is None
+        if self._outermost:
+            _state.pending = []
+        return self
+
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        if not self._outermost:
+            return
+        pending, _state.pending = _state.pending, None
+        if exc_type is None:
+            for verdict, done, fail, bad in pending:
+                if done is not None:
+                    done.synchronize()  # long passed in a scope that queued real work after the check
+                if bad(verdict):
+                    fail()
+
+
+def defers(values: Tensor) -> bool:
+    """Whether a check of ``values`` is deferred here (a CUDA tensor inside `deferred_checks`)."""
+    return getattr(_state, "pending", None) is not None and values.device.type in _DEFERRING_DEVICES
+
+
+def raise_if(value: Tensor, fail: Callable[[], None], deferred: bool,
+             bad: Callable[[Tensor], bool] = bool) -> None:
+    """Call ``fail`` (which raises the error; it runs only for bad input, so it may read tensors)
+    when ``bad`` says the 0-dim ``value`` shows bad input (default: ``value`` is True), read on
+    the host at once, or (``deferred``, see `defers`) as the scope ends."""
+    if not deferred:
+        if bad(value):
+            fail()
+        return
+    verdict = value.to("cpu", non_blocking=True)  # into pinned memory: the copy does not block the host
+    done = None
+    if value.device.type == "cuda":
+        done = torch.cuda.Event()
+        done.record()
+    _state.pending.append((verdict, done, fail, bad))
 
 
 def check_finite(values: Tensor, name: str) -> None:
     """NaN or inf input would silently turn every output into NaN: raise, naming ``name`` and
     the count of bad values (integer tensors always pass)."""
-    # One reduction pass: a NaN or inf anywhere makes the sum non-finite. Only then count the
-    # bad values (a sum can also overflow from finite values, which then pass).
-    if values.dtype.is_floating_point and not bool(torch.isfinite(values.sum())):
+    if not values.dtype.is_floating_point:
+        return
+
+    def fail() -> None:
         bad = int((~torch.isfinite(values)).sum())
         if bad:
             raise ValueError(f"{name} contain {bad} NaN/inf values")
+
+    # One reduction: a NaN or inf anywhere makes the sum non-finite (and NaN harms nothing while
+    # a deferred verdict waits). The sum is judged on the host, where torch.isfinite would add
+    # four kernels on a GPU; only a non-finite sum counts the bad values (a sum can also
+    # overflow from finite values, which then pass).
+    raise_if(values.sum(), fail, defers(values), bad=lambda total: not math.isfinite(total))

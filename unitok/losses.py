@@ -22,11 +22,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from unitok.checks import deferred_checks, defers, raise_if
+
 IGNORE_INDEX = -100
 
 
-def check_class_labels(labels: Tensor, shape: tuple[int, ...], num_classes: int, name: str = "labels") -> None:
-    """Refuse class labels of the wrong shape, dtype or range (``IGNORE_INDEX`` is allowed)."""
+def check_class_labels(labels: Tensor, shape: tuple[int, ...], num_classes: int, name: str = "labels") -> Tensor:
+    """Refuse class labels of the wrong shape, dtype or range (``IGNORE_INDEX`` is allowed). Returns
+    the labels to score with: themselves, or where the range check is deferred (a GPU tensor in
+    `unitok.checks.deferred_checks`) a copy with bad ids set to 0, so no gather faults before the
+    error is raised."""
     if not isinstance(labels, Tensor):
         raise TypeError(f"{name} must be a tensor of class ids, got {type(labels).__name__}")
     if tuple(labels.shape) != tuple(shape):
@@ -35,15 +40,20 @@ def check_class_labels(labels: Tensor, shape: tuple[int, ...], num_classes: int,
     if labels.dtype.is_floating_point or labels.dtype == torch.bool or labels.is_complex():
         raise TypeError(f"{name} must hold integer class ids, got {labels.dtype}")
     bad = (labels != IGNORE_INDEX) & ((labels < 0) | (labels >= num_classes))
-    if bool(bad.any()):
+
+    def fail() -> None:
         values = labels[bad].unique()[:5].tolist()
         raise ValueError(f"{name} {values} are outside [0, {num_classes}); use {IGNORE_INDEX} for positions "
                          "that are not scored")
 
+    deferred = defers(labels)
+    raise_if(bad.any(), fail, deferred)
+    return labels.masked_fill(bad, 0) if deferred else labels
+
 
 def cross_entropy(logits: Tensor, labels: Tensor, name: str = "labels") -> Tensor:
     """(…, V) logits, (…) class ids -> mean cross-entropy over the labels ≠ -100 (in float32)."""
-    check_class_labels(labels, logits.shape[:-1], logits.shape[-1], name)
+    labels = check_class_labels(labels, logits.shape[:-1], logits.shape[-1], name)
     return _cross_entropy(logits, labels)
 
 
@@ -71,6 +81,7 @@ BLOCK_VALUES = 1 << 19
 _CUDA_FLOAT32_OUT_GEMMS = all("dtype_out" in op.overloads() for op in (torch.ops.aten.mm, torch.ops.aten.addmm))
 
 
+@deferred_checks()  # on a GPU the labels' verdict is read after the chunks are queued
 def linear_cross_entropy(hidden: Tensor, weight: Tensor, labels: Tensor, bias: Tensor | None = None, *,
                          compile: bool | str | Callable[..., Any] = False) -> Tensor:
     """``cross_entropy(F.linear(hidden, weight, bias), labels)`` — the mean over labels ≠ -100, in
@@ -102,7 +113,7 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, labels: Tensor, bias: T
     if not (isinstance(compile, (bool, str)) or callable(compile)) or compile == "":
         raise ValueError(f"compile must be True/False or a torch.compile backend (a name or a callable), "
                          f"got {compile!r}")
-    check_class_labels(labels, hidden.shape[:-1], weight.shape[0])
+    labels = check_class_labels(labels, hidden.shape[:-1], weight.shape[0])
     softmax_grad = _compiled_softmax_gradient("inductor" if compile is True else compile) if compile else None
     return _LinearCrossEntropy.apply(hidden.reshape(-1, hidden.shape[-1]), weight, bias,
                                      labels.reshape(-1).to(hidden.device), softmax_grad)
@@ -248,7 +259,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
 def causal_lm_loss(logits: Tensor, labels: Tensor) -> Tensor:
     """(B, N, V) logits, (B, N) labels aligned with the inputs -> next-token loss: position t is
     scored on ``labels[:, t + 1]`` (the shift happens here, as in ``GPT2LMHeadModel``)."""
-    check_class_labels(labels, logits.shape[:-1], logits.shape[-1])
+    labels = check_class_labels(labels, logits.shape[:-1], logits.shape[-1])
     return _cross_entropy(logits[:, :-1], labels[:, 1:])
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from unitok.checks import defers, raise_if
+
 
 class TokenEmbedding(nn.Embedding):
     """``nn.Embedding`` that names out-of-range ids instead of failing deep inside an index op."""
@@ -17,9 +19,18 @@ class TokenEmbedding(nn.Embedding):
         if ids.dtype.is_floating_point:
             raise TypeError(f"token ids must be integers, got {ids.dtype}")
         if check and ids.numel():
+            V = self.num_embeddings
+
+            def fail() -> None:
+                bad = ids[(ids < 0) | (ids >= V)].unique()[:5].tolist()
+                raise ValueError(f"token ids {bad} are outside the vocabulary [0, {V})")
+
+            if defers(ids):  # on a GPU: the verdict is read as the scope ends, the gather reads clamped ids
+                safe = ids.clamp(0, V - 1)
+                raise_if((safe != ids).any(), fail, deferred=True)
+                return super().forward(safe)
             lo, hi = torch.aminmax(ids)  # one reduction instead of min() and max()
-            if int(lo) < 0 or int(hi) >= self.num_embeddings:
-                bad = ids[(ids < 0) | (ids >= self.num_embeddings)].unique()[:5].tolist()
-                raise ValueError(f"token ids {bad} are outside the vocabulary [0, {self.num_embeddings})")
+            if int(lo) < 0 or int(hi) >= V:
+                fail()
         return super().forward(ids)
 

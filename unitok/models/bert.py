@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from tokenizers_mm import Tokens
 from unitok.backbone import Backbone, BackboneConfig, init_weights
+from unitok.checks import deferred_checks
 from unitok.config import Config
 from unitok.embed import LearnedPositions, TokenEmbedding
 from unitok.heads import ClassificationHead, MLMHead, Pooler, ReplacedTokenHead, SpanHead
@@ -233,6 +234,7 @@ class BERT(PretrainedModel):
         return ("mlm_head.decoder.weight",) if self.mlm_head is not None else ()
 
     # ------------------------------------------------------------------ forward
+    @deferred_checks()  # on a GPU, input checks' verdicts are read as the forward ends: no host sync
     def forward(
         self,
         input_ids: Tensor | Tokens,

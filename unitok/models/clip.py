@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from tokenizers_mm import CLIPTokenizer, PatchTokenizer, Processor, SpectrogramConfig, Tokens
 from unitok.backbone import Backbone, BackboneConfig, init_weights
-from unitok.checks import check_finite
+from unitok.checks import check_finite, deferred_checks
 from unitok.config import Config
 from unitok.embed import TokenEmbedding
 from unitok.embed.modalities import AudioEmbedder
@@ -434,6 +434,7 @@ class CLIP(PretrainedModel):
             return self.encode_audio(tokens.to(self.audio_proj.weight.device), normalize=normalize)
         raise ValueError(f"modality must be 'image', 'text' or 'audio', got {modality!r}")
 
+    @deferred_checks()  # on a GPU, input checks' verdicts are read as the forward ends: no host sync
     def forward(self, pixel_values: Tensor | Tokens, text: Tensor | Tokens) -> CLIPOutput:
         """Images and captions -> normalised embeddings and their scaled similarities."""
         image = self.encode_image(pixel_values, normalize=True)

@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from tokenizers_mm import Tokens
 from unitok.backbone import Backbone, BackboneConfig, init_weights
+from unitok.checks import deferred_checks
 from unitok.compile import loss_backend
 from unitok.config import Config
 from unitok.embed import TokenEmbedding, make_positions, positions_from_mask
@@ -122,6 +123,7 @@ class GPT(PretrainedModel):
         return ("lm_head.weight",) if self.config.tie_embeddings else ()
 
     # ------------------------------------------------------------------ forward
+    @deferred_checks()  # on a GPU, input checks' verdicts are read as the forward ends: no host sync
     def forward(
         self,
         input_ids: Tensor | Tokens,

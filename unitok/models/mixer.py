@@ -12,6 +12,7 @@ from torch import Tensor, nn
 
 from tokenizers_mm import Tokens
 from unitok.backbone import Backbone, BackboneConfig, init_weights
+from unitok.checks import deferred_checks
 from unitok.embed import PatchEmbedding
 from unitok.layers.activations import Activation
 from unitok.losses import cross_entropy
@@ -76,6 +77,7 @@ class MLPMixer(ImageModel):
         self.head = nn.Linear(config.d_model, config.num_classes) if config.num_classes else None
         init_weights(self, std=0.02)
 
+    @deferred_checks()  # on a GPU, input checks' verdicts are read as the forward ends: no host sync
     def forward(self, pixel_values: Tensor | Tokens, output_hidden_states: bool = False,
                 labels: Tensor | None = None) -> ImageClassifierOutput:
         """Normalised (B, C, H, W) pixels, or image `Tokens`, -> class logits; ``labels`` (B,)

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from tokenizers_mm import ImagePreprocessConfig, Processor, SpectrogramConfig, Tokens, patchify
 from tokenizers_mm.trajectory import TOKENIZER_FIELDS, TrajectoryTokenizer, TrajectoryWindows
 from unitok.backbone import Backbone, BackboneConfig, init_weights
-from unitok.checks import check_finite
+from unitok.checks import check_finite, deferred_checks
 from unitok.config import Config
 from unitok.embed.modalities import AudioEmbedder, ImageEmbedder, TextEmbedder, TrajectoryEmbedder
 from unitok.heads import (
@@ -649,6 +649,7 @@ class MultimodalTransformer(PretrainedModel):
         return x, mask
 
     # ------------------------------------------------------------------ forward
+    @deferred_checks()  # on a GPU, input checks' verdicts are read as the forward ends: no host sync
     def forward(
         self,
         inputs: Mapping[str, Any],

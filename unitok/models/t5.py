@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from tokenizers_mm import Tokens
 from unitok.backbone import Backbone, BackboneConfig
+from unitok.checks import deferred_checks
 from unitok.compile import loss_backend
 from unitok.config import Config
 from unitok.embed import RelativePositionBias, TokenEmbedding
@@ -253,6 +254,7 @@ class T5(T5Encoder):
             h = h * self.config.d_model**-0.5  # tied head: rescale so logits stay O(1) (Mesh TensorFlow)
         return h, out
 
+    @deferred_checks()  # on a GPU, input checks' verdicts are read as the forward ends: no host sync
     def forward(
         self,
         input_ids: Tensor | Tokens,

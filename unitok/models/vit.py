@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from tokenizers_mm import Tokens
 from unitok.backbone import Backbone, BackboneConfig, init_weights
+from unitok.checks import deferred_checks
 from unitok.embed import PatchEmbedding, resample_grid_positions, sincos_2d_table
 from unitok.layers.activations import Activation
 from unitok.layers.attention import Kernel
@@ -180,6 +181,7 @@ class ViT(ImageModel):
             x = self.norm_pre(x)
         return x, grid
 
+    @deferred_checks()  # on a GPU, input checks' verdicts are read as the forward ends: no host sync
     def forward(
         self,
         pixel_values: Tensor | Tokens,
