@@ -406,6 +406,7 @@ def _beam_search(model: Decoder, input_ids: Tensor, mask: Tensor, cfg: Generatio
     batch_base = (torch.arange(B, device=device) * R)[:, None]
     top_w = torch.arange(keep, device=device)[None, :] < W
     searching = True
+    pooled = False  # has any hypothesis finished yet?
     with contextlib.ExitStack() as layout:
         _lend_output_major(layout, model, B * R, device, cfg)
         for cur in range(S, max_len):
@@ -426,42 +427,52 @@ def _beam_search(model: Decoder, input_ids: Tensor, mask: Tensor, cfg: Generatio
                 logp = all_logp[:, :W] + scores[:, :, None]
                 cand_scores, cand_index = logp.reshape(B, W * V).topk(keep, dim=-1)  # (B, 2W)
                 cand_beam, cand_token = cand_index // V, cand_index % V
-                cand_seqs = seqs.gather(1, cand_beam[:, :, None].expand(-1, -1, max_len)).clone()
-                cand_seqs[:, :, cur] = cand_token
-                finished = torch.zeros_like(cand_token, dtype=torch.bool) if eos is None else cand_token == eos
-                if cur + 1 >= max_len:
-                    finished = torch.ones_like(finished)
+                last = cur + 1 >= max_len
+                if last:
+                    finished = torch.ones_like(cand_token, dtype=torch.bool)
+                elif eos is not None:
+                    finished = cand_token == eos
+                else:
+                    finished = None  # nothing can finish before the length limit
 
                 # Running beams for the next step: the best W candidates that did not finish.
-                running_scores = cand_scores + finished.float() * neg
+                running_scores = cand_scores if finished is None else cand_scores + finished.float() * neg
                 next_scores, pick = running_scores.topk(W, dim=-1)
-                seqs = cand_seqs.gather(1, pick[:, :, None].expand(-1, -1, max_len))
                 beam_origin = cand_beam.gather(1, pick)
 
-                # Finished pool: offer the newly finished among the top W candidates.
-                offered = cand_scores / (length**penalty)
-                pool_full = done_flag.all(dim=1, keepdim=True) & cfg.early_stopping
-                offered = offered + (pool_full | ~open_).float() * neg
-                newly = finished & top_w
-                offered = offered + (~newly).float() * neg
-                merged_scores = torch.cat([done_scores, offered], dim=1)
-                merged_seqs = torch.cat([done_seqs, cand_seqs], dim=1)
-                merged_lens = torch.cat([done_lens, torch.full_like(cand_token, cur + 1)], dim=1)
-                merged_flag = torch.cat([done_flag, newly], dim=1)
-                best = merged_scores.topk(W, dim=-1).indices
-                done_scores = merged_scores.gather(1, best)
-                done_seqs = merged_seqs.gather(1, best[:, :, None].expand(-1, -1, max_len))
-                done_lens = merged_lens.gather(1, best)
-                done_flag = merged_flag.gather(1, best)
+                # Finished pool: offer the newly finished among the top W candidates. Most steps
+                # finish none, and then neither the pool nor whether the search can end changes
+                # (that needs a full pool), so their bookkeeping is skipped.
+                newly = None if finished is None else finished & top_w
+                if newly is not None and bool(newly.any()):
+                    cand_seqs = seqs.gather(1, cand_beam[:, :, None].expand(-1, -1, max_len))
+                    cand_seqs[:, :, cur] = cand_token
+                    offered = cand_scores / (length**penalty)
+                    pool_full = done_flag.all(dim=1, keepdim=True) & cfg.early_stopping
+                    offered = offered + (pool_full | ~open_).float() * neg
+                    offered = offered + (~newly).float() * neg
+                    merged_scores = torch.cat([done_scores, offered], dim=1)
+                    merged_seqs = torch.cat([done_seqs, cand_seqs], dim=1)
+                    merged_lens = torch.cat([done_lens, torch.full_like(cand_token, cur + 1)], dim=1)
+                    merged_flag = torch.cat([done_flag, newly], dim=1)
+                    best = merged_scores.topk(W, dim=-1).indices
+                    done_scores = merged_scores.gather(1, best)
+                    done_seqs = merged_seqs.gather(1, best[:, :, None].expand(-1, -1, max_len))
+                    done_lens = merged_lens.gather(1, best)
+                    done_flag = merged_flag.gather(1, best)
+                    pooled = True
+                seqs = seqs.gather(1, beam_origin[:, :, None].expand(-1, -1, max_len))
+                seqs[:, :, cur] = cand_token.gather(1, pick)
                 scores = next_scores
 
-                # Could the best running beam still beat the worst finished hypothesis?
-                best_running = scores[:, :1] / (max(length, 1) ** penalty)
-                worst_done = torch.where(done_flag, done_scores.min(dim=1, keepdim=True).values,
-                                         torch.full_like(done_scores, neg))
-                open_ = open_ & (best_running > worst_done).any(dim=-1, keepdim=True)
-                all_hit = bool(finished.all())
-                searching = not (not bool(open_.any()) or (cfg.early_stopping and bool(done_flag.all())) or all_hit)
+                if pooled:  # could the best running beam still beat the worst finished hypothesis?
+                    best_running = scores[:, :1] / (max(length, 1) ** penalty)
+                    worst_done = torch.where(done_flag, done_scores.min(dim=1, keepdim=True).values,
+                                             torch.full_like(done_scores, neg))
+                    open_ = open_ & (best_running > worst_done).any(dim=-1, keepdim=True)
+                    searching = bool(open_.any()) and not (cfg.early_stopping and bool(done_flag.all()))
+                if last or (finished is not None and bool(finished.all())):
+                    searching = False
             if cur + 1 >= max_len:
                 break
             if not searching:
