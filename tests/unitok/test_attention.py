@@ -110,3 +110,31 @@ def test_attention_under_cpu_autocast_returns_bf16_with_fp32_grads_for_fp32_leav
     torch.testing.assert_close(out.float(), exact, atol=3e-2, rtol=0)
     out.float().sum().backward()
     assert q.grad.dtype == torch.float32
+
+
+@pytest.mark.parametrize("kernel", ["sdpa", "reference"])
+@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded source"])
+def test_cross_attention_of_beams_reads_their_sources_keys_once_and_equals_repeated_keys(kernel, padded):
+    """Beam search runs G adjacent rows per source; the cache keeps one row of keys and values per
+    source, and the G rows' queries attend to it together: the same output as with the keys
+    repeated for every row (the reference kernel, which returns per-row weights, repeats them)."""
+    from unitok.layers.attention import AttentionContext, CrossAttention
+    from unitok.layers.kv_cache import KVCache
+
+    torch.manual_seed(0)
+    attn = CrossAttention(16, 4, bias=False, scale=1.0).eval()
+    S, G, T = 2, 3, 5
+    memory, x = torch.randn(S, T, 16), torch.randn(S * G, 1, 16)
+    memory_mask = None
+    if padded:
+        memory_mask = torch.ones(S, 1, 1, T, dtype=torch.bool)
+        memory_mask[1, ..., :2] = False
+    repeated_mask = memory_mask.repeat_interleave(G, dim=0) if padded else None
+    expected = attn(x, AttentionContext(memory=memory.repeat_interleave(G, dim=0), memory_mask=repeated_mask))
+    cache = KVCache(1)
+    shared = AttentionContext(memory=memory, memory_mask=memory_mask, cache=cache, kernel=kernel)
+    for _ in range(2):  # the first call computes and caches the source's keys, the second reads them
+        torch.testing.assert_close(attn(x, shared), expected, atol=1e-6, rtol=0)
+    assert cache.cross[0][0].shape[0] == S
+    with pytest.raises(ValueError, match="7 query rows cannot share the keys and values of 2 encoder rows"):
+        attn(torch.randn(7, 1, 16), shared)

