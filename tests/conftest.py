@@ -32,6 +32,16 @@ def _seed() -> None:
     torch.manual_seed(0)
 
 
+def tiny_gpt(**overrides):
+    """A random unitok GPT small enough for CPU tests (seeded: the same weights every call), in eval
+    mode: V = 40, context 64, D = 32, two layers of four heads; ``overrides`` change the config."""
+    from unitok.models import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    options = dict(vocab_size=40, context_length=64, d_model=32, n_layers=2, n_heads=4)
+    return GPT(GPTConfig(**{**options, **overrides})).eval()
+
+
 def small_gpt2(**overrides):
     """A random Hugging Face GPT-2 small enough for CPU tests (no dropout)."""
     from transformers import GPT2Config, GPT2LMHeadModel

@@ -9,21 +9,17 @@ import pytest
 import torch
 
 import unitok.checks as checks
+from tests.conftest import tiny_gpt
 from unitok.checks import check_finite, deferred_checks, defers
 from unitok.embed import TokenEmbedding
 from unitok.losses import cross_entropy, linear_cross_entropy
-from unitok.models import BERT, GPT, BERTConfig, GPTConfig, ViT, ViTConfig
+from unitok.models import BERT, BERTConfig, ViT, ViTConfig
 
 
 @pytest.fixture
 def cpu_defers(monkeypatch):
     """CPU tensors' checks defer as CUDA tensors' do."""
     monkeypatch.setattr(checks, "_DEFERRING_DEVICES", frozenset({"cpu", "cuda"}))
-
-
-def tiny_gpt() -> GPT:
-    torch.manual_seed(0)
-    return GPT(GPTConfig(vocab_size=50, context_length=16, d_model=32, n_layers=2, n_heads=4)).eval()
 
 
 def test_cpu_tensors_are_checked_at_once_and_nothing_defers_outside_a_scope(cpu_defers):
@@ -72,7 +68,7 @@ def test_a_scope_left_by_an_error_raises_that_error_and_leaves_nothing_pending(c
 
 
 def test_a_gpt_forward_defers_and_gives_the_same_outputs(cpu_defers):
-    model = tiny_gpt()
+    model = tiny_gpt(vocab_size=50)
     ids = torch.tensor([[1, 5, 7, 49]])
     checks._DEFERRING_DEVICES = frozenset()
     expected = model(ids, labels=ids)
@@ -87,7 +83,7 @@ def test_a_gpt_forward_defers_and_gives_the_same_outputs(cpu_defers):
 
 @pytest.mark.parametrize("return_logits", [True, False], ids=["logits", "fused"])
 def test_bad_labels_are_named_after_a_deferred_check(cpu_defers, return_logits):
-    model = tiny_gpt()
+    model = tiny_gpt(vocab_size=50)
     ids = torch.tensor([[1, 5, 7, 9]])
     labels = torch.tensor([[1, 5, 70, -100]])
     with pytest.raises(ValueError, match=r"labels \[70\] are outside \[0, 50\)"):

@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch import nn
 
+from tests.conftest import tiny_gpt
 from unitok.generate import GenerationConfig
 from unitok.layers.decode_layout import (
     ALL_WIDENING_ROWS,
@@ -15,12 +16,7 @@ from unitok.layers.decode_layout import (
     input_major_weights,
     widening_linears,
 )
-from unitok.models import GPT, GPTConfig
-
-
-def tiny_gpt() -> GPT:
-    torch.manual_seed(0)
-    return GPT(GPTConfig(vocab_size=40, context_length=64, d_model=32, n_layers=2, n_heads=4)).eval()
+from unitok.models import GPT
 
 
 def head_strides(model: GPT) -> tuple[list[tuple[int, ...]], torch.utils.hooks.RemovableHandle]:

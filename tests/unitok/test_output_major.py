@@ -13,6 +13,7 @@ from torch import nn
 import unitok.generate as generation
 import unitok.layers.decode_layout as decode_layout
 import unitok.layers.fused_linear as fused_linear
+from tests.conftest import tiny_gpt
 from unitok.generate import GenerationConfig
 from unitok.layers.decode_layout import (
     FEW_ROWS,
@@ -26,11 +27,6 @@ from unitok.layers.decode_layout import (
     weight_bytes,
 )
 from unitok.models import GPT, T5, GPTConfig, T5Config
-
-
-def tiny_gpt() -> GPT:
-    torch.manual_seed(0)
-    return GPT(GPTConfig(vocab_size=40, context_length=64, d_model=32, n_layers=2, n_heads=4)).eval()
 
 
 def tiny_t5() -> T5:
