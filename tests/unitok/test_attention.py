@@ -138,3 +138,6 @@ def test_cross_attention_of_beams_reads_their_sources_keys_once_and_equals_repea
     assert cache.cross[0][0].shape[0] == S
     with pytest.raises(ValueError, match="7 query rows cannot share the keys and values of 2 encoder rows"):
         attn(torch.randn(7, 1, 16), shared)
+    # outside decoding a batch mismatch is a mistake, not beams: refused, not grouped
+    with pytest.raises(ValueError, match="encoder_hidden_states hold 2 rows for 6 decoder rows"):
+        attn(x, AttentionContext(memory=memory, kernel=kernel))

@@ -267,6 +267,9 @@ class CrossAttention(_MultiHead):
         else:
             k, v = cached
         if k.shape[0] != B:
+            if ctx.cache is None:  # only decoding (a cache) runs several beams per source row
+                raise ValueError(f"encoder_hidden_states hold {k.shape[0]} rows for {B} decoder rows: "
+                                 "give one row of encoder states per decoder row")
             return self._grouped_output(q, k, v, ctx)
         return self._output(q, k, v, ctx.memory_mask, False, ctx)
 
