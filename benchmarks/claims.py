@@ -29,7 +29,7 @@ from multiprocessing import get_context
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: find claim.py
-from claim import ROOT, Claim, gap, mean_std, verdict  # noqa: E402
+from claim import ROOT, Claim, gap, mean_std, scratch_runs, verdict  # noqa: E402
 
 # One module per lecture claim, in the table's order; a module's claims share its runs.
 MODULES = ("claims_pretraining", "claims_distillation", "claims_decoding", "claims_zero_shot", "claims_speech",
@@ -70,10 +70,11 @@ def run_unit(module: str, keys: Sequence[str], seed: int, threads: int) -> tuple
     start = time.perf_counter()
     claims = {c.key: c for c in importlib.import_module(module).CLAIMS}
     results = {}
-    for key in keys:
-        print(f"[claims] {key} seed {seed} ...", flush=True)
-        results[key] = {k: float(v) for k, v in claims[key].run(seed).items()}
-        print(f"[claims] {key} seed {seed}: {results[key]}", flush=True)
+    with scratch_runs(f"unitok-{module}-{seed}-"):  # the unit's run folders, removed when it ends
+        for key in keys:
+            print(f"[claims] {key} seed {seed} ...", flush=True)
+            results[key] = {k: float(v) for k, v in claims[key].run(seed).items()}
+            print(f"[claims] {key} seed {seed}: {results[key]}", flush=True)
     return seed, results, time.perf_counter() - start
 
 

@@ -10,8 +10,8 @@ with models the recipes train, at a small budget:
   of 16 tokens cut from the held-out test files, continued by 16 tokens (no EOS: every
   continuation has the same length, so the beam's score ranks by plain likelihood). Metric:
   log-likelihood of the continuation.
-- **c-t5**: `configs/t5/text_to_text.yaml` trained from scratch (no span-corruption run first;
-  600 steps), decoded on its held-out test split (inputs from standard-library files no step
+- **c-t5**: `configs/t5/text_to_text.yaml` trained from scratch (no span-corruption run first)
+  for the recipe's 1,500 steps, decoded on its held-out test split (inputs from standard-library files no step
   trained on) with the recipe's beams. Metric: exact match; printed beside it, the
   log-likelihood of each answer (up to and including EOS) and how often beam's answer is less
   likely than greedy's (the recipe ranks beams by plain likelihood, ``length_penalty: 0``;
@@ -26,7 +26,10 @@ from torch import Tensor
 
 NUM_BEAMS = 4
 GPT_STEPS, PROMPTS, PROMPT_TOKENS, NEW_TOKENS = 200, 64, 16, 16
-T5_STEPS = 600
+# The recipe's own budget. Chosen on the validation split (400 answers, seeds 0-2, greedy / beam
+# exact match): 600 steps 29.17 / 29.00 %, 1,000 steps 30.25 / 30.17 %, 1,500 steps 31.42 /
+# 31.58 % (beam never under greedy on a seed).
+T5_STEPS = 1500
 
 
 @torch.no_grad()

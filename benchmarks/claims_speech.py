@@ -27,7 +27,6 @@ the run's seed, so the three seeds hear the same audio.
 from __future__ import annotations
 
 import functools
-import tempfile
 import time
 from typing import Any
 
@@ -121,8 +120,7 @@ def measure(seed: int) -> dict[str, float]:
     """Train the recipe once for ``seed`` and score every condition (cached: the claims below
     share the run)."""
     start, cpu = time.perf_counter(), time.process_time()
-    root = tempfile.mkdtemp(prefix=f"unitok-speech-claim-{seed}-")  # its own name: not swept with other runs
-    cli, metrics = fit_recipe(RECIPE, seed=seed, root=root)
+    cli, metrics = fit_recipe(RECIPE, seed=seed)
     trained = time.perf_counter()
     model = cli.model.model.eval()
     results = conditions(model, cli.datamodule.test_utterances)

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import claim  # noqa: E402
 import deferred_checks  # noqa: E402
 import gpt_vs_hf  # noqa: E402
 import summary  # noqa: E402
@@ -167,3 +168,18 @@ def test_the_deferred_checks_benchmark_compares_what_it_names():
     assert checks._DEFERRING_DEVICES == frozenset({"cuda"})
     with pytest.raises(ValueError, match=r"labels \[9\] are outside"):
         linear_cross_entropy(hidden, weight, torch.tensor([9, 1]))
+
+
+def test_claim_runs_made_in_a_scratch_folder_are_removed_with_it():
+    import tempfile
+
+    with claim.scratch_runs() as scratch:
+        first, second = claim.run_folder(), claim.run_folder()
+        (first / "last.ckpt").write_bytes(b"weights")
+        assert first.parent == scratch and second.parent == scratch and first != second
+    assert not scratch.exists() and not first.exists()
+    outside = claim.run_folder()  # no scratch folder open: the system's temp folder, left to the caller
+    try:
+        assert outside.parent == Path(tempfile.gettempdir())
+    finally:
+        outside.rmdir()
