@@ -10,6 +10,9 @@ files``: whole files, the documents a language model's data is tokenized as):
    ``tiktoken.Encoding.encode`` (special tokens allowed, as Hugging Face splits them out).
 2. ``batch_encode``: the whole batch — unitok's padded ``Tokens`` against
    ``Tokenizer.encode_batch`` (the Rust batch path, no padding) and ``Encoding.encode_batch``.
+3. ``iter_ids``: a corpus streamed into token-file ids (each text + EOS, 256 texts a call, as
+   the language-model data modules build their token files) against ``Tokenizer.encode_batch``
+   and ``Encoding.encode_batch`` over the same chunks.
 
 unitok runs its default path: tiktoken (`tokenizers_mm.tiktoken_engine`) where its ids are
 identical, else Hugging Face; the first printed line says which. All sides are checked to give
@@ -33,6 +36,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: find timing.py
 from timing import alternate, positive_int  # noqa: E402
+
+STREAM_CHUNK = 256  # texts per call as `BPETokenizer.iter_ids` streams a corpus
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -87,6 +92,10 @@ def main(argv: list[str] | None = None) -> None:
         assert batch.ids[i][batch.attention_mask[i].bool()].tolist() == enc.ids
     engine = "tiktoken" if tok._fast.available(raw) else f"Hugging Face ({tok._fast.reason})"
 
+    chunks = [lines[i:i + STREAM_CHUNK] for i in range(0, len(lines), STREAM_CHUNK)]
+    eos = tok.eos_id
+    streamed = list(tok.iter_ids(lines))
+    assert streamed == [[*enc.ids, eos] for chunk in chunks for enc in raw.encode_batch(chunk, add_special_tokens=False)]
     runs = {
         "encode unitok": lambda: [tok.encode(line) for line in lines],
         "encode reference": lambda: [raw.encode(line, add_special_tokens=False) for line in lines],
@@ -95,13 +104,18 @@ def main(argv: list[str] | None = None) -> None:
         "batch reference": lambda: [raw.encode_batch(b, add_special_tokens=False) for b in batches],
         "batch tiktoken": lambda: [fast.encode_batch(b, num_threads=threads, allowed_special="all")
                                    for b in batches],
+        "iter_ids unitok": lambda: list(tok.iter_ids(lines)),
+        "iter_ids reference": lambda: [[*enc.ids, eos] for chunk in chunks
+                                       for enc in raw.encode_batch(chunk, add_special_tokens=False)],
+        "iter_ids tiktoken": lambda: [[*ids, eos] for chunk in chunks
+                                      for ids in fast.encode_batch(chunk, num_threads=threads, allowed_special="all")],
     }
     times = {k: statistics.median(v) for k, v in alternate(runs, args.repeats, warmup=1, device="cpu").items()}
     print(f"{len(lines)} {args.unit}, {megabytes:.2f} MB, vocabulary {tok.vocab_size}, batches of {args.batch}, "
           f"threads={args.threads}; unitok's engine: {engine}")
     print(f"{'workload':10} {'unitok MB/s':>12} {'HF MB/s':>8} {'tiktoken MB/s':>14} "
           f"{'unitok/HF':>10} {'unitok/tiktoken':>16} {'tiktoken/HF':>12}")
-    for work in ("encode", "batch"):
+    for work in ("encode", "batch", "iter_ids"):
         ours, hf, tk = (megabytes / times[f"{work} {side}"] for side in ("unitok", "reference", "tiktoken"))
         print(f"{work:10} {ours:12.2f} {hf:8.2f} {tk:14.2f} {ours / hf:9.2f}x {ours / tk:15.2f}x {tk / hf:11.2f}x")
 

@@ -270,12 +270,17 @@ class BPETokenizer:
 
     def iter_ids(self, texts: Iterable[str], add_eos: bool = True, chunk: int = 256) -> Iterator[list[int]]:
         """Stream token ids for many texts (to build token files), each followed by EOS when
-        ``add_eos``; empty texts are skipped. Encodes in parallel chunks."""
+        ``add_eos``; empty texts are skipped. Encodes ``chunk`` texts at a time, through tiktoken
+        where its ids are identical (as `batch_encode` does), else Hugging Face's parallel batch."""
         pending: list[str] = []
+        eos = [self.eos_id] if add_eos else []
 
         def flush() -> Iterator[list[int]]:
-            for enc in self._tok.encode_batch(pending, add_special_tokens=False):
-                yield [*enc.ids, self.eos_id] if add_eos else list(enc.ids)
+            rows = self._fast.encode_batch(self._tok, pending)
+            if rows is None:
+                rows = [enc.ids for enc in self._tok.encode_batch(pending, add_special_tokens=False)]
+            for ids in rows:
+                yield [*ids, *eos]
             pending.clear()
 
         for text in texts:

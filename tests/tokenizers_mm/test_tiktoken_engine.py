@@ -134,8 +134,22 @@ def test_batch_encode_on_threads_gives_the_same_ids(tok, held_out, monkeypatch):
     lines = [line for line in held_out[2].splitlines() if line][:100]
     expected = tok.batch_encode(lines)
     monkeypatch.setattr(tiktoken_engine, "_PARALLEL_CHARS", 0)
+    monkeypatch.setattr(tiktoken_engine, "_PARALLEL_MEAN_CHARS", 0)
     monkeypatch.setenv("RAYON_NUM_THREADS", "2")
     assert torch.equal(tok.batch_encode(lines).ids, expected.ids)
+    assert list(tok.iter_ids(held_out[:6])) == [[*hf_ids(tok, text), tok.eos_id] for text in held_out[:6]]
+
+
+def test_threads_take_large_batches_of_long_texts_in_runs_of_equal_characters():
+    parallel_parts = tiktoken_engine.parallel_parts
+    documents = ["x" * n for n in (40_000, 1_000, 1_000, 30_000, 20_000, 50_000, 5_000, 3_000)]
+    parts = parallel_parts(documents, threads=2)
+    assert parts is not None and [t for part in parts for t in part] == documents  # in order, each once
+    assert 2 <= len(parts) <= 8 and all(parts)
+    assert max(sum(map(len, part)) for part in parts) <= 50_000  # no run much above its share
+    assert parallel_parts(documents, threads=1) is None
+    assert parallel_parts(["x" * 40] * 10_000, threads=2) is None  # 400k characters of short lines: a loop
+    assert parallel_parts(["x" * 1_000] * 10, threads=2) is None  # 10k characters: not worth the threads
 
 
 def test_bos_token_is_added_on_the_fast_path(held_out):
