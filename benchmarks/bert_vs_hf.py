@@ -1,4 +1,5 @@
-"""Training throughput of unitok's BERT against Hugging Face ``BertForMaskedLM`` at the same config.
+"""Training and inference throughput of unitok's BERT against Hugging Face ``BertForMaskedLM`` at
+the same config.
 
 What it measures, in one process and with identical weights (the HF model is built with random
 weights and converted with ``unitok.convert.from_transformers``): tokens/s of forward + masked-LM
@@ -9,6 +10,11 @@ cross-entropy + backward + AdamW step on a (batch × seq_len) batch masked as BE
    unmasked ones (-100) — the same arithmetic on both sides, as ``BertForMaskedLM`` computes it.
 2. ``masked-only``: unitok scores only the masked positions (``model.mlm_head(hidden[masked])``,
    what ``tasks.MaskedLMTask`` does) against HF's usual full-logit step — the practical speed-up.
+
+Inference: tokens/s of an eval-mode ``no_grad`` forward to masked-LM logits on the same batch,
+every position on both sides (the same arithmetic), and unitok's logits at the masked positions
+only (what its fill-mask pipeline and ``MaskedLMTask``'s evaluation compute) against HF's full
+forward (what its fill-mask pipeline runs).
 
 The first-step losses of the two models are printed (they must agree). Repetitions alternate
 between the libraries so slow drifts of the machine hit both alike; the table reports medians
@@ -104,6 +110,34 @@ def loss_masked_only(model: nn.Module, ids: Tensor, labels: Tensor) -> Tensor:
     return F.cross_entropy(model.mlm_head(hidden[masked]), labels[masked])
 
 
+def mlm_logits(model: nn.Module, ids: Tensor, hf: bool) -> Tensor:
+    """Masked-LM logits at every position, (B, N, V)."""
+    return model(ids).logits if hf else model(ids).mlm_logits
+
+
+def masked_logits(model: nn.Module, ids: Tensor, masked: Tensor) -> Tensor:
+    """unitok's logits at the ``masked`` positions only, (M, V)."""
+    return model.mlm_head(model(ids, compute_heads=False).last_hidden_state[masked])
+
+
+def bench_infer(ours: nn.Module, hf: nn.Module, ids: Tensor, labels: Tensor,
+                args: argparse.Namespace) -> dict[str, float]:
+    """Inference tokens/s (median): eval mode, ``no_grad`` forwards, unitok's logits checked first."""
+    ours, hf = copy.deepcopy(ours).eval(), copy.deepcopy(hf).eval()
+    masked = labels != -100
+    with torch.no_grad():
+        full = mlm_logits(ours, ids, hf=False)
+        diff = float((full - mlm_logits(hf, ids, hf=True)).abs().max())
+        if diff > 1e-4 or not torch.allclose(masked_logits(ours, ids, masked), full[masked], atol=1e-4):
+            raise AssertionError(f"unitok's and HF's masked-LM logits differ (max |diff| {diff:.2e})")
+    runs = {"unitok": lambda: mlm_logits(ours, ids, hf=False),
+            "unitok_masked": lambda: masked_logits(ours, ids, masked),
+            "hf": lambda: mlm_logits(hf, ids, hf=True)}
+    runs = {name: torch.no_grad()(run) for name, run in runs.items()}
+    times = alternate(runs, args.repeats, args.warmup, args.device, label="bert infer")
+    return {name: ids.numel() / statistics.median(t) for name, t in times.items()}
+
+
 def make_train_step(model: nn.Module, loss_fn: Callable[[nn.Module], Tensor], steps: int,
                     amp: Callable[[], AbstractContextManager] = nullcontext) -> Callable[[], float]:
     """A closure running ``steps`` AdamW steps on ``model`` (own optimizer); returns the loss."""
@@ -160,7 +194,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     speed = {name: tokens / statistics.median(t) for name, t in times.items()}
     print_table([("train tokens/s (full logits)", speed["unitok"], speed["hf"]),
                  ("train tokens/s (masked-only)", speed["unitok_masked"], speed["hf"])])
-    result = {"train": speed, "initial_loss": first, "seconds": time.perf_counter() - start}
+    infer = bench_infer(ours, hf, ids, labels, args)
+    print_table([("infer tokens/s (full logits)", infer["unitok"], infer["hf"]),
+                 ("infer tokens/s (masked-only)", infer["unitok_masked"], infer["hf"])])
+    result = {"train": speed, "infer": infer, "initial_loss": first, "seconds": time.perf_counter() - start}
     print(f"({result['seconds']:.0f} s)")
     return result
 

@@ -1,9 +1,10 @@
-"""Training throughput of unitok's Conformer against torchaudio's at the same config.
+"""Training and inference throughput of unitok's Conformer against torchaudio's at the same config.
 
 A random ``torchaudio.models.Conformer`` (plus a linear CTC head) is converted with
 ``unitok.convert.from_torchaudio``; outputs are checked equal, then both train on the same
-padded batch of random frames with CTC loss and AdamW. Reported: input frames/s (median of
-alternating repetitions) and the ratio unitok / torchaudio (> 1 means unitok is faster).
+padded batch of random frames with CTC loss and AdamW, and run it through an eval-mode
+``no_grad`` forward to CTC logits (inference). Reported: input frames/s (median of alternating
+repetitions) and the ratio unitok / torchaudio (> 1 means unitok is faster).
 
 Run::
 
@@ -104,8 +105,14 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     print(f"{'metric':<24}{'unitok':>10}{'torchaudio':>12}{'ratio':>9}")
     print(f"{'training frames/s':<24}{rates['unitok']:>10.1f}{rates['torchaudio']:>12.1f}"
           f"{rates['unitok'] / rates['torchaudio']:>8.2f}x")
+    infer_runs = {"unitok": torch.no_grad()(lambda: ours(frames, lengths).logits),
+                  "torchaudio": torch.no_grad()(lambda: head(ref(frames, lengths)[0]))}
+    infer_times = alternate(infer_runs, args.repeats, args.warmup, args.device, label="conformer infer")
+    infer = {k: int(lengths.sum()) / statistics.median(v) for k, v in infer_times.items()}
+    print(f"{'inference frames/s':<24}{infer['unitok']:>10.1f}{infer['torchaudio']:>12.1f}"
+          f"{infer['unitok'] / infer['torchaudio']:>8.2f}x")
     print(f"(ratio > 1: unitok faster; {time.perf_counter() - start:.0f} s in all)")
-    return rates
+    return {**rates, "infer": infer}
 
 
 if __name__ == "__main__":

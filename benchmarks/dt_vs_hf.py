@@ -1,4 +1,5 @@
-"""Training speed of unitok's DecisionTransformer against Hugging Face ``DecisionTransformerModel``.
+"""Training and inference speed of unitok's DecisionTransformer against Hugging Face
+``DecisionTransformerModel``.
 
 What it measures, in one process and with identical weights (the HF model is built with
 random weights and converted with ``unitok.convert.from_transformers``): training steps/s of
@@ -9,6 +10,9 @@ configured on both sides (default 0.1, the paper's). unitok runs as `DecisionTra
 trains (``actions_only=True``: the last block computes only the state tokens the action head
 reads, the same actions and gradients); the plain forward over every token, the same matrix
 work as Hugging Face's, is a second row ("all tokens").
+
+Inference: windows/s of an eval-mode ``no_grad`` forward to action predictions on the same batch,
+unitok as its `DecisionTransformerTask` predicts (``actions_only=True``) and over every token.
 
 Before timing, the two are checked to be the same function: eval-mode action predictions equal
 within ``--atol`` at every real step.
@@ -179,9 +183,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"{'metric':<28}{'unitok':>10}{'HF':>10}{'ratio':>9}")
     print(f"{'train steps/s':<28}{rates['unitok']:>10.2f}{rates['hf']:>10.2f}{ratio:>8.2f}x")
     print(f"{'  all tokens':<28}{rates['unitok_all_tokens']:>10.2f}{rates['hf']:>10.2f}{ratio_all:>8.2f}x")
+    inputs = {k: batch[k] for k in KEYS}
+    evals = {"unitok": copy.deepcopy(ours).eval(), "hf": copy.deepcopy(hf).eval()}
+    infer_runs = {"unitok": lambda: evals["unitok"](**inputs, actions_only=True).action_preds,
+                  "unitok_all_tokens": lambda: evals["unitok"](**inputs).action_preds,
+                  "hf": lambda: evals["hf"](**inputs).action_preds}
+    infer_times = alternate({k: torch.no_grad()(run) for k, run in infer_runs.items()}, args.repeats, args.warmup,
+                            args.device, label="dt infer")
+    infer = {name: args.batch_size / statistics.median(t) for name, t in infer_times.items()}
+    print(f"{'infer windows/s':<28}{infer['unitok']:>10.1f}{infer['hf']:>10.1f}{infer['unitok'] / infer['hf']:>8.2f}x")
+    print(f"{'  all tokens':<28}{infer['unitok_all_tokens']:>10.1f}{infer['hf']:>10.1f}"
+          f"{infer['unitok_all_tokens'] / infer['hf']:>8.2f}x")
     seconds = time.perf_counter() - start
     print(f"({seconds:.0f} s)")
-    return {"train_steps_per_s": rates, "ratio": ratio, "ratio_all_tokens": ratio_all, "max_abs_diff": diff, "seconds": seconds,
+    return {"train_steps_per_s": rates, "ratio": ratio, "ratio_all_tokens": ratio_all, "infer": infer,
+            "max_abs_diff": diff, "seconds": seconds,
             "threads": torch.get_num_threads(), "device": args.device}
 
 

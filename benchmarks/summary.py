@@ -47,7 +47,7 @@ def rows_of(name: str, result: dict[str, Any]) -> list[tuple[str, float, float, 
                  "gpt train, default paths (labels=)"),
                 ("GPT, beam search (W=4)", nan, nan, ratio(result.get("beam"), "hf"), "gpt beam search")]
     if name == "bert":
-        return [("BERT", ratio(result.get("train"), "hf"), nan, nan, "bert train")]
+        return [("BERT", ratio(result.get("train"), "hf"), ratio(result.get("infer"), "hf"), nan, "bert train")]
     if name == "t5":
         return [("T5", ratio(result.get("train"), "hf"), nan, ratio(result.get("beam"), "hf"), "t5 train"),
                 ("T5, `labels=` paths (LM head fused with the loss)", ratio(result.get("train_default"), "hf"), nan,
@@ -63,9 +63,10 @@ def rows_of(name: str, result: dict[str, Any]) -> list[tuple[str, float, float, 
                 ("CLIP, all 77 text positions", ratio(result.get("train_equal_work"), "open_clip"), nan, nan,
                  "clip train, all 77 positions")]
     if name == "conformer":
-        return [("Conformer", result["unitok"] / result["torchaudio"], nan, nan, "conformer train")]
+        return [("Conformer", result["unitok"] / result["torchaudio"], ratio(result.get("infer"), "torchaudio"), nan,
+                 "conformer train")]
     if name == "dt":
-        return [("Decision Transformer", result["ratio"], nan, nan, "dt train")]
+        return [("Decision Transformer", result["ratio"], ratio(result.get("infer"), "hf"), nan, "dt train")]
     raise ValueError(f"unknown benchmark {name!r}")
 
 

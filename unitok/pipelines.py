@@ -310,11 +310,13 @@ class FillMaskPipeline(_BERTPipeline):
         if batch.ids.shape[1] > self.model.config.context_length:
             raise ValueError(f"a text has {batch.ids.shape[1]} tokens, more than the context "
                              f"{self.model.config.context_length}")
-        logits = self.model(batch).mlm_logits.float()
+        # The masked-LM head only where the mask is: one row of logits a text, not one a token.
+        where = [row.index(tok.mask_id) for row in rows]
+        hidden = self.model(batch, compute_heads=False).last_hidden_state  # (B, N, D)
+        logits = self.model.mlm_head(hidden[torch.arange(len(rows)), where]).float()  # (B, V)
         answers = []
-        for i, row in enumerate(rows):
-            at = row.index(tok.mask_id)
-            probs = logits[i, at].softmax(-1)
+        for i, (row, at) in enumerate(zip(rows, where, strict=True)):
+            probs = logits[i].softmax(-1)
             scores, ids = probs.topk(min(top_k, probs.shape[-1]))
             answers.append([{"score": float(s), "token": int(t), "token_str": tok.decode([int(t)]),
                              "sequence": tok.decode(row[1:at] + [int(t)] + row[at + 1 : -1])}

@@ -128,3 +128,16 @@ def test_mlp_inference_equals_its_training_path():
         with torch.no_grad():
             assert uses_onednn(x, mlp.fc_in, "gelu_tanh")
             torch.testing.assert_close(mlp(x), expected.detach(), atol=1e-5, rtol=1e-5)
+
+
+def test_masked_lm_head_inference_equals_its_training_path():
+    from unitok.heads.mlm import MLMHead
+
+    torch.manual_seed(0)
+    head = MLMHead(MIN_FEATURES, MIN_FEATURES, 4 * MIN_FEATURES, "gelu").eval()
+    hidden = torch.randn(2, MIN_ROWS, MIN_FEATURES)
+    expected = head(hidden)  # weights need gradients: F.linear
+    assert expected.grad_fn is not None
+    with torch.no_grad():
+        assert uses_onednn(hidden, head.dense, "gelu") and uses_onednn(head.transform(hidden), head.decoder)
+        torch.testing.assert_close(head(hidden), expected.detach(), atol=1e-5, rtol=1e-5)

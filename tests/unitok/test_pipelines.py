@@ -106,6 +106,11 @@ def test_fill_mask_scores_the_masked_position(tmp_path, wordpiece):
     assert answers[0]["token"] == int(probs.argmax())
     assert answers[0]["score"] == pytest.approx(float(probs.max()), abs=1e-6)
     assert answers[0]["token_str"].removeprefix("##") in answers[0]["sequence"]  # "##" marks a word piece
+    # batched: texts of other lengths (padded), the mask at other places, each as it scores alone
+    texts = ["[MASK] parser", "the parser reads [MASK] text and more", "the parser [MASK] the text"]
+    for batched, alone in zip(fill(texts), [fill(texts[0]), fill(texts[1]), answers], strict=True):
+        assert [a["token"] for a in batched] == [a["token"] for a in alone]
+        assert [a["score"] for a in batched] == pytest.approx([a["score"] for a in alone], abs=1e-6)
     with pytest.raises(ValueError, match=r"exactly one \[MASK\]"):
         fill("no mask here")
 
