@@ -11,6 +11,8 @@ embeddings first):
    ``--templates`` OpenAI prompt templates (1,000 × 80 = 80,000 prompts by default):
    open_clip's ``build_zero_shot_classifier`` vs unitok's ``ZeroShotClassifier``, both
    tokenizing with CLIP's BPE.
+3. Image embeddings: images/s of ``encode_image`` on the training batch, eval mode, ``no_grad``
+   (what zero-shot classification and retrieval run for every image).
 
 unitok's text tower stops at the longest end-of-text token of each batch (causal attention
 makes the padding behind it irrelevant); open_clip always runs the full 77-token context.
@@ -192,6 +194,15 @@ def bench_zero_shot(ours: nn.Module, theirs: nn.Module, args: argparse.Namespace
     return {name: statistics.median(t) for name, t in times.items()}
 
 
+def bench_encode_images(ours: nn.Module, theirs: nn.Module, args: argparse.Namespace,
+                        images: torch.Tensor) -> dict[str, float]:
+    """Image embeddings/s (median): both models' ``encode_image``, eval mode, ``no_grad``."""
+    runs = {"unitok": torch.no_grad()(lambda: ours.encode_image(images)),
+            "open_clip": torch.no_grad()(lambda: theirs.encode_image(images))}
+    times = alternate(runs, args.repeats, args.warmup, args.device, label="clip encode images")
+    return {name: len(images) / statistics.median(t) for name, t in times.items()}
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     prepare_process(args)
@@ -225,6 +236,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         rows.append(("training pairs/s, 77 positions", equal["unitok"], equal["open_clip"],
                      equal["unitok"] / equal["open_clip"]))
         result["train_equal_work"] = equal
+    encode = bench_encode_images(ours.eval(), theirs.eval(), args, images)
+    rows.append(("image embeddings/s", encode["unitok"], encode["open_clip"], encode["unitok"] / encode["open_clip"]))
+    result["encode_images"] = encode
     if not args.skip_zero_shot:
         zs = bench_zero_shot(ours, theirs, args)
         label = f"zero-shot build s ({len(classnames)}x{len(templates)})"

@@ -61,7 +61,8 @@ def rows_of(name: str, result: dict[str, Any]) -> list[tuple[str, float, float, 
         infer = zero_shot["open_clip"] / zero_shot["unitok"] if zero_shot else nan
         return [("CLIP", ratio(result.get("train"), "open_clip"), infer, nan, "clip train"),
                 ("CLIP, all 77 text positions", ratio(result.get("train_equal_work"), "open_clip"), nan, nan,
-                 "clip train, all 77 positions")]
+                 "clip train, all 77 positions"),
+                ("CLIP, image embeddings", nan, ratio(result.get("encode_images"), "open_clip"), nan, "")]
     if name == "conformer":
         return [("Conformer", result["unitok"] / result["torchaudio"], ratio(result.get("infer"), "torchaudio"), nan,
                  "conformer train")]

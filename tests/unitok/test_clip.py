@@ -41,6 +41,20 @@ def test_padding_behind_the_end_token_changes_nothing():
     torch.testing.assert_close(model.encode_text(text), model.encode_text(padded))
 
 
+def test_image_embeddings_and_gradients_equal_the_full_tower_forward():
+    """The image tower's last block computes only the class token the embedding reads: the same
+    embedding and gradients as the forward over every token."""
+    torch.manual_seed(0)
+    model = tiny().train()
+    pixels = torch.randn(3, 1, 16, 16)
+    full = model.visual_proj(model.visual(pixels).pooled)
+    fast = model.encode_image(pixels)
+    torch.testing.assert_close(fast, full, atol=1e-5, rtol=1e-5)
+    grads = [torch.autograd.grad(y.square().sum(), list(model.visual.parameters())) for y in (full, fast)]
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
 def test_shared_backbone_is_one_set_of_weights_saved_once(tmp_path):
     model = tiny(shared_backbone=True)
     assert model.text.backbone is model.visual.backbone

@@ -365,7 +365,9 @@ class CLIP(PretrainedModel):
             got = tuple(size) if size is not None else f"a {grid} patch grid"
             raise ValueError(f"CLIP's image tower takes {expected[0]}×{expected[1]} images, got {got}; "
                              "resize them first (image_tokenizer(resize=True) or ZeroShotClassifier(resize=True))")
-        features = self.visual(pixel_values).pooled  # (B, D): class token after ln_post
+        # A class-token tower's last block computes the class token alone (`ViT`'s
+        # class_tokens_only): the same embedding, a layer's worth less work on the patches.
+        features = self.visual(pixel_values, class_tokens_only=self.visual.reads_class_tokens).pooled  # (B, D)
         x = self.visual_proj(features)
         return F.normalize(x, dim=-1) if normalize else x
 
