@@ -204,7 +204,9 @@ class _LabelTask(_FineTuneTask):
         if self.feature_head is not None:
             return self.feature_head(self.model, batch)
         if self.family == "gpt":
-            return self.model(batch["input_ids"], attention_mask=batch.get("attention_mask")).class_logits
+            # the classifier reads the last real token's state: no (B, N, V) next-token logits
+            return self.model(batch["input_ids"], attention_mask=batch.get("attention_mask"),
+                              return_logits=False).class_logits
         return self.model(batch["input_ids"], batch.get("attention_mask"), batch.get("segment_ids")).logits
 
 

@@ -249,7 +249,8 @@ class TextClassificationPipeline(_BERTPipeline):
     def run_batch(self, items: list[Any], top_k: int | None) -> list[Any]:
         tokens = self.encode(items)
         if type(self.model).__name__ == "GPT":
-            logits = self.model(tokens.ids, attention_mask=tokens.attention_mask).class_logits.float()
+            logits = self.model(tokens.ids, attention_mask=tokens.attention_mask,
+                                return_logits=False).class_logits.float()  # no next-token logits
         else:
             logits = self.model(tokens).logits.float()
         probs = logits.sigmoid() if logits.shape[-1] == 1 else logits.softmax(-1)

@@ -203,6 +203,8 @@ def test_the_classifier_reads_each_rows_last_real_token():
     cut_earlier[1, 4] = 0
     assert not torch.allclose(model(ids, attention_mask=cut_earlier).class_logits[1], out.class_logits[1])
     assert tiny()(ids).class_logits is None  # no classifier, no class scores
+    scores_only = model(ids, attention_mask=mask, return_logits=False)  # how the task and pipeline call it
+    assert scores_only.logits is None and torch.equal(scores_only.class_logits, out.class_logits)
 
 
 def test_a_classifier_on_a_pretrained_body_keeps_its_weights_and_round_trips(tmp_path):
