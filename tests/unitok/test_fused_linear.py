@@ -141,3 +141,13 @@ def test_masked_lm_head_inference_equals_its_training_path():
     with torch.no_grad():
         assert uses_onednn(hidden, head.dense, "gelu") and uses_onednn(head.transform(hidden), head.decoder)
         torch.testing.assert_close(head(hidden), expected.detach(), atol=1e-5, rtol=1e-5)
+
+
+def test_a_wrong_input_width_is_refused_naming_both_shapes():
+    fc = big_linear()
+    with torch.no_grad():
+        for width in (BIG[1] // 2, 2 * BIG[1]):  # as many numbers as a fused call would take, the wrong width
+            x = torch.randn(BIG[0] * BIG[1] // width + 1, width)
+            assert not uses_onednn(x, fc)
+            with pytest.raises(RuntimeError, match=rf"cannot be multiplied .*{width}.* and {BIG[1]}x"):
+                linear(x, fc)

@@ -44,6 +44,7 @@ def uses_onednn(x: Tensor, fc: nn.Linear, activation: Activation | None = None) 
         _ONEDNN_AVAILABLE
         and not torch.compiler.is_compiling()  # first: no shape guards in a traced graph
         and x.numel() >= MIN_ROWS * fc.in_features
+        and x.shape[-1] == fc.in_features  # a wrong width goes to F.linear, whose error names both shapes
         and min(fc.in_features, fc.out_features) >= MIN_FEATURES
         and x.device.type == "cpu"
         and x.dtype == torch.float32
