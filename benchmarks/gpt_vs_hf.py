@@ -93,6 +93,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--compile", action="store_true",
                    help="train compiled: unitok's transformer stacks as tasks.Compile compiles them "
                         "(compile_backbones), Hugging Face's whole model through torch.compile")
+    p.add_argument("--compile-mode", default=None,
+                   help="torch.compile's mode for both sides with --compile (max-autotune-no-cudagraphs: "
+                        "inductor times Triton GEMM templates against cuBLAS and fuses epilogues)")
+    p.add_argument("--default-only", action="store_true",
+                   help="train only each library's default path (labels=), not the same-loss rows")
     p.add_argument("--fused-adamw", action="store_true",
                    help="the same-loss rows step PyTorch's fused AdamW on both sides too (the labels= rows, "
                         "each library's default path, always do)")
@@ -206,12 +211,13 @@ def training_copy(model: nn.Module, args: argparse.Namespace) -> nn.Module:
     model = copy.deepcopy(model)
     if not args.compile:
         return model
+    options = {"mode": args.compile_mode} if args.compile_mode else {}
     if isinstance(model, GPT):
         from unitok.compile import compile_backbones
 
-        compile_backbones(model)
+        compile_backbones(model, **options)
         return model
-    return torch.compile(model)
+    return torch.compile(model, **options)
 
 
 def bench_train(ours: nn.Module, hf: nn.Module, args: argparse.Namespace) -> dict[str, float]:
@@ -225,9 +231,11 @@ def bench_train(ours: nn.Module, hf: nn.Module, args: argparse.Namespace) -> dic
         loss_hf = float(lm_loss(hf(ids).logits, ids))
     amp = functools.partial(autocast, args.device, args.precision)
     fused = True if args.fused_adamw else None
-    runs = {"unitok": make_train_step(training_copy(ours, args), ids, args.train_steps, amp, fused),
-            "hf": make_train_step(training_copy(hf, args), ids, args.train_steps, amp, fused)}
-    times = alternate(runs, args.repeats, args.warmup, args.device, label="gpt train")
+    times = {}
+    if not args.default_only:
+        runs = {"unitok": make_train_step(training_copy(ours, args), ids, args.train_steps, amp, fused),
+                "hf": make_train_step(training_copy(hf, args), ids, args.train_steps, amp, fused)}
+        times = alternate(runs, args.repeats, args.warmup, args.device, label="gpt train")
     # Each side's default training path (labels=): unitok's LM head fused with the loss.
     with torch.no_grad():
         gap = abs(float(default_loss(ours, ids)) - float(default_loss(hf, ids)))
@@ -241,8 +249,8 @@ def bench_train(ours: nn.Module, hf: nn.Module, args: argparse.Namespace) -> dic
                                                loss_fn=default_loss)},
                         args.repeats, args.warmup, args.device, label="gpt train, default paths (labels=)")
     tokens = args.batch_size * args.seq_len * args.train_steps
-    return {"unitok": tokens / statistics.median(times["unitok"]),
-            "hf": tokens / statistics.median(times["hf"]),
+    return {**({"unitok": tokens / statistics.median(times["unitok"]),
+                "hf": tokens / statistics.median(times["hf"])} if times else {}),
             "unitok default": tokens / statistics.median(default["unitok"]),
             "hf default": tokens / statistics.median(default["hf"]),
             "loss_unitok": loss_ours, "loss_hf": loss_hf}
@@ -357,7 +365,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
           f"ctx={args.context_length} ({n_params / 1e6:.2f}M params) | device={args.device} "
           f"threads={torch.get_num_threads()} torch={torch.__version__} precision={args.precision} "
           f"hf_attn={hf_attention_backend(hf)} malloc={args.malloc} repeats={args.repeats} "
-          f"compile={args.compile} fused_adamw={args.fused_adamw}"
+          f"compile={args.compile}{'/' + args.compile_mode if args.compile_mode else ''} fused_adamw={args.fused_adamw}"
           + (f" gpu={torch.cuda.get_device_name(torch.device(args.device))}" if args.device.startswith("cuda") else ""))
     result: dict[str, Any] = {"threads": torch.get_num_threads(), "device": args.device}
     rows: list[tuple[str, float, float]] = []
@@ -366,19 +374,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         result["train"] = train
         print(f"train: batch {args.batch_size}x{args.seq_len}, {args.train_steps} steps/rep; "
               f"initial loss unitok {train['loss_unitok']:.5f} hf {train['loss_hf']:.5f}")
-        rows.append(("train tokens/s", train["unitok"], train["hf"]))
+        if "unitok" in train:
+            rows.append(("train tokens/s", train["unitok"], train["hf"]))
         rows.append(("  default paths (labels=)", train["unitok default"], train["hf default"]))
         per_token = flops_per_token(ours, args)
         peak = peak_tflops(args)
-        train["gflops"] = {k: train[k] * per_token / 1e9 for k in ("unitok", "hf", "unitok default", "hf default")}
+        train["gflops"] = {k: train[k] * per_token / 1e9 for k in ("unitok", "hf", "unitok default", "hf default")
+                           if k in train}
         line = (f"model FLOP/s ({per_token / 1e6:.1f} MFLOP a token, {args.precision}): "
-                f"unitok {train['gflops']['unitok']:.1f} GFLOP/s, HF {train['gflops']['hf']:.1f} GFLOP/s; "
-                f"default paths unitok {train['gflops']['unitok default']:.1f}, "
+                + (f"unitok {train['gflops']['unitok']:.1f} GFLOP/s, HF {train['gflops']['hf']:.1f} GFLOP/s; "
+                   if "unitok" in train else "")
+                + f"default paths unitok {train['gflops']['unitok default']:.1f}, "
                 f"HF {train['gflops']['hf default']:.1f}")
         if peak is not None:
             train["mfu"] = {k: v / (peak * 1e3) for k, v in train["gflops"].items()}
-            line += (f"; MFU against {peak:g} TFLOP/s: unitok {100 * train['mfu']['unitok']:.1f} %, "
-                     f"HF {100 * train['mfu']['hf']:.1f} %")
+            line += f"; MFU against {peak:g} TFLOP/s: " + ", ".join(
+                f"{k} {100 * v:.1f} %" for k, v in train["mfu"].items())
         print(line)
         if args.profile:
             profile_default_paths(ours, hf, args)
