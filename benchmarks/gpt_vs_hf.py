@@ -8,10 +8,12 @@ random weights and converted with ``unitok.convert.from_transformers``):
    the model, from their logits; then again on each library's default path, ``labels=``
    (unitok with ``return_logits=False``: its LM head fused with the loss, as its tasks train)
    with fused AdamW (the default of unitok's tasks and of Hugging Face's Trainer on torch >= 2.8).
-2. Generation: new tokens/s of greedy decoding with a KV cache, batch 1, ``--new-tokens``
+2. Inference: tokens/s of an eval, ``no_grad`` forward to the logits at every position (as
+   scoring a text's likelihood runs) at the training batch, logits checked equal first.
+3. Generation: new tokens/s of greedy decoding with a KV cache, batch 1, ``--new-tokens``
    tokens after a ``--prompt-len`` random prompt. EOS stopping is off on both sides, so both
    generate exactly the same number of tokens; the two outputs are checked to be equal.
-3. Beam search (``--beams``, default 4): new tokens/s, batch 1, no EOS, outputs compared.
+4. Beam search (``--beams``, default 4): new tokens/s, batch 1, no EOS, outputs compared.
 
    ``--compile-decode`` also times ``generate(compile=True)`` (a `StaticKVCache` and the decode
    step compiled by inductor once, in the warm-up) against the same Hugging Face runs.
@@ -86,6 +88,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_side_by_side_options(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip-train", action="store_true")
+    p.add_argument("--skip-infer", action="store_true")
     p.add_argument("--skip-generate", action="store_true")
     p.add_argument("--beams", type=int, default=4, help="beam-search width timed too (1: not timed)")
     p.add_argument("--peak-tflops", type=float, default=None,
@@ -277,6 +280,20 @@ def profile_default_paths(ours: nn.Module, hf: nn.Module, args: argparse.Namespa
                                         row_limit=args.profile, max_name_column_width=60))
 
 
+def bench_infer(ours: nn.Module, hf: nn.Module, args: argparse.Namespace) -> dict[str, float]:
+    """Inference tokens/s (median): eval mode, ``no_grad`` forwards to every position's logits."""
+    g = torch.Generator().manual_seed(args.seed + 3)
+    ids = torch.randint(0, args.vocab_size, (args.batch_size, args.seq_len), generator=g).to(args.device)
+    ours, hf = ours.eval(), hf.eval()
+    with torch.no_grad():
+        diff = float((ours(ids).logits - hf(ids).logits).abs().max())
+    if diff > 1e-4:
+        raise AssertionError(f"unitok's and Hugging Face's logits differ by {diff:.2e}")
+    runs = {"unitok": torch.no_grad()(lambda: ours(ids).logits), "hf": torch.no_grad()(lambda: hf(ids).logits)}
+    times = alternate(runs, args.repeats, args.warmup, args.device, label="gpt infer")
+    return {name: ids.numel() / statistics.median(t) for name, t in times.items()}
+
+
 def bench_generate(ours: nn.Module, hf: nn.Module, args: argparse.Namespace) -> dict[str, Any]:
     """Greedy decoding new tokens/s (median) for both; checks the generated ids agree."""
     g = torch.Generator().manual_seed(args.seed + 2)
@@ -393,6 +410,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(line)
         if args.profile:
             profile_default_paths(ours, hf, args)
+    if not args.skip_infer:
+        infer = bench_infer(ours, hf, args)
+        result["infer"] = infer
+        rows.append(("infer tokens/s (all logits)", infer["unitok"], infer["hf"]))
     if not args.skip_generate:
         gen = bench_generate(ours, hf, args)
         result["generate"] = gen

@@ -42,14 +42,16 @@ def rows_of(name: str, result: dict[str, Any]) -> list[tuple[str, float, float, 
     if name == "gpt":
         train = result.get("train") or {}
         default = {"unitok": train["unitok default"], "hf": train["hf default"]} if train else None
-        return [("GPT", ratio(train, "hf"), nan, ratio(result.get("generate"), "hf"), "gpt train"),
+        return [("GPT", ratio(train, "hf"), ratio(result.get("infer"), "hf"), ratio(result.get("generate"), "hf"),
+                 "gpt train"),
                 ("GPT, `labels=` paths (LM head fused with the loss)", ratio(default, "hf"), nan, nan,
                  "gpt train, default paths (labels=)"),
                 ("GPT, beam search (W=4)", nan, nan, ratio(result.get("beam"), "hf"), "gpt beam search")]
     if name == "bert":
         return [("BERT", ratio(result.get("train"), "hf"), ratio(result.get("infer"), "hf"), nan, "bert train")]
     if name == "t5":
-        return [("T5", ratio(result.get("train"), "hf"), nan, ratio(result.get("beam"), "hf"), "t5 train"),
+        return [("T5", ratio(result.get("train"), "hf"), ratio(result.get("infer"), "hf"), ratio(result.get("beam"), "hf"),
+                 "t5 train"),
                 ("T5, `labels=` paths (LM head fused with the loss)", ratio(result.get("train_default"), "hf"), nan,
                  nan, "t5 train, default paths (labels=)")]
     if name == "vision":

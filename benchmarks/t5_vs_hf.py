@@ -8,7 +8,9 @@ converted with ``unitok.convert.from_transformers``; logits are checked equal fi
    from their logits, then each on its default path, ``labels=`` (unitok with
    ``return_logits=False``: its LM head fused with the loss, as its tasks train) stepping fused
    AdamW (unitok's tasks and Hugging Face's Trainer, on torch >= 2.8, both default to it).
-2. Beam search: new tokens/s of ``generate(num_beams=W, max_new_tokens=M)`` with EOS
+2. Inference: target tokens/s of an eval, ``no_grad`` teacher-forced forward (encoder and
+   decoder, logits at every target position, as scoring a candidate answer runs).
+3. Beam search: new tokens/s of ``generate(num_beams=W, max_new_tokens=M)`` with EOS
    disabled (every row runs the full M steps on both sides), outputs checked identical; also
    unitok without its greedy floor (``greedy_floor=False``: W rows a source, Hugging Face's work).
 
@@ -152,6 +154,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                       args.repeats, args.warmup, args.device, label="t5 train, default paths (labels=)")
     train_default = {k: tokens / statistics.median(v) for k, v in times.items()}
 
+    runs = {"unitok": torch.no_grad()(lambda: ours(src, decoder_input_ids=dec_in).logits),
+            "hf": torch.no_grad()(lambda: theirs(input_ids=src, decoder_input_ids=dec_in).logits)}
+    times = alternate(runs, args.repeats, args.warmup, args.device, label="t5 infer")
+    infer = {k: labels.numel() / statistics.median(v) for k, v in times.items()}
+
     gen_src = src[: args.gen_batch]
     no_eos = args.vocab_size + 7  # an id no model can produce: every row decodes all steps
 
@@ -178,10 +185,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     print(f"{'metric':<36}{'unitok':>10}{'HF':>10}{'ratio':>9}")
     for metric, r in (("training target tokens/s", train), ("  default paths (labels=)", train_default),
+                      ("inference target tokens/s", infer),
                       (f"beam search (W={args.beams}) new tokens/s", beam), ("  HF's search (same work)", plain)):
         print(f"{metric:<36}{r['unitok']:>10.1f}{r['hf']:>10.1f}{r['unitok'] / r['hf']:>8.2f}x")
     print(f"(ratio > 1: unitok faster; {time.perf_counter() - start:.0f} s in all)")
-    return {"train": train, "train_default": train_default, "beam": beam}
+    return {"train": train, "train_default": train_default, "infer": infer, "beam": beam}
 
 
 if __name__ == "__main__":

@@ -151,3 +151,31 @@ def test_a_wrong_input_width_is_refused_naming_both_shapes():
             assert not uses_onednn(x, fc)
             with pytest.raises(RuntimeError, match=rf"cannot be multiplied .*{width}.* and {BIG[1]}x"):
                 linear(x, fc)
+
+
+def test_language_model_heads_take_the_fused_path_in_inference():
+    """GPT's and T5's logits over the vocabulary (a (rows, D) x (D, V) product, the largest of an
+    inference forward) go through oneDNN without a gradient, with the values of the training path."""
+    from unitok.models import GPT, T5, GPTConfig, T5Config
+
+    torch.manual_seed(0)
+    gpt = GPT(GPTConfig.from_name("gpt-micro", vocab_size=640, dropout=0.0)).eval()
+    t5 = T5(T5Config.from_name("t5-tiny", d_model=MIN_FEATURES, d_ff=2 * MIN_FEATURES, vocab_size=640,
+                               dropout=0.0)).eval()
+    ids = torch.randint(0, 640, (3, MIN_ROWS // 2))  # 384 rows
+    calls = []
+    fused = torch.ops.mkldnn._linear_pointwise
+
+    def spy(x, weight, *rest):
+        calls.append(tuple(weight.shape))
+        return fused(x, weight, *rest)
+
+    for model, run in ((gpt, lambda: gpt(ids).logits), (t5, lambda: t5(ids, decoder_input_ids=ids).logits)):
+        expected = run()  # weights need gradients: F.linear
+        assert expected.grad_fn is not None
+        calls.clear()
+        with torch.no_grad(), pytest.MonkeyPatch.context() as patch:
+            patch.setattr(torch.ops.mkldnn, "_linear_pointwise", spy)
+            got = run()
+        assert (640, MIN_FEATURES) in calls  # the LM head's weight, (V, D)
+        torch.testing.assert_close(got, expected.detach(), atol=1e-5, rtol=1e-5)

@@ -24,6 +24,7 @@ from unitok.heads import ClassificationHead, pool_tokens
 from unitok.layers.activations import Activation
 from unitok.layers.attention import Kernel
 from unitok.layers.decode_layout import head_logits
+from unitok.layers.fused_linear import linear
 from unitok.layers.kv_cache import KVCache, StaticKVCache
 from unitok.losses import causal_lm_loss, linear_cross_entropy
 from unitok.models.base import PretrainedModel
@@ -158,7 +159,7 @@ class GPT(PretrainedModel):
         hidden = self._run_backbone(input_ids, attention_mask, position_ids, cache, use_cache,
                                     output_hidden_states, output_attentions, kernel)
         h = hidden.last_hidden_state
-        logits = self.lm_head(h) if return_logits else None
+        logits = linear(h, self.lm_head) if return_logits else None
         if labels is None:
             loss = None
         elif logits is not None:

@@ -28,6 +28,7 @@ from unitok.generate import GenerationConfig, generate
 from unitok.layers.activations import Activation
 from unitok.layers.attention import CrossAttention, Kernel, SelfAttention
 from unitok.layers.decode_layout import head_logits
+from unitok.layers.fused_linear import linear
 from unitok.layers.kv_cache import KVCache
 from unitok.losses import cross_entropy, linear_cross_entropy
 from unitok.models.base import PretrainedModel
@@ -233,7 +234,7 @@ class T5(T5Encoder):
         """Decoder states for target ids given the encoder's states -> ((B, N, V) logits, states)."""
         h, out = self._head_input(decoder_input_ids, encoder_hidden_states, encoder_attention_mask,
                                   decoder_attention_mask, cache, output_hidden_states, kernel)
-        return self.lm_head(h), out
+        return linear(h, self.lm_head), out
 
     def _head_input(
         self, decoder_input_ids: Tensor, encoder_hidden_states: Tensor, encoder_attention_mask: Tensor | None,
@@ -284,7 +285,7 @@ class T5(T5Encoder):
         enc = encoder_outputs or self.encode(input_ids, attention_mask, output_hidden_states, kernel)
         h, dec = self._head_input(decoder_input_ids, enc.last_hidden_state, enc.attention_mask, decoder_attention_mask,
                                   None, output_hidden_states, kernel)
-        logits = self.lm_head(h) if return_logits else None
+        logits = linear(h, self.lm_head) if return_logits else None
         if labels is None:
             loss = None
         elif logits is not None:
