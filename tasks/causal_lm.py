@@ -109,9 +109,9 @@ class CausalLMTask(L.LightningModule):
         kept = until_eos(new, self.model.config.eos_token_id)
         prompt_mask = prompts.attention_mask if prompts.attention_mask is not None else torch.ones_like(prompts.ids)
         mask = torch.cat([prompt_mask.long(), torch.ones_like(new)], dim=1)[:, :-1]
-        logits = self.model(out[:, :-1], attention_mask=mask).logits  # (B, S + T - 1, V)
-        scored = torch.cat([torch.zeros_like(prompt_mask[:, 1:], dtype=torch.bool), kept], dim=1)
-        score = mean_log_likelihood(logits, out[:, 1:], scored)
+        hidden = self.model(out[:, :-1], attention_mask=mask, return_logits=False).last_hidden_state
+        # Only the last T positions predict generated tokens: the head runs there alone, (B, T, V).
+        score = mean_log_likelihood(self.model.lm_head(hidden[:, S - 1:]), new, kept)
         eos = self.model.config.eos_token_id
         texts = [tok.decode([t for t in row if t >= 0 and t != eos], skip_special_tokens=True)
                  for row in new.masked_fill(~kept, -1).tolist()]

@@ -30,3 +30,31 @@ def test_tiny_gpt_beats_the_unigram_baseline(tmp_path):
     val_loss = float(trainer.callback_metrics["val_loss"])
     assert unigram > 5.5  # the baseline is itself far below uniform (ln 1024 ≈ 6.93)
     assert val_loss < unigram - 0.75, f"val loss {val_loss:.3f} vs unigram baseline {unigram:.3f}"
+
+
+def test_a_prediction_scores_its_generated_tokens_only():
+    """`predict_step`'s score is the mean log-probability of the generated tokens (up to EOS) under
+    the model, read off a forward over prompt + continuation: prompt positions do not count."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from tokenizers_mm import BPETokenizer
+
+    tok = BPETokenizer.train(iterator=iter(["def add(a, b): return a + b", "print('hello')"] * 5), vocab_size=300)
+    torch.manual_seed(0)
+    task = CausalLMTask(vocab_size=tok.vocab_size, context_length=32, preset="gpt-nano",
+                        generate_max_new_tokens=6).eval()
+    task._trainer = SimpleNamespace(datamodule=SimpleNamespace(tokenizer=tok))  # what predict_step reads
+    prompts = ["def add(a, b):", "print"]  # unequal lengths: the shorter is left-padded
+    records = task.predict_step(prompts, 0)
+
+    for prompt, record in zip(prompts, records, strict=True):
+        ids = tok.encode(prompt).ids[None]  # (1, S), unpadded
+        full = task.model.generate(ids, max_new_tokens=6)
+        new = full[0, ids.shape[1]:]
+        with torch.no_grad():
+            log_probs = task.model(full[:, :-1]).logits[0, ids.shape[1] - 1:].log_softmax(-1)
+        expected = log_probs.gather(-1, new[:, None]).mean()
+        assert record["input"] == prompt
+        assert record["score"] == pytest.approx(float(expected), abs=1e-4)
