@@ -5,11 +5,12 @@
 # verdicts cost a step (deferred against at once), a Lightning fit on the GPU in bf16-mixed,
 # ViT / DeiT / Mixer against timm at batch 8 (long repetitions) and at a GPU's batch (ViT-S width,
 # 12 blocks, batch 128, bf16), every family's table on CUDA. Each step has its own time limit, so one that
-# hangs does not take the others with it; logs go to $LOG_DIR (default runs/bench-gpu). Steps by name as arguments (default: all):
+# hangs does not take the others with it; logs go to $LOG_DIR (default runs/bench-gpu). Steps by name as arguments (default: all but autotune32):
 #   train generate checks compiled compiled32 compiled64 autotune32 syncs fit vision8 vision summary
 # (compiled64: batch 64 x 1,024, llm.c's micro-batch on an H100; autotune32: inductor's
 # max-autotune-no-cudagraphs, Triton GEMM templates timed against cuBLAS, at batch 32; both only
-# each library's labels= path.)
+# each library's labels= path; autotune32 runs only by name: its compilation outlasted 300 s on an
+# H100, where cuBLAS won 13 of the 14 GEMM shapes.)
 # Exit status: the number of steps that failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -18,7 +19,7 @@ PY=${PYTHON:-python3}
 LOG=${LOG_DIR:-runs/bench-gpu}
 mkdir -p "$LOG"
 failed=0
-STEPS=${*:-train generate checks compiled compiled32 compiled64 autotune32 syncs fit vision8 vision summary}
+STEPS=${*:-train generate checks compiled compiled32 compiled64 syncs fit vision8 vision summary}
 step() {  # step NAME SECONDS COMMAND...: run one step (if asked for), log it, count a failure
   local name=$1 limit=$2; shift 2
   [[ " $STEPS " == *" $name "* ]] || return 0
@@ -41,7 +42,7 @@ step compiled32 150 $PY benchmarks/gpt_vs_hf.py "${GPT124[@]}" --precision bf16 
   --seq-len 1024 --skip-generate --fused-adamw --compile --repeats 3
 step compiled64 150 $PY benchmarks/gpt_vs_hf.py "${GPT124[@]}" --precision bf16 --batch-size 64 \
   --seq-len 1024 --skip-generate --compile --default-only --repeats 3
-step autotune32 300 $PY benchmarks/gpt_vs_hf.py "${GPT124[@]}" --precision bf16 --batch-size 32 \
+step autotune32 600 $PY benchmarks/gpt_vs_hf.py "${GPT124[@]}" --precision bf16 --batch-size 32 \
   --seq-len 1024 --skip-generate --compile --compile-mode max-autotune-no-cudagraphs --default-only --repeats 3
 step syncs 200 $PY benchmarks/deferred_checks.py
 step fit 120 $PY -c "import sys; from tasks.cli import main; main(sys.argv[1:])" fit \
