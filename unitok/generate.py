@@ -167,10 +167,13 @@ def _check_prompt(input_ids: Tensor, attention_mask: Tensor | None) -> Tensor:
         return torch.ones_like(input_ids)
     if attention_mask.shape != input_ids.shape:
         raise ValueError(f"attention_mask shape {tuple(attention_mask.shape)} != input_ids shape {tuple(input_ids.shape)}")
-    if not bool(attention_mask[:, -1].all()):
-        raise ValueError("batched generation needs left padding: the last prompt position is padding in some row")
-    if not bool(attention_mask.any(dim=1).all()):
-        raise ValueError("a prompt in the batch is empty (all padding)")
+    empty = (~attention_mask.bool().any(dim=1)).nonzero()[:, 0].tolist()
+    if empty:
+        raise ValueError(f"prompt row(s) {empty} are empty (all padding): give each row at least one token")
+    right = (~attention_mask[:, -1].bool()).nonzero()[:, 0].tolist()
+    if right:
+        raise ValueError(f"batched generation needs left padding: the last prompt position is padding in row(s) "
+                         f"{right} (encode with padding_side='left')")
     return attention_mask.long()
 
 

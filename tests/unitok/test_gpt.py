@@ -168,9 +168,14 @@ def test_presets_are_data():
         (lambda m: m.generate(torch.ones(1, 3, dtype=torch.long), strategy="sample", top_p=1.5), ValueError, "top_p"),
         (lambda m: m.generate(torch.ones(1, 3, dtype=torch.long), strategy="beam", greedy_floor="no"), TypeError,
          "greedy_floor must be bool, got 'no'"),
+        (lambda m: m.generate(torch.ones(3, 4, dtype=torch.long), attention_mask=torch.tensor(
+            [[1, 1, 1, 1], [1, 1, 0, 0], [0, 1, 1, 1]]), max_new_tokens=2), ValueError, r"needs left padding: .* in row\(s\) \[1\]"),
+        (lambda m: m.generate(torch.ones(3, 4, dtype=torch.long), attention_mask=torch.tensor(
+            [[1, 1, 1, 1], [0, 0, 0, 0], [0, 0, 0, 0]]), max_new_tokens=2, strategy="beam"), ValueError,
+         r"prompt row\(s\) \[1, 2\] are empty \(all padding\)"),
     ],
     ids=["id>=vocab", "too-long", "empty", "1-d", "empty-prompt", "prompt+new>context", "strategy", "typo", "top_p",
-         "greedy_floor"],
+         "greedy_floor", "right-padded", "all-padding-row"],
 )
 def test_bad_input_raises_a_clear_error(call, error, message):
     with pytest.raises(error, match=message):
