@@ -133,6 +133,19 @@ class UnitokCLI(LightningCLI):
         if not os.environ.get(CACHE_ENV):
             fill_cache_dirs(config.get("data"), str(self.recipe_root() / "cache"))
 
+    def instantiate_classes(self) -> None:
+        """A value the model or data module refuses while being built (a misspelt preset, a file
+        that is not there) is reported as a misspelt option is: its own message on one line, exit
+        status 2, instead of a traceback through jsonargparse ending in "Does not validate against
+        any of the Union subtypes"."""
+        try:
+            super().instantiate_classes()
+        except Exception as error:
+            refusal = _own_refusal(error)
+            if refusal is None:
+                raise
+            self.parser.error(str(refusal))
+
     def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
         """The trainer, writing into ``<root>/version_N``: CSV and TensorBoard logs, checkpoints
         (``last.ckpt`` always, ``best.ckpt`` where the recipe monitors a metric), the export."""
@@ -186,6 +199,27 @@ class UnitokCLI(LightningCLI):
         parser.link_arguments("data.vocab_size", "model.init_args.vocab_size", apply_on="instantiate")
         parser.link_arguments("data.eos_token_id", "model.init_args.eos_token_id", apply_on="instantiate")
         parser.link_arguments("data.num_classes", "model.init_args.num_classes", apply_on="instantiate")
+
+
+_OWN_PACKAGES = tuple(str(Path(__file__).resolve().parents[1] / name) + os.sep
+                      for name in ("unitok", "tasks", "tokenizers_mm"))
+
+
+def _own_refusal(error: BaseException) -> BaseException | None:
+    """The ValueError / TypeError / OSError behind ``error`` (its causes followed) that unitok's own
+    code raised — a refusal of a value, worded for the user — or None (anything else: a traceback)."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        tb = current.__traceback__
+        while tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+        raised_in = tb.tb_frame.f_code.co_filename if tb is not None else ""
+        if isinstance(current, ValueError | TypeError | OSError) and raised_in.startswith(_OWN_PACKAGES):
+            return current
+        current = current.__cause__ or current.__context__
+    return None
 
 
 def resolve_recipes(args: list[str]) -> list[str]:

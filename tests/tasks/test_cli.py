@@ -36,6 +36,42 @@ def test_a_config_typo_is_a_clear_error(capsys):
     assert "learning_rat" in capsys.readouterr().err
 
 
+def test_a_value_the_model_refuses_is_one_line_not_a_traceback(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", str(TINY), *QUICK, "--model.preset", "gpt-nan"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "error: unknown GPTConfig preset 'gpt-nan' (did you mean 'gpt-nano'?)" in err
+    assert "Traceback" not in err and "Union subtypes" not in err
+    assert not list(tmp_path.rglob("*.ckpt"))  # refused before any step
+
+
+def test_only_unitoks_own_refusals_become_one_line_errors():
+    """A value error raised by unitok's code (the chain jsonargparse wraps it in is followed) is
+    the user's to fix; one raised elsewhere (a library, a bug) keeps its traceback."""
+    from tasks.cli import _own_refusal
+    from unitok.models import GPTConfig
+
+    try:
+        try:
+            GPTConfig.from_name("gpt-nan")
+        except ValueError as ours:
+            raise ValueError("Does not validate against any of the Union subtypes") from ours
+    except ValueError as wrapped:
+        refusal = _own_refusal(wrapped)
+    assert isinstance(refusal, ValueError) and "unknown GPTConfig preset 'gpt-nan'" in str(refusal)
+
+    try:
+        raise ValueError("raised outside unitok's packages")
+    except ValueError as elsewhere:
+        assert _own_refusal(elsewhere) is None
+    try:
+        {}["key"]
+    except KeyError as bug:
+        assert _own_refusal(bug) is None
+
+
 @pytest.mark.slow
 def test_fit_subprocess_then_predict_test_and_sample(tmp_path, monkeypatch, capsys):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}

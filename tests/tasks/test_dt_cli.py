@@ -65,7 +65,9 @@ def test_offline_recipe_trains_on_a_users_file(tmp_path, monkeypatch):
     assert "eval_return_top" in (run / "version_0" / "metrics.csv").read_text()
 
 
-def test_offline_recipe_without_a_file_says_what_to_give(tmp_path, monkeypatch):
+def test_offline_recipe_without_a_file_says_what_to_give(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(ValueError, match=r"give a trajectory file \(path: my_data.npz\)"):
+    with pytest.raises(SystemExit) as exit_info:  # a parser error: one line, no traceback
         main(["fit", "--config", str(OFFLINE), *QUICK])
+    assert exit_info.value.code == 2
+    assert "error: give a trajectory file (path: my_data.npz)" in capsys.readouterr().err

@@ -44,5 +44,7 @@ def test_pretrain_then_fine_tune_then_predict(tmp_path, monkeypatch, capsys):
     printed = capsys.readouterr().out
     assert "params: def f(x, y):\n→ " in printed and "statement: return x\n→ " in printed
 
-    with pytest.raises(ValueError, match=r"built-in tasks \['params', 'statement'\] have prefixes outside"):
+    with pytest.raises(SystemExit) as exit_info:  # a parser error: one line, no traceback
         main(["fit", "--config", FINETUNE, *STEPS, *FINETUNE_QUICK, "--data.allowed_prefixes", "[name, identifiers]"])
+    assert exit_info.value.code == 2
+    assert "error: built-in tasks ['params', 'statement'] have prefixes outside" in capsys.readouterr().err
