@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from unitok.layers import MLP
-from unitok.layers.activations import activate_fresh, make_activation
+from unitok.layers.activations import TanhGELU, activate_fresh, make_activation
 from unitok.layers.fused_linear import MIN_FEATURES, MIN_ROWS, linear, uses_onednn
 
 BIG = (MIN_ROWS + 44, MIN_FEATURES)  # rows × in-features that take the fused path
@@ -102,8 +102,8 @@ def test_an_activation_needs_its_module():
         linear(torch.randn(2, 4), nn.Linear(4, 4), "gelu")
 
 
-@pytest.mark.parametrize("act", [nn.GELU(), nn.GELU(approximate="tanh"), nn.ReLU(), nn.SiLU()],
-                         ids=["gelu", "gelu_tanh", "relu", "silu"])
+@pytest.mark.parametrize("act", [nn.GELU(), nn.GELU(approximate="tanh"), TanhGELU(), nn.ReLU(), nn.SiLU()],
+                         ids=["gelu", "torch_gelu_tanh", "gelu_tanh", "relu", "silu"])
 def test_activate_fresh_overwrites_only_without_gradients(act):
     h = torch.randn(5, 6)
     expected = act(h.clone())
