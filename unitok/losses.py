@@ -142,6 +142,28 @@ def _compiled_softmax_gradient(backend: str | Callable[..., Any]) -> Callable[..
     return torch.compile(softmax_gradient, backend=backend, fullgraph=True)
 
 
+# Below this probability a float32 softmax has lost digits to underflow (its smallest normal is
+# 1.2e-38): a target that unlikely has its log-probability computed again from its row's logits.
+SOFTMAX_FLOOR = 1e-30
+
+
+def _log_picked(probs: Tensor, targets: Tensor, out: Tensor, scored: Tensor, hidden: Tensor, weight: Tensor,
+                bias: Tensor | None) -> None:
+    """log p(target) of each row of (rows, V) ``probs`` into ``out`` (rows,). On the CPU the
+    softmax is one pass where log-softmax then exp are two, and PyTorch's CPU exp is slow (a GPT
+    step's loss blocks 2.2× faster); the log of the gathered probability is as exact, but where
+    it underflows: those scored rows' logits are computed again from ``hidden`` and read through
+    log-softmax."""
+    picked = probs.gather(1, targets)[:, 0]
+    torch.log(picked, out=out)
+    tiny = (picked < SOFTMAX_FLOOR) & scored  # NaN rows stay NaN, as log-softmax leaves them
+    if bool(tiny.any()):  # the CPU: no device to wait for
+        rows = tiny.nonzero()[:, 0]
+        h = hidden[rows]
+        logits = h @ weight.t() if bias is None else torch.addmm(bias, h, weight.t())
+        out[rows] = torch.log_softmax(logits.float(), dim=-1).gather(1, targets[rows])[:, 0]
+
+
 class _LinearCrossEntropy(torch.autograd.Function):
     """Forward computes the loss and, where inputs need them, its gradients chunk by chunk;
     backward only scales them by the incoming gradient."""
@@ -202,20 +224,25 @@ class _LinearCrossEntropy(torch.autograd.Function):
                         elif grad is not None:
                             part.copy_(grad)  # a cache-sized block (the CPU)
                     else:
-                        if block_buf is None:  # float32 logits: the softmax in place
-                            log_p = torch.log_softmax(part, dim=-1, out=part)
-                        else:  # bf16 / fp16 logits read, the float32 log-softmax written: one pass
-                            log_p = torch.log_softmax(part, dim=-1, dtype=torch.float32,
-                                                      out=block_buf[:part.shape[0]])
                         t = targets[rows_in]
-                        torch.gather(log_p, 1, t, out=picked[rows_in, None])
+                        # float32 logits: the softmax in place; bf16 / fp16 logits read and the float32
+                        # result written in one pass. On the CPU, the softmax itself (its exp is slow).
+                        out = part if block_buf is None else block_buf[:part.shape[0]]
+                        if on_cpu:
+                            p = torch.softmax(part, dim=-1, dtype=torch.float32, out=out)
+                            _log_picked(p, t, picked[rows_in], scored[rows_in], h[first:first + part.shape[0]], w, b)
+                        else:
+                            p = torch.log_softmax(part, dim=-1, dtype=torch.float32, out=out)
+                            torch.gather(p, 1, t, out=picked[rows_in, None])
+                            if need_grad:
+                                p.exp_()
                         if need_grad:
                             # (softmax − one-hot) · row weight, the scaling fused with the cast back
-                            log_p.exp_().scatter_add_(1, t, minus_one.expand(t.shape))
+                            p.scatter_add_(1, t, minus_one.expand(t.shape))
                             if need_b:
-                                part_b = log_p.t() @ row_weight[rows_in, 0]
+                                part_b = p.t() @ row_weight[rows_in, 0]
                                 grad_b = part_b if grad_b is None else grad_b.add_(part_b)
-                            torch.mul(log_p, row_weight[rows_in], out=part)
+                            torch.mul(p, row_weight[rows_in], out=part)
                 if not need_grad:
                     continue
                 # bf16 / fp16 products are summed in float32 across chunks; cuBLAS writes them

@@ -7,6 +7,7 @@ numbers (the ordinary suite traces with ``aot_eager``; ``make test-compile`` wit
 
 from __future__ import annotations
 
+import math
 import os
 
 import pytest
@@ -62,6 +63,30 @@ def test_equals_linear_then_cross_entropy(monkeypatch, chunk_values, block_value
     torch.testing.assert_close(loss, ref_loss, atol=1e-6, rtol=1e-6)
     for ours, theirs in zip(grads, ref_grads, strict=True):
         torch.testing.assert_close(ours, theirs, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("block_values", [losses.BLOCK_VALUES, 5 * 53])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_targets_too_unlikely_for_a_float32_softmax_are_scored_exactly(monkeypatch, block_values, precision):
+    """On the CPU log p(target) is the log of the softmax's probability; where that underflows
+    (p < 1e-30: here logits 100-400 apart), the row is scored again through log-softmax, so a
+    loss of hundreds of nats is the unfused pair's, not log(0)."""
+    monkeypatch.setattr(losses, "BLOCK_VALUES", block_values)
+    hidden, weight, bias, labels = problem()
+    with torch.no_grad():
+        hidden[0, 5:12] *= 300.0  # these rows' targets: far below their rows' best classes
+    labels[0, 5:12] = weight.detach().mv(hidden[0, 5].detach()).argmin()
+    amp = torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else torch.autocast("cpu", enabled=False)
+    with amp:
+        ref_loss, ref_grads = loss_and_grads(reference, hidden, weight, bias, labels)
+        loss, grads = loss_and_grads(fused, hidden, weight, bias, labels)
+        per_row = F.cross_entropy(F.linear(hidden, weight, bias)[0, 5:12].float(), labels[0, 5:12], reduction="none")
+    assert per_row.min() > -math.log(losses.SOFTMAX_FLOOR)  # the fallback was needed
+    assert torch.isfinite(loss)
+    tol = 1e-6 if precision == "fp32" else 2e-2
+    torch.testing.assert_close(loss, ref_loss, atol=tol, rtol=tol)
+    for ours, theirs in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(ours, theirs, atol=tol, rtol=tol)
 
 
 @pytest.mark.parametrize("chunk_values, block_values", [(losses.CHUNK_VALUES, losses.BLOCK_VALUES), (40 * 101, 7 * 101)])
