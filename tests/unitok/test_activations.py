@@ -7,13 +7,19 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from unitok.layers.activations import TanhGELU, _TanhGELUFunction, make_activation
+from unitok.layers.activations import (
+    MIN_SIGMOID_VALUES,
+    TanhGELU,
+    _TanhGELUFunction,
+    make_activation,
+)
 
 
 def inputs() -> torch.Tensor:
+    """Enough values for the sigmoid form (`MIN_SIGMOID_VALUES`), edge cases included."""
     torch.manual_seed(0)
     edges = torch.tensor([0.0, -0.0, 1e-30, -1e-30, 8.0, -8.0, 30.0, -30.0, 1e4, -1e4])
-    return torch.cat([torch.randn(4096) * 3, edges])
+    return torch.cat([torch.randn(MIN_SIGMOID_VALUES) * 3, edges])
 
 
 def test_gelu_tanh_is_the_sigmoid_form():
@@ -59,6 +65,19 @@ def test_in_place_form_overwrites_its_input():
     out = TanhGELU().forward_(x)
     assert out.data_ptr() == x.data_ptr()
     torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-6)
+
+
+def test_the_sigmoid_form_is_taken_for_large_float32_tensors_only(monkeypatch):
+    calls = []
+    original = _TanhGELUFunction.apply
+    monkeypatch.setattr(_TanhGELUFunction, "apply", lambda x: calls.append(x.numel()) or original(x))
+    big = inputs().requires_grad_()
+    small = torch.randn(MIN_SIGMOID_VALUES - 1, requires_grad=True)
+    TanhGELU()(big)
+    assert torch.equal(TanhGELU()(small), F.gelu(small, approximate="tanh"))  # PyTorch's kernel, bit for bit
+    assert calls == [big.numel()]
+    with torch.no_grad():
+        assert torch.equal(TanhGELU().forward_(small.detach().clone()), F.gelu(small, approximate="tanh"))
 
 
 def test_float64_takes_pytorchs_kernel():
