@@ -13,6 +13,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import inspect
+import linecache
 import os
 import re
 import signal
@@ -207,7 +208,9 @@ _OWN_PACKAGES = tuple(str(Path(__file__).resolve().parents[1] / name) + os.sep
 
 def _own_refusal(error: BaseException) -> BaseException | None:
     """The ValueError / TypeError / OSError behind ``error`` (its causes followed) that unitok's own
-    code raised — a refusal of a value, worded for the user — or None (anything else: a traceback)."""
+    code raised — a refusal of a value, worded for the user — or None (anything else: a traceback).
+    A TypeError counts only from a ``raise`` statement: Python's own (a call with a wrong argument
+    inside unitok) is a bug, and keeps its traceback."""
     seen: set[int] = set()
     current: BaseException | None = error
     while current is not None and id(current) not in seen:
@@ -217,9 +220,15 @@ def _own_refusal(error: BaseException) -> BaseException | None:
             tb = tb.tb_next
         raised_in = tb.tb_frame.f_code.co_filename if tb is not None else ""
         if isinstance(current, ValueError | TypeError | OSError) and raised_in.startswith(_OWN_PACKAGES):
-            return current
+            if not isinstance(current, TypeError) or _raise_statement(raised_in, tb.tb_lineno):
+                return current
         current = current.__cause__ or current.__context__
     return None
+
+
+def _raise_statement(filename: str, lineno: int | None) -> bool:
+    """Whether line ``lineno`` of ``filename`` is (the start of) a ``raise`` statement."""
+    return lineno is not None and linecache.getline(filename, lineno).lstrip().startswith("raise ")
 
 
 def resolve_recipes(args: list[str]) -> list[str]:

@@ -72,6 +72,23 @@ def raise_if(value: Tensor, fail: Callable[[], None], deferred: bool,
     _state.pending.append((verdict, done, fail, bad))
 
 
+_AUTOCAST_DTYPES = frozenset({torch.float32, torch.float16, torch.bfloat16})  # what autocast casts
+
+
+def check_dtype(values: Tensor, like: Tensor, name: str) -> None:
+    """Float input of another precision than the weights (float64 from numpy, half pixels into a
+    float32 model) would fail deep inside the first layer: raise a TypeError naming both dtypes and
+    the fix. Under autocast on the input's device, float32 / float16 / bfloat16 mix freely (autocast
+    casts them; float64 it leaves, and the layer would fail)."""
+    if values.dtype == like.dtype:
+        return
+    if (values.dtype in _AUTOCAST_DTYPES and like.dtype in _AUTOCAST_DTYPES
+            and torch.is_autocast_enabled(values.device.type)):
+        return
+    raise TypeError(f"{name} are {values.dtype} but the model's weights are {like.dtype}: convert them with "
+                    f".to({like.dtype}), or the model with model.to({values.dtype})")
+
+
 def check_finite(values: Tensor, name: str) -> None:
     """NaN or inf input would silently turn every output into NaN: raise, naming ``name`` and
     the count of bad values (integer tensors always pass)."""

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from tasks.cli import main
 
@@ -70,6 +71,30 @@ def test_only_unitoks_own_refusals_become_one_line_errors():
         {}["key"]
     except KeyError as bug:
         assert _own_refusal(bug) is None
+
+
+def test_a_type_error_python_raises_inside_unitok_is_a_bug_not_a_refusal():
+    """unitok's own ``raise TypeError(...)`` names a wrong value and becomes one line; Python's
+    TypeError from a wrong operation inside unitok's code is a bug, and keeps its traceback."""
+    from types import SimpleNamespace
+
+    from tasks.cli import _own_refusal
+    from unitok.checks import check_dtype
+
+    try:
+        check_dtype(torch.zeros(1, dtype=torch.float64), torch.zeros(1), "pixel_values")
+    except TypeError as ours:
+        assert _own_refusal(ours) is ours
+    else:
+        pytest.fail("float64 pixels should have been refused")
+    try:  # a "weight" whose dtype is a list: the set lookup inside check_dtype fails in Python
+        check_dtype(torch.zeros(1), SimpleNamespace(dtype=[torch.float32]), "pixel_values")
+    except TypeError as bug:
+        assert "unhashable type" in str(bug)
+        assert bug.__traceback__.tb_next.tb_frame.f_code.co_filename.endswith("unitok/checks.py")
+        assert _own_refusal(bug) is None
+    else:
+        pytest.fail("the list dtype should have raised")
 
 
 @pytest.mark.slow

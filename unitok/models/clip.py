@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from tokenizers_mm import CLIPTokenizer, PatchTokenizer, Processor, SpectrogramConfig, Tokens
 from unitok.backbone import Backbone, BackboneConfig, init_weights
-from unitok.checks import check_finite, deferred_checks
+from unitok.checks import check_dtype, check_finite, deferred_checks
 from unitok.config import Config
 from unitok.embed import TokenEmbedding
 from unitok.embed.modalities import AudioEmbedder
@@ -409,6 +409,7 @@ class CLIP(PretrainedModel):
             shape = tuple(audio.shape) if isinstance(audio, Tensor) else type(audio).__name__
             raise ValueError(f"audio frames must be (batch, frames, {config.n_mels}), got {shape}; raw audio goes "
                              "through model.encode(..., modality='audio') or model.audio_tokenizer()")
+        check_dtype(audio, next(self.audio.parameters()), "audio frames")
         check_finite(audio, "audio frames")
         if lengths is None:
             lengths = torch.full((audio.shape[0],), audio.shape[1], dtype=torch.long, device=audio.device)

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from tokenizers_mm import CharacterVocabulary, Processor, SpectrogramConfig, Tokens
 from unitok.backbone import Backbone, BackboneConfig, init_weights
+from unitok.checks import check_dtype
 from unitok.config import Config
 from unitok.embed.frames import ConvSubsampling
 from unitok.layers.activations import Activation
@@ -142,6 +143,7 @@ class ConformerCTC(PretrainedModel):
             raise ValueError(f"features must be (batch, frames, {self.config.n_mels}), got {shape}")
         if features.shape[-1] != self.config.n_mels:
             raise ValueError(f"expected {self.config.n_mels} features per frame, got {features.shape[-1]}")
+        check_dtype(features, next(self.parameters()), "features")
         if not bool(torch.isfinite(features).all()):
             raise ValueError(f"features contain {int((~torch.isfinite(features)).sum())} NaN/inf values")
         B, N, _ = features.shape

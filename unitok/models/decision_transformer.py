@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from tokenizers_mm.processor import Processor
 from tokenizers_mm.trajectory import TOKENIZER_FIELDS, TrajectoryTokenizer, TrajectoryWindows
 from unitok.backbone import Backbone, BackboneConfig, init_weights
+from unitok.checks import check_dtype
 from unitok.config import Config
 from unitok.layers.activations import Activation
 from unitok.layers.attention import Kernel
@@ -256,6 +257,7 @@ class DecisionTransformer(PretrainedModel):
                              f"state_dim={c.state_dim}")
         if K == 0:
             raise ValueError("the window is empty: give at least one step")
+        check_dtype(states, self.embed_state.weight, "states")
         if actions is None:
             raise ValueError("actions are required (zeros will do for the step being predicted)")
         if c.discrete and not actions.dtype.is_floating_point:
@@ -268,6 +270,7 @@ class DecisionTransformer(PretrainedModel):
         else:
             if not actions.dtype.is_floating_point:
                 raise TypeError(f"this model has continuous actions: actions must be floats, got {actions.dtype}")
+            check_dtype(actions, self.embed_action.weight, "actions")
             if actions.dim() != 3 or tuple(actions.shape[:2]) != (B, K):
                 raise ValueError(f"actions must be (batch, steps, act_dim) = {(B, K, c.act_dim)}, "
                                  f"got {tuple(actions.shape)}")

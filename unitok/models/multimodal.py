@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from tokenizers_mm import ImagePreprocessConfig, Processor, SpectrogramConfig, Tokens, patchify
 from tokenizers_mm.trajectory import TOKENIZER_FIELDS, TrajectoryTokenizer, TrajectoryWindows
 from unitok.backbone import Backbone, BackboneConfig, init_weights
-from unitok.checks import check_finite, deferred_checks
+from unitok.checks import check_dtype, check_finite, deferred_checks
 from unitok.config import Config
 from unitok.embed.modalities import AudioEmbedder, ImageEmbedder, TextEmbedder, TrajectoryEmbedder
 from unitok.heads import (
@@ -604,9 +604,11 @@ class MultimodalTransformer(PretrainedModel):
             P = modality.patch_size
             if H % P or W % P:
                 raise ValueError(f"segment {name!r}: image size {H}×{W} is not divisible by the patch size {P}")
+            check_dtype(value, next(embedder.parameters()), f"segment {name!r} pixels")
             check_finite(value, f"segment {name!r} pixels")
             patches, grid, given = patchify(value, P), (H // P, W // P), None
         elif isinstance(value, Tokens) and value.features is not None and value.grid is not None:
+            check_dtype(value.features, next(embedder.parameters()), f"segment {name!r} patch features")
             check_finite(value.features, f"segment {name!r} patch features")
             patches, grid, given = value.features, value.grid, value.attention_mask
         else:
@@ -626,6 +628,7 @@ class MultimodalTransformer(PretrainedModel):
         frames = value.features
         if frames.shape[-1] != modality.n_mels:
             raise ValueError(f"segment {name!r} expects {modality.n_mels} mel bins per frame, got {frames.shape[-1]}")
+        check_dtype(frames, next(embedder.parameters()), f"segment {name!r} frames")
         check_finite(frames, f"segment {name!r} frames")
         if value.attention_mask is None:
             lengths = torch.full((frames.shape[0],), frames.shape[1], dtype=torch.long, device=frames.device)

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from tokenizers_mm import Tokens
 from unitok.backbone import Backbone, BackboneConfig
-from unitok.checks import deferred_checks
+from unitok.checks import check_dtype, deferred_checks
 from unitok.compile import loss_backend
 from unitok.config import Config
 from unitok.embed import RelativePositionBias, TokenEmbedding
@@ -179,6 +179,7 @@ class T5Encoder(PretrainedModel):
         if not isinstance(inputs, Tensor) or inputs.dim() != 3 or not inputs.dtype.is_floating_point:
             shape = tuple(inputs.shape) if isinstance(inputs, Tensor) else type(inputs).__name__
             raise ValueError(f"this T5 reads spectrogram frames (batch, frames, {self.config.n_mels}), got {shape}")
+        check_dtype(inputs, next(self.frontend.parameters()), "spectrogram frames")
         if not bool(torch.isfinite(inputs).all()):
             raise ValueError("spectrogram frames contain NaN/inf values")
         B, N, _ = inputs.shape

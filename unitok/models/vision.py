@@ -17,7 +17,7 @@ from tokenizers_mm import (
     Processor,
     Tokens,
 )
-from unitok.checks import check_finite
+from unitok.checks import check_dtype, check_finite
 from unitok.config import Config
 from unitok.models.base import PretrainedModel
 
@@ -93,6 +93,7 @@ class ImageModel(PretrainedModel):
         if isinstance(pixel_values, Tokens):
             if pixel_values.features is None or pixel_values.grid is None:
                 raise ValueError("image models read image Tokens (patch features with a grid)")
+            check_dtype(pixel_values.features, self.patch_embed.weight, "patch features")
             check_finite(pixel_values.features, "patch features")
             return self.patch_embed(pixel_values.features), tuple(pixel_values.grid)
         x = pixel_values
@@ -109,6 +110,7 @@ class ImageModel(PretrainedModel):
         H, W = x.shape[-2:]
         if H % c.patch_size or W % c.patch_size:
             raise ValueError(f"image size {H}×{W} is not divisible by the patch size {c.patch_size}")
+        check_dtype(x, self.patch_embed.weight, "pixel_values")
         check_finite(x, "pixel_values")
         return self.patch_embed.embed_pixels(x), (H // c.patch_size, W // c.patch_size)
 
