@@ -79,7 +79,8 @@ class GenerationConfig(Config):
     CPU for up to `ALL_WIDENING_ROWS` rows, at least `MIN_NEW_TOKENS` new tokens and a copy of at
     most `MAX_COPY_BYTES`; True: for any batch and size (CPU float32 weights only); False: never.
     Beam search keeps the weights as they are (its 5-row steps gained nothing); steps of
-    `FEW_ROWS` rows (a beam search's W + 1, a small batch) compute their widening products
+    `FEW_ROWS` rows (a beam search's W + 1, a small batch; one or two rows where no input-major
+    copy is lent, a GPT-124M-sized model's: one row runs as two) compute their widening products
     output-major instead (`unitok.layers.decode_layout.output_major_products`: the same tokens):
     ``output_major`` None, the default, where the decoding weights outgrow the cache
     (`MIN_COLD_BYTES`, on the CPU); True: whatever their size (CPU float32 weights only); False: never."""

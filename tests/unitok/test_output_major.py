@@ -157,12 +157,34 @@ def test_greedy_batches_of_a_few_rows_run_output_major_one_or_two_rows_read_inpu
     monkeypatch.setattr(generation, "MIN_COLD_BYTES", 0)
     assert torch.equal(model.generate(prompts, max_new_tokens=20), expected)
     assert taken and {r for r, _ in taken} == {4}
-    for batch, prompt_head in ((1, []), (2, [(2, 40)])):
+    blocks = model.config.n_layers
+    for batch, prompt in ((1, [(7, 96), (7, 32), (7, 128)] * blocks), (2, [])):
         taken.clear()
         model.generate(prompts[:batch], max_new_tokens=20)
-        # the prompt's head (two rows of the stored weights) at most; then the steps read the
-        # weights input-major (test_decode_layout.py), which output-major products leave alone
-        assert taken == prompt_head
+        # the prompt as the weights are stored: its products of a few rows (one prompt of 7
+        # tokens; two are 14 rows, F.linear's) and its head (the last position's rows); then the
+        # steps read the weights input-major (test_decode_layout.py), which output-major leaves alone
+        assert taken == [*prompt, (batch, 40)]
+
+
+def test_one_row_steps_run_output_major_as_two_where_no_input_major_copy_is_lent(monkeypatch, taken):
+    """A model whose input-major copy would pass MAX_COPY_BYTES (GPT-124M-sized: ~380 MB) decodes
+    its one-row steps output-major, each row run as two: the same tokens as F.linear's."""
+    model = tiny_gpt()
+    prompt = torch.randint(2, 40, (1, 7), generator=torch.Generator().manual_seed(3))
+    expected = model.generate(prompt, max_new_tokens=20, input_major=False, output_major=False)
+    monkeypatch.setattr(generation, "MIN_COLD_BYTES", 0)  # out of cache
+    monkeypatch.setattr(generation, "MAX_COPY_BYTES", 0)  # no copy lent
+    assert torch.equal(model.generate(prompt, max_new_tokens=20), expected)
+    one_row = [out for rows, out in taken if rows == 1]
+    # the prompt's head (its last position), then 19 steps: in each block qkv (32 -> 96), the
+    # attention output (32 -> 32) and the MLP's first layer (32 -> 128), then the head (32 -> 40)
+    assert len(one_row) == 1 + 19 * (3 * model.config.n_layers + 1)
+    assert set(one_row) == {96, 32, 128, 40}
+    assert torch.equal(model.generate(prompt, max_new_tokens=20, strategy="sample", top_k=5,
+                                      generator=torch.Generator().manual_seed(0)),
+                       model.generate(prompt, max_new_tokens=20, strategy="sample", top_k=5, output_major=False,
+                                      generator=torch.Generator().manual_seed(0)))
 
 
 def test_encoder_decoder_beam_search_runs_its_decoder_output_major_and_finds_the_same_answers(monkeypatch, taken):
