@@ -150,7 +150,10 @@ def test_generation_config_turns_output_major_products_on_or_off(monkeypatch, ta
         GenerationConfig(output_major=1)
 
 
-def test_greedy_batches_of_a_few_rows_run_output_major_one_or_two_rows_read_input_major(monkeypatch, taken):
+def test_greedy_batches_out_of_cache_run_output_major_but_one_row_on_one_thread_reads_input_major(monkeypatch, taken):
+    """Out of cache, a greedy step of 2 to 10 rows runs output-major (two rows: 1.21x the input-major
+    copy's step on one thread); one row on one thread reads the weights input-major (1.2x), one row
+    on more threads runs output-major as two (1.01-1.17x on two, and no copy)."""
     model = tiny_gpt()
     prompts = torch.randint(2, 40, (4, 7), generator=torch.Generator().manual_seed(1))  # prompt rows: > 6
     expected = model.generate(prompts, max_new_tokens=20)
@@ -158,13 +161,21 @@ def test_greedy_batches_of_a_few_rows_run_output_major_one_or_two_rows_read_inpu
     assert torch.equal(model.generate(prompts, max_new_tokens=20), expected)
     assert taken and {r for r, _ in taken} == {4}
     blocks = model.config.n_layers
-    for batch, prompt in ((1, [(7, 96), (7, 32), (7, 128)] * blocks), (2, [])):
+    step = [(96,), (32,), (128,)] * blocks + [(40,)]  # qkv, attention output, MLP up; then the head
+    for batch, threads, prompt, steps in ((1, 1, [(7, 96), (7, 32), (7, 128)] * blocks, 0),
+                                          (1, 2, [(7, 96), (7, 32), (7, 128)] * blocks, 19), (2, 1, [], 19)):
         taken.clear()
-        model.generate(prompts[:batch], max_new_tokens=20)
-        # the prompt as the weights are stored: its products of a few rows (one prompt of 7
-        # tokens; two are 14 rows, F.linear's) and its head (the last position's rows); then the
-        # steps read the weights input-major (test_decode_layout.py), which output-major leaves alone
-        assert taken == [*prompt, (batch, 40)]
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            out = model.generate(prompts[:batch], max_new_tokens=20)
+        finally:
+            torch.set_num_threads(before)
+        assert torch.equal(out, expected[:batch])
+        # the prompt as the weights are stored: its products of a few rows (one prompt of 7 tokens;
+        # two are 14 rows, F.linear's) and its head (the last position's rows); then 19 steps
+        # output-major, or input-major (test_decode_layout.py), which output-major leaves alone
+        assert taken == [*prompt, (batch, 40), *[(batch, *out) for out in step] * steps]
 
 
 def test_one_row_steps_run_output_major_as_two_where_no_input_major_copy_is_lent(monkeypatch, taken):

@@ -26,9 +26,11 @@ A single row goes output-major too, as two (itself twice), where no input-major 
 column through a matrix-vector kernel that streams the weight slowly and two through its fast
 small-product kernel (one thread, cold cache, the 8,192 x 256 head 0.41 against 0.92 ms, 768 ->
 3,072 0.47 against 0.70, 768 -> 2,304 0.37 against 0.53). A GPT-124M-sized model decodes 1.24x
-faster that way (one row, 24-32 new tokens); where the copy is lent it stays ahead (a D=256 GPT:
-139 against 160 ms for 64 new tokens), and narrowing layers keep ``F.linear`` (768 x 3,072 -> 768
-at two rows output-major: 0.83 against 0.48 ms).
+faster that way (one row, 24-32 new tokens). The copy stays ahead for one row on one thread only
+(a D=256 GPT: 139 against 160 ms for 64 new tokens); at two rows output-major is 1.21x faster on
+one thread, and one row on two threads 1.01-1.17x, so `generate` lends the copy to a model out of
+cache for that one case (a cached model keeps it for two rows too). Narrowing layers keep
+``F.linear`` (768 x 3,072 -> 768 at two rows output-major: 0.83 against 0.48 ms).
 """
 
 from __future__ import annotations
