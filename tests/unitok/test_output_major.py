@@ -175,7 +175,7 @@ def test_greedy_batches_out_of_cache_run_output_major_but_one_row_on_one_thread_
         # the prompt as the weights are stored: its products of a few rows (one prompt of 7 tokens;
         # two are 14 rows, F.linear's) and its head (the last position's rows); then 19 steps
         # output-major, or input-major (test_decode_layout.py), which output-major leaves alone
-        assert taken == [*prompt, (batch, 40), *[(batch, *out) for out in step] * steps]
+        assert taken == [*prompt, (batch, 40), *[(batch, *width) for width in step] * steps]
 
 
 def test_one_row_steps_run_output_major_as_two_where_no_input_major_copy_is_lent(monkeypatch, taken):
