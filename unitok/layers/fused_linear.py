@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from torch.nn.modules import module as _module
 
 from unitok.layers.activations import Activation, activate_fresh
-from unitok.layers.decode_layout import output_major_linear
+from unitok.layers.decode_layout import decode_linear
 from unitok.layers.plain_linear import replaceable
 
 # config name -> (oneDNN post-op, its algorithm). Activations missing here (quick_gelu) run unfused.
@@ -64,7 +64,7 @@ def linear(x: Tensor, fc: nn.Linear, activation: Activation | None = None,
     if uses_onednn(x, fc, activation):
         post_op, algorithm = ONEDNN_POST_OPS[activation]
         return torch.ops.mkldnn._linear_pointwise(x, fc.weight, fc.bias, post_op, [], algorithm)
-    y = output_major_linear(x, fc)  # a few-row decoding step of a model out of cache
+    y = decode_linear(x, fc)  # a few-row decoding step of a model out of cache: packed or output-major
     if y is None:
         y = fc(x)
     if act is None:
