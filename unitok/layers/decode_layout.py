@@ -1,5 +1,5 @@
 """Decoding steps' products on the CPU, read faster: input-major weights for one or two rows,
-output-major products for a few.
+output-major products for a few, weights packed for the step's row count from four rows up.
 
 A decode step multiplies a row by every weight. ``F.linear`` reads an (out, in) weight as ``out``
 short dot products; stored input-major (its transpose contiguous, strides (1, out)) the same
