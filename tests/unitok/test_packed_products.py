@@ -105,7 +105,7 @@ def test_only_the_lent_row_count_of_a_plain_float32_layer_is_packed():
 
 @pytest.mark.parametrize("rows", [PACKED_ROWS[0] - 1, PACKED_ROWS[1] + 1])
 def test_packed_products_refuse_row_counts_where_they_do_not_pay(rows):
-    with pytest.raises(ValueError, match=f"packed products serve steps of 4 to 64 rows, got {rows}"):
+    with pytest.raises(ValueError, match=f"packed products serve steps of 4 to 255 rows, got {rows}"):
         with packed_products(rows):
             pass
 

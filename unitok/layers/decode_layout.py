@@ -37,7 +37,8 @@ From four rows up, the fastest product is oneDNN's with the weight packed for th
 way the layer goes: one Zen 4 thread, cold cache, 5 rows, the 8,192 x 256 head 0.64-0.66 ms
 against 0.86-1.18 output-major and 1.8-2.0 ``F.linear``; at 10 rows 1024 x 256 0.11-0.17 against
 0.18-0.29, the narrowing 256 x 1,024 0.10-0.15 against 0.17-0.23 (F.linear's); GPT-2's 50,304 x
-768 head at 5 rows 8.5 against 22 ms; still 1.2-1.9x at 64 rows. The packed copy is made where a
+768 head at 5 rows 8.5 against 22 ms; at 64 rows 1.2-1.9x, at 96-255 rows 1.05-1.27x the better of F.linear
+and oneDNN's call on the weight as stored (which takes over from 256 rows). The packed copy is made where a
 step first multiplies by the weight and lives until the block ends (`packed_products`; a step's
 exact row count only, so a one-off product — a prompt, cross-attention's keys of the source —
 runs as before). Weights that stay in cache run their layers faster as they are (a 5 MB model's
@@ -75,8 +76,9 @@ FEW_ROWS = (1, 10)  # one row runs as two (see the module's docstring)
 ROWS_BY_INPUTS = ((256, 10), (512, 8))  # (in_features up to, most rows); wider layers: 6
 MIN_COLD_BYTES = 8 * 2**20
 # Steps of this many rows run packed where `packed_products` is lent (at 3 rows packed and output-major
-# trade places layer by layer; at 64, the most timed, packed is still 1.2-1.9x F.linear).
-PACKED_ROWS = (4, 64)
+# trade places layer by layer; at 255 packed is still 1.05-1.14x the better of F.linear and oneDNN's call
+# on the weight as stored, which `unitok.layers.fused_linear` takes from 256 rows).
+PACKED_ROWS = (4, 255)
 _OUTPUT_MAJOR: contextvars.ContextVar[bool] = contextvars.ContextVar("output_major", default=False)
 # id(layer) -> (weight storage address, its version, the packed copy); None: no packing lent
 _PACKED: contextvars.ContextVar[tuple[int, dict[int, tuple[int, int, Tensor]]] | None] = contextvars.ContextVar(
