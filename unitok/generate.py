@@ -285,7 +285,7 @@ def _lend_packed(layout: contextlib.ExitStack, model: Decoder, rows: int, device
     """Multiply ``rows``-row steps through oneDNN on weights packed for them until ``layout`` closes,
     where that is faster (`GenerationConfig.packed`): `PACKED_ROWS` rows on the CPU, weights out of
     cache (`MIN_COLD_BYTES`) and a copy of at most `MAX_COPY_BYTES`, at least `MIN_NEW_TOKENS` new
-    tokens (packing the D=256 GPT's 21 MB takes ~8 ms, about what its first eight 5-row steps save);
+    tokens (packing the D=256 GPT's 20 MiB takes ~16 ms, what its first 13-16 five-row steps save);
     True: whatever the size and number of tokens."""
     module = model if isinstance(model, nn.Module) else getattr(model, "weights", None)
     if (cfg.packed is False or not isinstance(module, nn.Module) or device.type != "cpu" or not can_pack()

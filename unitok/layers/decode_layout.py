@@ -80,7 +80,7 @@ MIN_COLD_BYTES = 8 * 2**20
 # on the weight as stored, which `unitok.layers.fused_linear` takes from 256 rows).
 PACKED_ROWS = (4, 255)
 _OUTPUT_MAJOR: contextvars.ContextVar[bool] = contextvars.ContextVar("output_major", default=False)
-# id(layer) -> (weight storage address, its version, the packed copy); None: no packing lent
+# (the rows lent, {id(layer): (its weight's storage address, its version, the packed copy)}); None: not lent
 _PACKED: contextvars.ContextVar[tuple[int, dict[int, tuple[int, int, Tensor]]] | None] = contextvars.ContextVar(
     "packed", default=None)
 _mkldnn = torch.ops.mkldnn  # oneDNN's operators: packing a weight, and the product on it
