@@ -32,6 +32,32 @@ def _seed() -> None:
     torch.manual_seed(0)
 
 
+def tiny_t5():
+    """A random unitok T5 (the t5-tiny preset at V = 100, eight relative-position buckets), seeded,
+    in eval mode."""
+    from unitok.models import T5, T5Config
+
+    torch.manual_seed(0)
+    return T5(T5Config.from_name("t5-tiny", vocab_size=100, dropout=0.0, relative_buckets=8,
+                                 relative_max_distance=16)).eval()
+
+
+def record_products(monkeypatch: pytest.MonkeyPatch, module, name: str) -> list[tuple[int, int]]:
+    """Replace ``module.name`` (a decoding product: ``(x, fc) -> Tensor | None``) with a spy; every
+    product it computes (not None) is recorded as (rows, out_features) in the returned list."""
+    seen: list[tuple[int, int]] = []
+    real = getattr(module, name)
+
+    def spy(x, fc):
+        out = real(x, fc)
+        if out is not None:
+            seen.append((x.numel() // fc.in_features, fc.out_features))
+        return out
+
+    monkeypatch.setattr(module, name, spy)
+    return seen
+
+
 def tiny_gpt(**overrides):
     """A random unitok GPT small enough for CPU tests (seeded: the same weights every call), in eval
     mode: V = 40, context 64, D = 32, two layers of four heads; ``overrides`` change the config."""

@@ -13,7 +13,7 @@ from torch import nn
 import unitok.generate as generation
 import unitok.layers.decode_layout as decode_layout
 import unitok.layers.fused_linear as fused_linear
-from tests.conftest import tiny_gpt
+from tests.conftest import record_products, tiny_gpt, tiny_t5
 from unitok.generate import GenerationConfig
 from unitok.layers.decode_layout import (
     FEW_ROWS,
@@ -26,29 +26,13 @@ from unitok.layers.decode_layout import (
     output_major_products,
     weight_bytes,
 )
-from unitok.models import GPT, T5, GPTConfig, T5Config
-
-
-def tiny_t5() -> T5:
-    torch.manual_seed(0)
-    return T5(T5Config.from_name("t5-tiny", vocab_size=100, dropout=0.0, relative_buckets=8,
-                                 relative_max_distance=16)).eval()
+from unitok.models import GPT, GPTConfig
 
 
 @pytest.fixture
 def taken(monkeypatch) -> list[tuple[int, int]]:
     """Every product computed output-major, as (rows, out_features), recorded in the returned list."""
-    seen: list[tuple[int, int]] = []
-    real = decode_layout.output_major_linear
-
-    def spy(x, fc):
-        out = real(x, fc)
-        if out is not None:
-            seen.append((x.numel() // fc.in_features, fc.out_features))
-        return out
-
-    monkeypatch.setattr(decode_layout, "output_major_linear", spy)  # decode_linear calls it for every layer
-    return seen
+    return record_products(monkeypatch, decode_layout, "output_major_linear")  # decode_linear calls it for every layer
 
 
 @pytest.mark.parametrize("rows", range(FEW_ROWS[0], FEW_ROWS[1] + 1))

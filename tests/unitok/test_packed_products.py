@@ -14,7 +14,7 @@ from torch import nn
 import unitok.generate as generation
 import unitok.layers.decode_layout as decode_layout
 import unitok.layers.fused_linear as fused_linear
-from tests.conftest import tiny_gpt
+from tests.conftest import record_products, tiny_gpt, tiny_t5
 from unitok.generate import GenerationConfig
 from unitok.layers.decode_layout import (
     MIN_NEW_TOKENS,
@@ -23,29 +23,12 @@ from unitok.layers.decode_layout import (
     packed_linear,
     packed_products,
 )
-from unitok.models import T5, T5Config
-
-
-def tiny_t5() -> T5:
-    torch.manual_seed(0)
-    return T5(T5Config.from_name("t5-tiny", vocab_size=100, dropout=0.0, relative_buckets=8,
-                                 relative_max_distance=16)).eval()
 
 
 @pytest.fixture
 def packed(monkeypatch) -> list[tuple[int, int]]:
     """Every product computed on packed weights, as (rows, out_features), recorded in the returned list."""
-    seen: list[tuple[int, int]] = []
-    real = decode_layout.packed_linear
-
-    def spy(x, fc):
-        out = real(x, fc)
-        if out is not None:
-            seen.append((x.numel() // fc.in_features, fc.out_features))
-        return out
-
-    monkeypatch.setattr(decode_layout, "packed_linear", spy)  # decode_linear calls it for every layer
-    return seen
+    return record_products(monkeypatch, decode_layout, "packed_linear")  # decode_linear calls it for every layer
 
 
 @pytest.fixture
