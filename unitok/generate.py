@@ -438,8 +438,11 @@ def _beam_search(model: Decoder, input_ids: Tensor, mask: Tensor, cfg: Generatio
     # As in greedy decoding: no mask at all when nothing is padded, else one made for every length.
     full_mask = None if bool(mask.all()) else \
         torch.cat([mask, mask.new_ones(B, cfg.max_new_tokens)], dim=1).repeat_interleave(R, dim=0)
-    flat_mask = None if full_mask is None else full_mask[:, :S]  # (B·R, S), a longer view every step
-    new = input_ids.repeat_interleave(R, dim=0)
+    # The prompt runs once per input, its cache and logits then shared out to the input's R rows
+    # (Hugging Face runs it R times: R·S rows of work where S do); each later step is B·R rows.
+    flat_mask = None if full_mask is None else mask  # (B, S); then (B·R, T), a longer view every step
+    new = input_ids
+    prompt_rows = torch.arange(B, device=device).repeat_interleave(R)
     batch_base = (torch.arange(B, device=device) * R)[:, None]
     top_w = torch.arange(keep, device=device)[None, :] < W
     searching = True
@@ -449,6 +452,9 @@ def _beam_search(model: Decoder, input_ids: Tensor, mask: Tensor, cfg: Generatio
         _lend_packed(layout, model, B * R, device, cfg)
         for cur in range(S, max_len):
             logits = model.next_token_logits(new, flat_mask, cache).float()  # (B·R, V)
+            if cur == S:  # the prompt's: one row per input
+                cache.reorder(prompt_rows, cross=False)
+                logits = logits.repeat_interleave(R, dim=0)
             V = logits.shape[-1]
             all_logp = logits.log_softmax(dim=-1).view(B, R, V)
             length = cur + 1 - S

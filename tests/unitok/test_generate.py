@@ -118,6 +118,27 @@ def test_beam_of_one_is_greedy_and_batched_beams_equal_single_rows():
         assert torch.equal(batched[i, : single.shape[1]], single[0])
 
 
+def test_beam_search_runs_the_prompt_once_per_input_then_steps_every_beam():
+    """The prompt's keys and values are the same for every beam of an input: one forward of B rows
+    fills the cache, shared out to the W beams (and the greedy row); each step then runs them all.
+    Left padding included, the answers are each prompt's own."""
+    model = tiny_gpt()
+    prompts = torch.randint(2, 40, (2, 6), generator=torch.Generator().manual_seed(4))
+    mask = torch.ones_like(prompts)
+    mask[1, :2] = 0  # the second prompt is 4 tokens, left-padded
+    shapes = []
+    real = model.next_token_logits
+    model.next_token_logits = lambda ids, attention_mask, cache: (shapes.append(tuple(ids.shape)),
+                                                                 real(ids, attention_mask, cache))[1]
+    out = model.generate(prompts, attention_mask=mask, max_new_tokens=6, strategy="beam", num_beams=3,
+                         eos_token_id=None)
+    assert shapes == [(2, 6)] + [(2 * 4, 1)] * 5  # 3 beams and the greedy row for each prompt
+    del model.next_token_logits
+    for i, prompt in enumerate((prompts[:1], prompts[1:, 2:])):
+        alone = model.generate(prompt, max_new_tokens=6, strategy="beam", num_beams=3, eos_token_id=None)
+        assert torch.equal(out[i, -6:], alone[0, -6:])
+
+
 def test_generation_leaves_training_mode_as_it_was():
     model = tiny_gpt().train()
     model.generate(torch.tensor([[3, 4]]), max_new_tokens=2)

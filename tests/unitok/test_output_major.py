@@ -109,8 +109,11 @@ def test_beam_search_of_a_model_out_of_cache_runs_output_major_and_finds_the_sam
     assert taken == []  # 60 kB of weights stay in cache: F.linear
     monkeypatch.setattr(generation, "MIN_COLD_BYTES", 0)  # as if they did not
     output_major = model.generate(prompt, **options)
-    rows = num_beams + 1  # W beams and the greedy row
-    assert {r for r, _ in taken} == {rows}
+    # the prompt runs once for the input (its 4 tokens, then its head at the last position), then
+    # every step is W beams and the greedy row
+    prompt = [(4, 96), (4, 32), (4, 128)] * model.config.n_layers + [(1, 40)]
+    assert taken[:len(prompt)] == prompt
+    assert {r for r, _ in taken[len(prompt):]} == {num_beams + 1}
     assert {out for _, out in taken} == {96, 32, 128, 40}  # qkv, attention output, MLP up, the head
     assert torch.equal(output_major, as_stored)
 
@@ -124,7 +127,7 @@ def test_generation_config_turns_output_major_products_on_or_off(monkeypatch, ta
     expected = model.generate(prompt, **options)
     assert taken == []  # automatic: 60 kB of weights stay in cache
     assert torch.equal(model.generate(prompt, output_major=True, **options), expected)
-    assert taken and {r for r, _ in taken} == {5}
+    assert taken and {r for r, _ in taken} == {4, 1, 5}  # the prompt's 4 tokens and its head's one, then the steps
     taken.clear()
     monkeypatch.setattr(generation, "MIN_COLD_BYTES", 0)  # out of cache: automatic would take the path
     assert torch.equal(model.generate(prompt, output_major=False, **options), expected)
@@ -189,7 +192,8 @@ def test_encoder_decoder_beam_search_runs_its_decoder_output_major_and_finds_the
     assert taken == []
     monkeypatch.setattr(generation, "MIN_COLD_BYTES", 0)
     out = model.generate(source, max_new_tokens=10, strategy="beam", num_beams=4)
-    # the decoder's steps: 4 beams and the greedy row; once, cross-attention's keys and values of the 7 source positions
-    assert {r for r, _ in taken} == {5, 7} and sum(r == 7 for r, _ in taken) == len(model.decoder.blocks)
+    # the decoder's first step once for the source (one row), then 4 beams and the greedy row; once,
+    # cross-attention's keys and values of the 7 source positions
+    assert {r for r, _ in taken} == {1, 5, 7} and sum(r == 7 for r, _ in taken) == len(model.decoder.blocks)
     assert any(out == 100 for _, out in taken)  # the head (64 -> 100) among them
     assert torch.equal(out, expected)

@@ -114,7 +114,7 @@ def test_each_weight_is_packed_once_a_block_again_when_changed_in_place_and_not_
 def test_beam_search_out_of_cache_runs_its_steps_on_packed_weights_and_finds_the_same_answers(
         monkeypatch, packed, num_beams):
     model = tiny_gpt()
-    prompt = torch.tensor([[3, 4, 5, 6]])
+    prompt = torch.tensor([[3, 4, 5, 6, 7, 8, 9]])  # 7 tokens: not a step's row count
     options = dict(max_new_tokens=MIN_NEW_TOKENS, strategy="beam", num_beams=num_beams, eos_token_id=None)
     expected = model.generate(prompt, **options)
     assert packed == []  # 60 kB of weights stay in cache: as stored
@@ -125,9 +125,9 @@ def test_beam_search_out_of_cache_runs_its_steps_on_packed_weights_and_finds_the
     assert {r for r, _ in packed} == {rows}
     # every layer of a step, narrowing ones too: qkv, attention output, MLP up and down (32), the head
     assert {out for _, out in packed} == {96, 32, 128, 40}
-    # the prompt's head (its last position: `rows` rows too), then a step for each further token
+    # the prompt ran once (7 rows; its head one): as before; then a step for each further token
     steps = MIN_NEW_TOKENS - 1
-    assert len(packed) == 1 + steps * (4 * model.config.n_layers + 1)
+    assert len(packed) == steps * (4 * model.config.n_layers + 1)
 
 
 def test_encoder_decoder_beam_search_packs_its_decoder_steps_only_and_finds_the_same_answers(monkeypatch, packed,
