@@ -82,7 +82,7 @@ class GenerationConfig(Config):
     CPU for up to `ALL_WIDENING_ROWS` rows, at least `MIN_NEW_TOKENS` new tokens and a copy of at
     most `MAX_COPY_BYTES` — where the steps run output-major (weights out of cache, below), for
     one row on one thread only; True: for any batch and size (CPU float32 weights only); False: never.
-    Beam search keeps the weights as they are (its 5-row steps gained nothing); steps of
+    Beam search takes no input-major copy (its 5-row steps gained nothing that way); steps of
     `FEW_ROWS` rows (a beam search's W + 1, a small batch; one or two rows where no input-major
     copy is lent, a GPT-124M-sized model's: one row runs as two) compute their widening products
     output-major instead (`unitok.layers.decode_layout.output_major_products`: the same tokens):
