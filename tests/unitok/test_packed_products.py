@@ -86,6 +86,28 @@ def test_only_the_lent_row_count_of_a_plain_float32_layer_is_packed():
         assert packed_linear(step, fc) is None  # a gradient is wanted: autograd's F.linear
 
 
+class _UnreadableVar:
+    """Stands in for a decode path's context variable: older dynamo (torch 2.11) cannot trace ``get``."""
+
+    def get(self):
+        raise AssertionError("a context variable was read while tracing")
+
+
+def test_a_traced_graph_takes_neither_decode_path_before_reading_its_context_variable(monkeypatch):
+    fc = nn.Linear(48, 200)
+    step = torch.randn(5, 48)
+    monkeypatch.setattr(decode_layout, "_PACKED", _UnreadableVar())
+    monkeypatch.setattr(decode_layout, "_OUTPUT_MAJOR", _UnreadableVar())
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    with torch.no_grad():
+        assert decode_layout.decode_linear(step, fc) is None
+        assert decode_layout.head_logits(step, fc).shape == (5, 200)
+        torch.testing.assert_close(fused_linear.linear(step, fc), F.linear(step, fc.weight, fc.bias))
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: False)
+    with pytest.raises(AssertionError, match="read while tracing"):  # the stand-in is read outside a trace
+        decode_layout.decode_linear(step, fc)
+
+
 @pytest.mark.parametrize("rows", [PACKED_ROWS[0] - 1, PACKED_ROWS[1] + 1])
 def test_packed_products_refuse_row_counts_where_they_do_not_pay(rows):
     with pytest.raises(ValueError, match=f"packed products serve steps of 4 to 255 rows, got {rows}"):

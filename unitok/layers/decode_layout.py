@@ -201,9 +201,12 @@ def packed_linear(x: Tensor, fc: nn.Linear) -> Tensor | None:
     needing a gradient, no hook to run): the same values, rounded in another order (within 1e-6
     relative); None where not (the caller runs another product). A weight changed in place since
     it was packed is packed again."""
+    # cheap and usually false: ordinary forwards (and traced graphs, before any shape test) leave at once;
+    # a traced graph leaves before reading the context variable, which older dynamo (torch 2.11) cannot trace
+    if torch.compiler.is_compiling():
+        return None
     lent = _PACKED.get()
-    # cheap and usually false: ordinary forwards (and traced graphs, before any shape test) leave at once
-    if lent is None or torch.compiler.is_compiling():
+    if lent is None:
         return None
     rows, packed = lent
     weight = fc.weight
