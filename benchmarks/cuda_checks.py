@@ -9,7 +9,7 @@
 5. A training step on CUDA (GPT's fused loss, ViT's cross-entropy, fused AdamW) makes no host
    sync (``torch.cuda.set_sync_debug_mode("error")``): the input checks' verdicts are read
    deferred (`unitok.checks.deferred_checks`), and bad ids, labels and pixels are still named.
-6. Decoding on CUDA: greedy and beam search give the CPU's tokens; ``generate(compile=True)`` (a
+6. Decoding on CUDA: greedy and beam search (GPT, left-padded batches too; T5) give the CPU's tokens; ``generate(compile=True)`` (a
    static cache, the step compiled and captured as a CUDA graph) gives eager's tokens, greedy,
    left-padded and seeded sampling alike.
 
@@ -199,12 +199,12 @@ def training_step_without_host_sync(device: str) -> str:
     return f"no sync in a step; bad {', '.join(errors)} named"
 
 
-def decoding_as_on_the_cpu(gpt: GPT, device: str, beam: bool, prompt: torch.Tensor,
+def decoding_as_on_the_cpu(model: GPT | T5, device: str, beam: bool, prompt: torch.Tensor,
                            mask: torch.Tensor | None) -> str:
     options = dict(strategy="beam", num_beams=4, max_new_tokens=32) if beam else dict(max_new_tokens=48)
-    cpu = gpt.generate(prompt, attention_mask=mask, **options)
-    gpu = copy.deepcopy(gpt).to(device).generate(prompt.to(device), attention_mask=None if mask is None
-                                                 else mask.to(device), **options)
+    cpu = model.generate(prompt, attention_mask=mask, **options)
+    gpu = copy.deepcopy(model).to(device).generate(prompt.to(device), attention_mask=None if mask is None
+                                                   else mask.to(device), **options)
     assert torch.equal(gpu.cpu(), cpu), "tokens differ"
     return "same tokens"
 
@@ -279,6 +279,12 @@ def main(argv: list[str] | None = None) -> int:
           gpt, device, False, padded, mask)
     check("beam search on cuda == cpu (4 beams, 32 tokens)", decoding_as_on_the_cpu, gpt, device, True,
           prompt[:1], None)
+    # beam search runs each prompt once and shares its cache out to the beams (KVCache.reorder)
+    check("beam search on cuda == cpu (a left-padded batch of 2)", decoding_as_on_the_cpu, gpt, device, True,
+          padded, mask)
+    t5 = T5(T5Config.from_name("t5-tiny", vocab_size=512, dropout=0.0)).eval()
+    check("T5 beam search on cuda == cpu (a padded batch of 2, cross-attention cache shared)",
+          decoding_as_on_the_cpu, t5, device, True, padded.flip(1), mask.flip(1))
     for graph in (True, False):
         check(f"compile=True decoding on cuda == eager (static cache, cuda_graph={graph})",
               compiled_decoding_as_eager, gpt, device, graph, prompt, padded, mask)

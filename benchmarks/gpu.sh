@@ -41,7 +41,7 @@ step compiled 240 $PY benchmarks/gpt_vs_hf.py "${GPT124[@]}" --precision bf16 --
 step compiled32 150 $PY benchmarks/gpt_vs_hf.py "${GPT124[@]}" --precision bf16 --batch-size 32 \
   --seq-len 1024 --skip-generate --fused-adamw --compile --repeats 3
 step compiled64 150 $PY benchmarks/gpt_vs_hf.py "${GPT124[@]}" --precision bf16 --batch-size 64 \
-  --seq-len 1024 --skip-generate --compile --default-only --repeats 3
+  --seq-len 1024 --skip-generate --fused-adamw --compile --default-only --repeats 3
 step autotune32 600 $PY benchmarks/gpt_vs_hf.py "${GPT124[@]}" --precision bf16 --batch-size 32 \
   --seq-len 1024 --skip-generate --compile --compile-mode max-autotune-no-cudagraphs --default-only --repeats 3
 step syncs 200 $PY benchmarks/deferred_checks.py
