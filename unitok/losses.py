@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from unitok.checks import deferred_checks, defers, raise_if
+from unitok.layers import onednn_gemm
 
 IGNORE_INDEX = -100
 
@@ -197,18 +198,24 @@ class _LinearCrossEntropy(torch.autograd.Function):
             # buffer): a fresh buffer this large is faulted in and zeroed page by page by the kernel
             # (glibc unmaps blocks above 32 MiB when they are freed), and each pass over it would
             # come from memory — together a third of a bf16 GPT step.
-            logits_buf = hidden.new_empty((rows, V), dtype=dtype)
+            # float32 CPU GEMMs through oneDNN where it outruns MKL (`unitok.layers.onednn_gemm`): its
+            # product comes in a buffer of its own, which the chunk then turns into its gradient
+            onednn = onednn_gemm.onednn_products(hidden, w, b)
+            logits_buf = None if onednn else hidden.new_empty((rows, V), dtype=dtype)
             block_buf = None
             minus_one = hidden.new_full((1, 1), -1.0, dtype=torch.float32)  # the one-hot's scatter source
             if dtype != torch.float32 and softmax_grad is None:
                 block_buf = hidden.new_empty((block, V), dtype=torch.float32)
             for start in range(0, hidden.shape[0], rows):
                 h = hidden[start:start + rows].to(dtype)
-                logits = logits_buf[:h.shape[0]]
-                if b is None:
-                    torch.mm(h, w.t(), out=logits)
+                if onednn:
+                    logits = onednn_gemm.linear(h, w, b)
                 else:
-                    torch.addmm(b, h, w.t(), out=logits)
+                    logits = logits_buf[:h.shape[0]]
+                    if b is None:
+                        torch.mm(h, w.t(), out=logits)
+                    else:
+                        torch.addmm(b, h, w.t(), out=logits)
                 chunk = slice(start, start + h.shape[0])
                 g = logits  # becomes the logits' gradient, in place
                 for first in range(0, h.shape[0], block):
@@ -252,11 +259,14 @@ class _LinearCrossEntropy(torch.autograd.Function):
                     if to_float32 and grad_h.dtype == torch.float32:  # float32 hidden states under autocast
                         torch.mm(g, w, out_dtype=torch.float32, out=grad_h[chunk])
                     else:
-                        grad_h[chunk] = g @ w
+                        grad_h[chunk] = onednn_gemm.mm(g, w) if onednn else g @ w
                 if need_w:
                     if to_float32:
                         grad_w = (torch.mm(g.t(), h, out_dtype=torch.float32) if grad_w is None else
                                   torch.addmm(grad_w, g.t(), h, out_dtype=torch.float32, out=grad_w))
+                    elif onednn:
+                        part_w = onednn_gemm.mm(g.t(), h)
+                        grad_w = part_w if grad_w is None else grad_w.add_(part_w)
                     elif grad_w is None:
                         grad_w = (g.t() @ h).to(torch.float32)
                     elif dtype == torch.float32:

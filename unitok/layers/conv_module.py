@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from unitok.layers.onednn_gemm import linear
+
 ConvNorm = Literal["batchnorm", "groupnorm"]
 
 
@@ -39,15 +41,16 @@ class ConvModule(nn.Module):
 
     def forward(self, x: Tensor, padding: Tensor | None = None) -> Tensor:  # (B, N, D) -> (B, N, D)
         # Channels-last throughout: frames stay (B, N, C) rows, the pointwise convs run as the
-        # Linear layers they equal, and the depthwise conv as a channels-last 2-D conv over a
-        # (B, C, 1, N) view — oneDNN's depthwise kernel, ~2.6x the channels-first 1-D conv
-        # forward + backward on the CPU. Weights stay Conv1d's (the same state dict).
-        h = F.glu(F.linear(x, self.pointwise_in.weight.squeeze(-1), self.pointwise_in.bias), dim=-1)  # (B, N, C)
+        # Linear layers they equal (through oneDNN where preferred: `unitok.layers.onednn_gemm`),
+        # and the depthwise conv as a channels-last 2-D conv over a (B, C, 1, N) view — oneDNN's
+        # depthwise kernel, ~2.6x the channels-first 1-D conv forward + backward on the CPU.
+        # Weights stay Conv1d's (the same state dict).
+        h = F.glu(linear(x, self.pointwise_in.weight.squeeze(-1), self.pointwise_in.bias), dim=-1)  # (B, N, C)
         if padding is not None and self.mask_padding:
             h = h.masked_fill(~padding[..., None], 0.0)
         h = h.transpose(1, 2).unsqueeze(2).contiguous(memory_format=torch.channels_last)  # (B, C, 1, N), no copy
         h = F.conv2d(h, self.depthwise.weight.unsqueeze(2), self.depthwise.bias,
                      padding=(0, self.depthwise.padding[0]), groups=self.depthwise.groups)
         h = F.silu(self.conv_norm(h.squeeze(2)))  # (B, C, N), channels-last strides
-        h = F.linear(h.transpose(1, 2), self.pointwise_out.weight.squeeze(-1), self.pointwise_out.bias)  # (B, N, D)
+        h = linear(h.transpose(1, 2), self.pointwise_out.weight.squeeze(-1), self.pointwise_out.bias)  # (B, N, D)
         return self.drop(h)

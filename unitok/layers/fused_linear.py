@@ -1,4 +1,5 @@
-"""Linear layers (with their activation) through oneDNN's fused kernel for CPU inference.
+"""Linear layers (with their activation) through oneDNN's fused kernel for CPU inference, and
+through oneDNN with their gradients for CPU training where it is preferred (`unitok.layers.onednn_gemm`).
 
 PyTorch's ``F.linear`` on a CPU runs ``addmm``: the bias is first copied into every output row,
 then the GEMM adds to it, and the activation is another pass over the result. oneDNN's
@@ -6,9 +7,13 @@ then the GEMM adds to it, and the activation is another pass over the result. on
 activation inside the GEMM, and its blocking is faster at inference sizes: a Mixer-S forward
 (batch 8) runs 1.12-1.16x faster. It has no derivative, so the fused path is taken only when
 nothing needs a gradient (``torch.no_grad``, ``inference_mode``, frozen weights on detached
-input); training, autocast, compiled graphs (inductor fuses on its own) and small products,
-where oneDNN's call overhead loses (measured crossover, ``MIN_ROWS`` / ``MIN_FEATURES``), keep
-``F.linear``. ``torch.backends.mkldnn.flags(enabled=False)`` turns it off.
+input); autocast, compiled graphs (inductor fuses on its own) and small products, where
+oneDNN's call overhead loses (measured crossover, ``MIN_ROWS`` / ``MIN_FEATURES``), keep
+``F.linear``. A product that needs gradients (training) runs unfused through
+`unitok.layers.onednn_gemm.linear` on AVX-512 CPUs (on a Zen 5 CPU oneDNN's float32 GEMMs
+outrun MKL's 1.6-2.2x, forward and backward), else ``F.linear``; the activation is then a pass of its own
+(its gradient needs the product before it). ``torch.backends.mkldnn.flags(enabled=False)``
+turns both off.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.modules import module as _module
 
+from unitok.layers import onednn_gemm
 from unitok.layers.activations import Activation, activate_fresh
 from unitok.layers.decode_layout import decode_linear
 from unitok.layers.plain_linear import replaceable
@@ -55,6 +61,20 @@ def uses_onednn(x: Tensor, fc: nn.Linear, activation: Activation | None = None) 
     )
 
 
+def trains_onednn(x: Tensor, fc: nn.Linear) -> bool:
+    """Whether `linear` runs ``fc`` on ``x`` as `unitok.layers.onednn_gemm.linear` (a product that
+    needs gradients, of a plain ``nn.Linear`` no hook watches, where oneDNN is preferred)."""
+    return (
+        onednn_gemm.PREFERRED
+        and torch.is_grad_enabled()
+        and type(fc) is nn.Linear
+        and (x.requires_grad or fc.weight.requires_grad or (fc.bias is not None and fc.bias.requires_grad))
+        and not (fc._forward_hooks or fc._forward_pre_hooks
+                 or _module._global_forward_hooks or _module._global_forward_pre_hooks)
+        and onednn_gemm.onednn_products(x, fc.weight, fc.bias)
+    )
+
+
 def linear(x: Tensor, fc: nn.Linear, activation: Activation | None = None,
            act: nn.Module | None = None) -> Tensor:
     """``act(fc(x))`` (``fc(x)`` when ``activation`` is None): one fused oneDNN call where
@@ -65,6 +85,8 @@ def linear(x: Tensor, fc: nn.Linear, activation: Activation | None = None,
         post_op, algorithm = ONEDNN_POST_OPS[activation]
         return torch.ops.mkldnn._linear_pointwise(x, fc.weight, fc.bias, post_op, [], algorithm)
     y = decode_linear(x, fc)  # a few-row decoding step of a model out of cache: packed or output-major
+    if y is None and trains_onednn(x, fc):
+        y = onednn_gemm.linear(x, fc.weight, fc.bias)  # training: the product and its gradients
     if y is None:
         y = fc(x)
     if act is None:
@@ -73,4 +95,4 @@ def linear(x: Tensor, fc: nn.Linear, activation: Activation | None = None,
     return act(y) if fc._forward_hooks or _module._global_forward_hooks else activate_fresh(act, y)
 
 
-__all__ = ["MIN_FEATURES", "MIN_ROWS", "ONEDNN_POST_OPS", "linear", "uses_onednn"]
+__all__ = ["MIN_FEATURES", "MIN_ROWS", "ONEDNN_POST_OPS", "linear", "trains_onednn", "uses_onednn"]

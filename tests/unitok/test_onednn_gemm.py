@@ -1,0 +1,149 @@
+"""Training's float32 CPU products through oneDNN equal PyTorch's own, gradients included, and
+are taken only where they may be (a float32 CPU product, oneDNN on, no autocast, no trace)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import unitok.layers.fused_linear as fused_linear
+import unitok.layers.onednn_gemm as onednn_gemm
+from tests.conftest import tiny_gpt
+from unitok.layers.onednn_gemm import linear, mm, onednn_products
+from unitok.losses import linear_cross_entropy
+
+
+@pytest.fixture
+def products(monkeypatch) -> list[tuple[int, ...]]:
+    """oneDNN preferred whatever this CPU is; records the output shape of every oneDNN product."""
+    calls: list[tuple[int, ...]] = []
+    real = onednn_gemm._product
+
+    def spy(x, weight, bias):
+        out = real(x, weight, bias)
+        calls.append(tuple(out.shape))
+        return out
+
+    monkeypatch.setattr(onednn_gemm, "PREFERRED", True)
+    monkeypatch.setattr(onednn_gemm, "_product", spy)
+    return calls
+
+
+def _grads(fn, *inputs):
+    out = fn(*inputs)
+    grad = torch.randn_like(out)
+    return out, torch.autograd.grad(out, inputs, grad)
+
+
+@pytest.mark.parametrize("shape", [(37, 24), (3, 5, 24), (24,)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear_equals_f_linear_with_its_gradients(products, shape, bias):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(*shape, generator=g, requires_grad=True)
+    w = torch.randn(40, 24, generator=g, requires_grad=True)
+    b = torch.randn(40, generator=g, requires_grad=True) if bias else None
+    inputs = (x, w, b) if bias else (x, w)
+    torch.manual_seed(1)
+    out, grads = _grads(linear, *inputs)
+    torch.manual_seed(1)
+    ref, ref_grads = _grads(F.linear, *inputs)
+    assert out.shape == ref.shape == (*shape[:-1], 40)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    for got, want in zip(grads, ref_grads):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert len(products) == 3  # the forward and both gradient products went through oneDNN
+
+
+def test_linear_is_twice_differentiable(products):
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(9, 16, generator=g, requires_grad=True)
+    w = torch.randn(12, 16, generator=g, requires_grad=True)
+
+    def second_order(fn):
+        y = fn(x, w)
+        (gx,) = torch.autograd.grad(y.square().sum(), x, create_graph=True)
+        return torch.autograd.grad(gx.square().sum(), (x, w))
+
+    for got, want in zip(second_order(linear), second_order(F.linear)):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_mm_equals_torch_mm_for_transposed_views_too(products):
+    g = torch.Generator().manual_seed(3)
+    a, b = torch.randn(33, 20, generator=g), torch.randn(20, 50, generator=g)
+    torch.testing.assert_close(mm(a, b), a @ b, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(mm(b.t(), a.t()), b.t() @ a.t(), rtol=1e-5, atol=1e-5)
+    assert products == [(33, 50), (50, 33)]
+
+
+@pytest.mark.filterwarnings("ignore:TF32 acceleration")  # torch.backends.mkldnn.flags, Intel GPUs only
+def test_only_float32_cpu_products_outside_autocast_and_traces_are_taken(products, monkeypatch):
+    x, w = torch.randn(8, 16), torch.randn(4, 16)
+    assert onednn_products(x, w, None)
+    assert not onednn_products(x.double(), w.double())  # float32 only
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast's GEMMs are its own
+        assert not onednn_products(x, w)
+    with torch.backends.mkldnn.flags(enabled=False):  # oneDNN turned off: PyTorch's kernels
+        assert not onednn_products(x, w)
+        assert torch.equal(linear(x, w), F.linear(x, w))
+    with pytest.raises(RuntimeError, match="cannot be multiplied"):  # F.linear's own error for a wrong width
+        linear(torch.randn(8, 12), w)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert not onednn_products(x, w)  # inductor picks its own kernels
+    monkeypatch.setattr(onednn_gemm, "PREFERRED", False)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: False)
+    assert not onednn_products(x, w)  # a CPU where MKL is as fast (no AVX-512)
+    assert products == []
+
+
+def test_layers_take_it_only_for_a_product_that_needs_gradients(products):
+    fc = nn.Linear(16, 32)
+    x = torch.randn(4, 16)
+    fused_linear.linear(x, fc).sum().backward()
+    assert products == [(4, 32), (32, 16)]  # forward and the weight's gradient (x needs none)
+    products.clear()
+    with torch.no_grad():
+        fused_linear.linear(x, fc)  # inference: its own paths (below oneDNN's inference size: F.linear)
+    handle = fc.register_forward_hook(lambda *args: None)  # a hook must see the module run
+    fused_linear.linear(x, fc).sum().backward()
+    handle.remove()
+    assert products == []
+
+
+@pytest.mark.filterwarnings("ignore:TF32 acceleration")
+def test_a_gpt_training_step_through_onednn_equals_pytorchs_own(products):
+    model = tiny_gpt().train()
+    ids = torch.randint(0, model.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(5))
+
+    def step() -> tuple[torch.Tensor, list[torch.Tensor]]:
+        model.zero_grad()
+        torch.manual_seed(6)
+        loss = model(ids, labels=ids, return_logits=False).loss
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+    loss, grads = step()
+    assert len(products) > 3 * len(model.backbone.blocks)  # every layer's products, the LM head's too
+    with torch.backends.mkldnn.flags(enabled=False):
+        ref_loss, ref_grads = step()
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
+    for got, want in zip(grads, ref_grads):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+
+
+def test_the_fused_loss_through_onednn_equals_cross_entropy_of_linear(products):
+    g = torch.Generator().manual_seed(7)
+    hidden = torch.randn(30, 16, generator=g, requires_grad=True)
+    weight = torch.randn(50, 16, generator=g, requires_grad=True)
+    bias = torch.randn(50, generator=g, requires_grad=True)
+    labels = torch.randint(0, 50, (30,), generator=g)
+    labels[::7] = -100
+    loss = linear_cross_entropy(hidden, weight, labels, bias)
+    grads = torch.autograd.grad(loss, (hidden, weight, bias))
+    assert products == [(30, 50), (30, 16), (50, 16)]  # logits, the hidden states' and weight's gradients
+    ref = F.cross_entropy(F.linear(hidden, weight, bias), labels)
+    torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-6)
+    for got, want in zip(grads, torch.autograd.grad(ref, (hidden, weight, bias))):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
