@@ -11,6 +11,7 @@ from torch import nn
 import unitok.layers.fused_linear as fused_linear
 import unitok.layers.onednn_gemm as onednn_gemm
 from tests.conftest import tiny_gpt
+from unitok.layers import MLP
 from unitok.layers.onednn_gemm import linear, mm, onednn_products
 from unitok.losses import linear_cross_entropy
 
@@ -110,6 +111,27 @@ def test_layers_take_it_only_for_a_product_that_needs_gradients(products):
     fused_linear.linear(x, fc).sum().backward()
     handle.remove()
     assert products == []
+
+
+def test_torch_func_transforms_run_pytorchs_own_products(products):
+    mlp = MLP(8, 16)  # its layers go through `fused_linear.linear`
+    x = torch.randn(5, 8)
+    params = {name: p.detach() for name, p in mlp.named_parameters()}
+
+    def loss(p, row):
+        return torch.func.functional_call(mlp, p, (row,)).square().sum()
+
+    per_sample = torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0))(params, x)  # per-sample gradients
+    for i, row in enumerate(x):
+        mlp.zero_grad()
+        loss(dict(mlp.named_parameters()), row).backward()
+        for name, p in mlp.named_parameters():
+            torch.testing.assert_close(per_sample[name][i], p.grad)
+    # the loop's autograd steps did take oneDNN: two forwards, the second layer's two gradients, the first's weight's
+    assert len(products) == 5 * 5
+    products.clear()
+    torch.func.grad(loss)(params, x[0])
+    assert products == []  # the transforms did not: oneDNN's call has no vmap or grad rules
 
 
 @pytest.mark.filterwarnings("ignore:TF32 acceleration")

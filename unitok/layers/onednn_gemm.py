@@ -15,7 +15,8 @@ choice gains or costs little; CPUs without AVX-512 keep PyTorch's path.
 is built from itself), `mm` is ``a @ b``; both fall back to PyTorch's kernels wherever
 `onednn_products` says no: not a float32 CPU product, not an AVX-512 CPU, oneDNN turned off
 (``torch.backends.mkldnn.flags(enabled=False)``), under autocast (its low-precision GEMMs are
-oneDNN's already), or while dynamo traces a graph (inductor chooses its own kernels).
+oneDNN's already), inside ``torch.func`` transforms, or while dynamo traces a graph (inductor
+chooses its own kernels).
 """
 
 from __future__ import annotations
@@ -30,11 +31,16 @@ _AVAILABLE = torch.backends.mkldnn.is_available() and hasattr(_mkldnn, "_linear_
 PREFERRED = _AVAILABLE and torch.backends.cpu.get_cpu_capability().startswith("AVX512")
 
 
+# torch.func's transforms (grad, vmap, jacrev: per-sample gradients, meta-learning) need every
+# op they see to have their rules; oneDNN's call has none, so inside them PyTorch's ops run
+_transforms_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
+
+
 def onednn_products(*tensors: Tensor | None) -> bool:
     """Whether products of these tensors (None: absent, e.g. no bias) go through oneDNN here."""
     if not PREFERRED or torch.compiler.is_compiling():  # first: a traced graph leaves at once
         return False
-    return (torch.backends.mkldnn.enabled and not torch.is_autocast_enabled("cpu")
+    return (torch.backends.mkldnn.enabled and not torch.is_autocast_enabled("cpu") and not _transforms_active()
             and all(t is None or (t.device.type == "cpu" and t.dtype == torch.float32) for t in tensors))
 
 
