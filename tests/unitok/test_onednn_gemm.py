@@ -71,6 +71,23 @@ def test_linear_is_twice_differentiable(products):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.filterwarnings("ignore:.*torch.jit.script.* is deprecated:FutureWarning")  # inside torch's forward AD
+def test_linear_has_forward_mode_derivatives(products):
+    import torch.autograd.forward_ad as fwAD
+
+    g = torch.Generator().manual_seed(8)
+    x, w, b = torch.randn(6, 10, generator=g), torch.randn(7, 10, generator=g), torch.randn(7, generator=g)
+    tangents = [torch.randn(6, 10, generator=g), torch.randn(7, 10, generator=g), torch.randn(7, generator=g)]
+    for which in ([0], [1], [0, 1, 2]):  # the input's tangent, the weight's, all three
+        duals = {}
+        for fn in (linear, F.linear):
+            with fwAD.dual_level():
+                args = [fwAD.make_dual(t, tangents[i]) if i in which else t for i, t in enumerate((x, w, b))]
+                duals[fn] = fwAD.unpack_dual(fn(*args)).tangent
+        torch.testing.assert_close(duals[linear], duals[F.linear], rtol=1e-5, atol=1e-5)
+    assert products  # the tangents went through oneDNN too
+
+
 def test_mm_equals_torch_mm_for_transposed_views_too(products):
     g = torch.Generator().manual_seed(3)
     a, b = torch.randn(33, 20, generator=g), torch.randn(20, 50, generator=g)

@@ -58,8 +58,20 @@ class _OneDNNLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         ctx.save_for_backward(x, weight)
+        ctx.save_for_forward(x, weight)
         ctx.has_bias = bias is not None
         return _product(x, weight, bias)
+
+    @staticmethod
+    def jvp(ctx, x_t: Tensor | None, weight_t: Tensor | None, bias_t: Tensor | None) -> Tensor:
+        """Forward-mode AD (``torch.autograd.forward_ad``): x_t Wᵀ + x W_tᵀ + b_t."""
+        x, weight = ctx.saved_tensors
+        parts = [_product(x_t, weight, None) if x_t is not None else None,
+                 _product(x, weight_t, None) if weight_t is not None else None]
+        out = sum(part for part in parts if part is not None)
+        if bias_t is not None:
+            out = bias_t.expand(x.shape[0], weight.shape[0]) + out
+        return out
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
