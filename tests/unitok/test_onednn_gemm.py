@@ -108,6 +108,10 @@ def test_only_float32_cpu_products_outside_autocast_and_traces_are_taken(product
         assert torch.equal(linear(x, w), F.linear(x, w))
     with pytest.raises(RuntimeError, match="cannot be multiplied"):  # F.linear's own error for a wrong width
         linear(torch.randn(8, 12), w)
+    empty = torch.randn(0, 16, requires_grad=True)  # an empty batch (oneDNN refuses it): PyTorch's own
+    assert not onednn_products(empty, w)
+    linear(empty, w.requires_grad_()).sum().backward()
+    assert linear(torch.randn(2, 0, 16), w).shape == (2, 0, 4) and torch.equal(w.grad, torch.zeros_like(w))
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     assert not onednn_products(x, w)  # inductor picks its own kernels
     monkeypatch.setattr(onednn_gemm, "PREFERRED", False)

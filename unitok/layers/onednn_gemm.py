@@ -41,7 +41,9 @@ def onednn_products(*tensors: Tensor | None) -> bool:
     if not PREFERRED or torch.compiler.is_compiling():  # first: a traced graph leaves at once
         return False
     return (torch.backends.mkldnn.enabled and not torch.is_autocast_enabled("cpu") and not _transforms_active()
-            and all(t is None or (t.device.type == "cpu" and t.dtype == torch.float32) for t in tensors))
+            # (oneDNN refuses empty operands: an empty batch runs PyTorch's ops)
+            and all(t is None or (t.device.type == "cpu" and t.dtype == torch.float32 and t.numel() > 0)
+                    for t in tensors))
 
 
 def _product(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
