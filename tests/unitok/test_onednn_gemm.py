@@ -69,6 +69,7 @@ def test_linear_is_twice_differentiable(products):
 
     for got, want in zip(second_order(linear), second_order(F.linear)):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert len(products) >= 5  # the first and second derivatives' products went through oneDNN
 
 
 @pytest.mark.filterwarnings("ignore:.*torch.jit.script.* is deprecated:FutureWarning")  # inside torch's forward AD
@@ -108,6 +109,9 @@ def test_only_float32_cpu_products_outside_autocast_and_traces_are_taken(product
         assert torch.equal(linear(x, w), F.linear(x, w))
     with pytest.raises(RuntimeError, match="cannot be multiplied"):  # F.linear's own error for a wrong width
         linear(torch.randn(8, 12), w)
+    with pytest.raises(RuntimeError, match="expanded size of the tensor"):  # and for a bias of the wrong size
+        linear(x, w, torch.randn(5))
+    torch.testing.assert_close(linear(x, w, torch.ones(1)), x @ w.t() + 1)  # a bias F.linear broadcasts
     empty = torch.randn(0, 16, requires_grad=True)  # an empty batch (oneDNN refuses it): PyTorch's own
     assert not onednn_products(empty, w)
     linear(empty, w.requires_grad_()).sum().backward()

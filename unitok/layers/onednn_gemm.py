@@ -87,9 +87,10 @@ class _OneDNNLinear(torch.autograd.Function):
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``F.linear(x, weight, bias)``, its gradients included, through oneDNN where `onednn_products`
-    says so (x (…, in), weight (out, in), bias (out,) or None); else ``F.linear`` itself (also for
-    a width that does not match, whose error names both shapes)."""
+    says so (x (…, in), weight (out, in), bias (out,) or None); else ``F.linear`` itself: also for
+    a width or bias that does not match (its error names the shapes) or a bias it broadcasts."""
     if (x.dim() == 0 or weight.dim() != 2 or x.shape[-1] != weight.shape[1]
+            or (bias is not None and tuple(bias.shape) != (weight.shape[0],))
             or not onednn_products(x, weight, bias)):
         return F.linear(x, weight, bias)
     out = _OneDNNLinear.apply(x.reshape(-1, x.shape[-1]), weight, bias)
