@@ -273,11 +273,39 @@ def profile_default_paths(ours: nn.Module, hf: nn.Module, args: argparse.Namespa
         for _ in range(2):  # warm-up, compilation included
             step()
         with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+            start = time.perf_counter()
             for _ in range(3):
                 step()  # returns the loss as a float: each step ends synchronised
+            wall = time.perf_counter() - start
         print(f"profile, {name} default path (labels=), 3 steps:")
         print(prof.key_averages().table(sort_by="self_device_time_total" if cuda else "self_cpu_time_total",
                                         row_limit=args.profile, max_name_column_width=60))
+        if cuda:
+            print(kernel_time_by_kind(prof, wall))
+
+
+# Device kernels by what they compute, from their names (the first pattern that matches)
+KERNEL_KINDS = (("attention", ("sdpa", "flash", "fmha", "attention")),
+                ("GEMM", ("gemm", "nvjet", "cutlass", "sm90_xmma", "cublas")),
+                ("optimizer", ("adam", "multi_tensor")),
+                ("fused (inductor)", ("triton_",)))
+
+
+def kernel_time_by_kind(prof: Any, wall: float) -> str:
+    """One line: the profiled steps' device kernel time by `KERNEL_KINDS` (the rest: "other"),
+    and the kernels' total against the steps' wall time (the device's busy share)."""
+    times: dict[str, float] = {}
+    for event in prof.key_averages():
+        if getattr(event, "device_type", None) != torch.autograd.DeviceType.CUDA:
+            continue
+        lowered = event.key.lower()
+        kind = next((k for k, pats in KERNEL_KINDS if any(p in lowered for p in pats)), "other")
+        times[kind] = times.get(kind, 0.0) + event.self_device_time_total / 1e3  # us -> ms
+    total = sum(times.values())
+    if not total:
+        return "device kernels: none recorded"
+    parts = ", ".join(f"{k} {v:.1f} ms ({100 * v / total:.0f} %)" for k, v in sorted(times.items(), key=lambda kv: -kv[1]))
+    return f"device kernels, 3 steps: {parts}; {total:.1f} ms in all, {100 * total / (wall * 1e3):.0f} % of {wall * 1e3:.1f} ms wall"
 
 
 def bench_infer(ours: nn.Module, hf: nn.Module, args: argparse.Namespace) -> dict[str, float]:

@@ -39,6 +39,26 @@ def test_gpt_flops_a_token_count_every_weight_but_the_position_table():
     assert gpt_vs_hf.flops_per_token(ours, args) == 6 * weights + 12 * L * D * T
 
 
+def test_profiled_device_kernels_are_summed_by_kind_against_the_wall_time():
+    from types import SimpleNamespace as Event
+
+    cuda, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
+    events = [Event(key="nvjet_sm90_tst_192x192_NNN", device_type=cuda, self_device_time_total=6000.0),
+              Event(key="cudnn_generated_fort_native_sdpa_sm90_flash_bprop", device_type=cuda,
+                    self_device_time_total=2000.0),
+              Event(key="triton_per_fused_native_layer_norm_0", device_type=cuda, self_device_time_total=1500.0),
+              Event(key="void at::native::multi_tensor_apply_kernel<FusedAdam>", device_type=cuda,
+                    self_device_time_total=250.0),
+              Event(key="void at::native::vectorized_elementwise_kernel", device_type=cuda,
+                    self_device_time_total=250.0),
+              Event(key="aten::mm", device_type=cpu, self_device_time_total=9000.0)]  # an operator: counted once, as its kernel
+    line = gpt_vs_hf.kernel_time_by_kind(Event(key_averages=lambda: events), wall=0.0125)
+    assert line == ("device kernels, 3 steps: GEMM 6.0 ms (60 %), attention 2.0 ms (20 %), fused (inductor) 1.5 ms "
+                    "(15 %), optimizer 0.2 ms (2 %), other 0.2 ms (2 %); 10.0 ms in all, 80 % of 12.5 ms wall")
+    assert gpt_vs_hf.kernel_time_by_kind(Event(key_averages=lambda: events[-1:]), wall=1.0) == (
+        "device kernels: none recorded")
+
+
 def test_peak_is_given_or_known_and_absent_on_the_cpu():
     assert gpt_vs_hf.peak_tflops(gpt_vs_hf.parse_args([])) is None
     assert gpt_vs_hf.peak_tflops(gpt_vs_hf.parse_args(["--peak-tflops", "2.5"])) == 2.5
