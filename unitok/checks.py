@@ -55,6 +55,16 @@ def defers(values: Tensor) -> bool:
     return getattr(_state, "pending", None) is not None and values.device.type in _DEFERRING_DEVICES
 
 
+def host_values(values: Tensor) -> Tensor:
+    """``values`` as a check reads them on the host: out of ``torch.func``'s wrappers, where under
+    ``vmap`` one sample's view cannot be read (its checks judge every sample's values at once);
+    other tensors as they are."""
+    functorch = torch._C._functorch
+    while functorch.is_functorch_wrapped_tensor(values):
+        values = functorch.get_unwrapped(values)
+    return values
+
+
 def raise_if(value: Tensor, fail: Callable[[], None], deferred: bool,
              bad: Callable[[Tensor], bool] = bool) -> None:
     """Call ``fail`` (which raises the error; it runs only for bad input, so it may read tensors)
@@ -94,6 +104,7 @@ def check_finite(values: Tensor, name: str) -> None:
     the count of bad values (integer tensors always pass)."""
     if not values.dtype.is_floating_point:
         return
+    values = host_values(values)
 
     def fail() -> None:
         bad = int((~torch.isfinite(values)).sum())

@@ -19,10 +19,11 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.autograd.forward_ad as fwAD
 import torch.nn.functional as F
 from torch import Tensor
 
-from unitok.checks import deferred_checks, defers, raise_if
+from unitok.checks import deferred_checks, defers, host_values, raise_if
 from unitok.layers import onednn_gemm
 
 IGNORE_INDEX = -100
@@ -40,16 +41,18 @@ def check_class_labels(labels: Tensor, shape: tuple[int, ...], num_classes: int,
                          f"got {tuple(labels.shape)}")
     if labels.dtype.is_floating_point or labels.dtype == torch.bool or labels.is_complex():
         raise TypeError(f"{name} must hold integer class ids, got {labels.dtype}")
-    bad = (labels != IGNORE_INDEX) & ((labels < 0) | (labels >= num_classes))
+    values = host_values(labels)  # under torch.func.vmap: every sample's labels, judged at once
+    bad = (values != IGNORE_INDEX) & ((values < 0) | (values >= num_classes))
 
     def fail() -> None:
-        values = labels[bad].unique()[:5].tolist()
-        raise ValueError(f"{name} {values} are outside [0, {num_classes}); use {IGNORE_INDEX} for positions "
+        values_ = values[bad].unique()[:5].tolist()
+        raise ValueError(f"{name} {values_} are outside [0, {num_classes}); use {IGNORE_INDEX} for positions "
                          "that are not scored")
 
-    deferred = defers(labels)
+    deferred = defers(labels) and values is labels  # (under torch.func: judged at once)
     raise_if(bad.any(), fail, deferred)
     return labels.masked_fill(bad, 0) if deferred else labels
+
 
 
 def cross_entropy(logits: Tensor, labels: Tensor, name: str = "labels") -> Tensor:
@@ -93,6 +96,8 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, labels: Tensor, bias: T
     rounding), under autocast too (its GEMMs in the autocast dtype, the softmax in float32). The
     gradients of the inputs that need one are computed in the forward pass (backward only scales
     them), so the loss cannot be differentiated twice; under ``no_grad`` only the loss is computed.
+    Inside ``torch.func`` transforms (``grad``, ``vmap``) or with forward-mode tangents, whose rules
+    the fused computation lacks, it runs as the unfused pair.
 
     ``compile`` (True: inductor, or a `torch.compile` backend: its name or callable) computes each chunk's
     softmax, log p(target) and gradient as one compiled function (`softmax_gradient`), which
@@ -115,9 +120,22 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, labels: Tensor, bias: T
         raise ValueError(f"compile must be True/False or a torch.compile backend (a name or a callable), "
                          f"got {compile!r}")
     labels = check_class_labels(labels, hidden.shape[:-1], weight.shape[0])
+    if _needs_plain_ops(hidden, weight, bias):
+        return _cross_entropy(F.linear(hidden, weight, bias), labels)
     softmax_grad = _compiled_softmax_gradient("inductor" if compile is True else compile) if compile else None
     return _LinearCrossEntropy.apply(hidden.reshape(-1, hidden.shape[-1]), weight, bias,
                                      labels.reshape(-1).to(hidden.device), softmax_grad)
+
+
+# torch.func's transforms (grad, vmap, jacrev) and forward-mode AD need rules the fused Function
+# does not have (it computes its gradients in the forward pass): there the unfused pair runs
+_transforms_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
+
+
+def _needs_plain_ops(*tensors: Tensor | None) -> bool:
+    """Whether `linear_cross_entropy` must run as F.linear then cross-entropy: inside a
+    ``torch.func`` transform, or with a forward-mode tangent on an input."""
+    return _transforms_active() or any(t is not None and fwAD.unpack_dual(t).tangent is not None for t in tensors)
 
 
 def softmax_gradient(logits: Tensor, targets: Tensor, row_weight: Tensor, need_grad: bool,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from unitok.checks import defers, raise_if
+from unitok.checks import defers, host_values, raise_if
 
 
 class TokenEmbedding(nn.Embedding):
@@ -20,16 +20,17 @@ class TokenEmbedding(nn.Embedding):
             raise TypeError(f"token ids must be integers, got {ids.dtype}")
         if check and ids.numel():
             V = self.num_embeddings
+            values = host_values(ids)  # under torch.func.vmap: every sample's ids
 
             def fail() -> None:
-                bad = ids[(ids < 0) | (ids >= V)].unique()[:5].tolist()
+                bad = values[(values < 0) | (values >= V)].unique()[:5].tolist()
                 raise ValueError(f"token ids {bad} are outside the vocabulary [0, {V})")
 
-            if defers(ids):  # on a GPU: the verdict is read as the scope ends, the gather reads clamped ids
+            if defers(ids) and values is ids:  # on a GPU: the verdict is read as the scope ends, the gather reads clamped ids
                 safe = ids.clamp(0, V - 1)
                 raise_if((safe != ids).any(), fail, deferred=True)
                 return super().forward(safe)
-            lo, hi = torch.aminmax(ids)  # one reduction instead of min() and max()
+            lo, hi = torch.aminmax(values)  # one reduction instead of min() and max()
             if int(lo) < 0 or int(hi) >= V:
                 fail()
         return super().forward(ids)

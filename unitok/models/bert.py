@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from tokenizers_mm import Tokens
 from unitok.backbone import Backbone, BackboneConfig, init_weights
-from unitok.checks import deferred_checks
+from unitok.checks import deferred_checks, host_values
 from unitok.config import Config
 from unitok.embed import LearnedPositions, TokenEmbedding
 from unitok.heads import ClassificationHead, MLMHead, Pooler, ReplacedTokenHead, SpanHead
@@ -170,12 +170,13 @@ class BERTEmbeddings(nn.Module):
                 x = x + self.seg_embed.weight[0]  # every token in segment A
             else:
                 n_types = self.seg_embed.num_embeddings
-                lo, hi = torch.aminmax(segments) if segments.numel() else (0, 0)
+                values = host_values(segments)  # under torch.func.vmap: every sample's
+                lo, hi = torch.aminmax(values) if values.numel() else (0, 0)
                 if int(lo) < 0 or int(hi) >= n_types:
-                    bad = segments[(segments < 0) | (segments >= n_types)].unique()[:5].tolist()
+                    bad = values[(values < 0) | (values >= n_types)].unique()[:5].tolist()
                     raise ValueError(f"segment ids {bad} are outside [0, {n_types}) (type_vocab_size)")
                 x = x + self.seg_embed(segments)
-        elif segments is not None and bool(segments.any()):
+        elif segments is not None and bool(host_values(segments).any()):
             raise ValueError("segment ids given, but this model has no segment embeddings (type_vocab_size=0)")
         x = x + (self.pos_embed.span(0, ids.shape[1]) if positions is None else self.pos_embed(positions))
         x = self.norm(x)

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from tokenizers_mm.processor import Processor
 from tokenizers_mm.trajectory import TOKENIZER_FIELDS, TrajectoryTokenizer, TrajectoryWindows
 from unitok.backbone import Backbone, BackboneConfig, init_weights
-from unitok.checks import check_dtype
+from unitok.checks import check_dtype, host_values
 from unitok.config import Config
 from unitok.layers.activations import Activation
 from unitok.layers.attention import Kernel
@@ -264,7 +264,7 @@ class DecisionTransformer(PretrainedModel):
             if tuple(actions.shape) != (B, K):
                 raise ValueError(f"discrete action ids must be (batch, steps) = {(B, K)}, got {tuple(actions.shape)}")
             if actions.numel():
-                lo, hi = torch.aminmax(actions)
+                lo, hi = torch.aminmax(host_values(actions))  # under torch.func.vmap: every sample's
                 if int(lo) < 0 or int(hi) >= c.act_dim:
                     raise ValueError(f"action ids must be in [0, {c.act_dim}), got {int(lo)}..{int(hi)}")
         else:
@@ -292,7 +292,7 @@ class DecisionTransformer(PretrainedModel):
             raise TypeError(f"timesteps must be integers, got {timesteps.dtype}")
         if tuple(timesteps.shape) != (B, K):
             raise ValueError(f"timesteps must be (batch, steps) = {(B, K)}, got {tuple(timesteps.shape)}")
-        lo, hi = torch.aminmax(timesteps)
+        lo, hi = torch.aminmax(host_values(timesteps))
         if int(lo) < 0 or int(hi) >= c.max_ep_len:
             raise ValueError(f"timesteps must be in [0, max_ep_len={c.max_ep_len}), got {int(lo)}..{int(hi)}; "
                              "episodes longer than max_ep_len need a model with a larger one")
