@@ -100,6 +100,36 @@ def compiled_equals_eager(model: torch.nn.Module, run: Run, device: str) -> str:
     return f"outputs {err:.1e}, worst gradient {worst:.1e}"
 
 
+def per_sample_gradients_as_alone(device: str) -> str:
+    """torch.func's per-sample gradients (vmap of grad over functional_call) of a GPT's fused
+    loss on the device equal each sample's own; a bad id is still refused there (judged at once)."""
+    from torch.func import functional_call, grad, vmap
+
+    torch.manual_seed(7)
+    model = GPT(GPTConfig.from_name("gpt-nano", vocab_size=64, context_length=32, dropout=0.0)).to(device).eval()
+    ids = torch.randint(0, 64, (3, 16), generator=torch.Generator().manual_seed(8)).to(device)
+    params = {name: p.detach() for name, p in model.named_parameters()}
+
+    def loss(p: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        return functional_call(model, p, (x[None],), {"labels": x[None], "return_logits": False}).loss
+
+    together = vmap(grad(loss), in_dims=(None, 0))(params, ids)
+    worst = 0.0
+    for i in range(ids.shape[0]):
+        alone = grad(loss)(params, ids[i])
+        worst = max(worst, *(rel_err(together[k][i], alone[k]) for k in params if alone[k].norm() > 0))
+    assert worst < 1e-5, f"per-sample gradients: worst relative error {worst:.2e}"
+    bad = ids.clone()
+    bad[1, 3] = 64
+    try:
+        vmap(grad(loss), in_dims=(None, 0))(params, bad)
+    except ValueError as error:
+        assert "token ids [64] are outside the vocabulary [0, 64)" in str(error), str(error)
+    else:
+        raise AssertionError("an id outside the vocabulary passed under vmap")
+    return f"worst relative error {worst:.1e}; a bad id named"
+
+
 def loss_curve(model: torch.nn.Module, loss_fn: Callable[[torch.nn.Module], torch.Tensor], device: str,
                bf16: bool, steps: int = 60) -> list[float]:
     """The losses of ``steps`` AdamW steps on a copy of ``model`` (bf16: under autocast)."""
@@ -269,6 +299,8 @@ def main(argv: list[str] | None = None) -> int:
 
     check("a training step on cuda makes no host sync (deferred input checks), bad input still named",
           training_step_without_host_sync, device)
+    check("torch.func per-sample gradients on cuda == each sample's own (fused loss), bad id named",
+          per_sample_gradients_as_alone, device)
 
     torch.manual_seed(5)
     gpt = GPT(GPTConfig.from_name("gpt-mini", vocab_size=512, dropout=0.0)).eval()

@@ -59,6 +59,8 @@ def host_values(values: Tensor) -> Tensor:
     """``values`` as a check reads them on the host: out of ``torch.func``'s wrappers, where under
     ``vmap`` one sample's view cannot be read (its checks judge every sample's values at once);
     other tensors as they are."""
+    if torch.compiler.is_compiling():  # a traced graph never holds torch.func's wrappers
+        return values
     functorch = torch._C._functorch
     while functorch.is_functorch_wrapped_tensor(values):
         values = functorch.get_unwrapped(values)

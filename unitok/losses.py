@@ -135,6 +135,8 @@ _transforms_active = getattr(torch._C, "_are_functorch_transforms_active", lambd
 def _needs_plain_ops(*tensors: Tensor | None) -> bool:
     """Whether `linear_cross_entropy` must run as F.linear then cross-entropy: inside a
     ``torch.func`` transform, or with a forward-mode tangent on an input."""
+    if torch.compiler.is_compiling():  # a traced graph keeps the fused Function, as before
+        return False
     return _transforms_active() or any(t is not None and fwAD.unpack_dual(t).tangent is not None for t in tensors)
 
 
