@@ -45,14 +45,13 @@ def check_class_labels(labels: Tensor, shape: tuple[int, ...], num_classes: int,
     bad = (values != IGNORE_INDEX) & ((values < 0) | (values >= num_classes))
 
     def fail() -> None:
-        values_ = values[bad].unique()[:5].tolist()
-        raise ValueError(f"{name} {values_} are outside [0, {num_classes}); use {IGNORE_INDEX} for positions "
+        shown = values[bad].unique()[:5].tolist()
+        raise ValueError(f"{name} {shown} are outside [0, {num_classes}); use {IGNORE_INDEX} for positions "
                          "that are not scored")
 
     deferred = defers(labels) and values is labels  # (under torch.func: judged at once)
     raise_if(bad.any(), fail, deferred)
     return labels.masked_fill(bad, 0) if deferred else labels
-
 
 
 def cross_entropy(logits: Tensor, labels: Tensor, name: str = "labels") -> Tensor:

@@ -15,7 +15,16 @@ import torch.nn.functional as F
 from torch.func import functional_call, grad, jvp, vmap
 
 from unitok.losses import linear_cross_entropy
-from unitok.models import BERT, GPT, BERTConfig, GPTConfig, ViT, ViTConfig
+from unitok.models import (
+    BERT,
+    GPT,
+    BERTConfig,
+    DecisionTransformer,
+    DecisionTransformerConfig,
+    GPTConfig,
+    ViT,
+    ViTConfig,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -67,6 +76,25 @@ def test_vit_and_bert_per_sample_gradients_are_each_samples_own():
     ids, segments = torch.randint(0, 40, (2, 6)), torch.tensor([[0, 0, 0, 1, 1, 1], [0, 0, 1, 1, 1, 1]])
     mlm = ids.masked_fill(torch.tensor([[1, 0, 1, 0, 0, 1], [0, 1, 0, 0, 1, 0]]) == 0, -100)
     assert_each_sample_alone(bert, lambda run, x, s, y: run(x, segment_ids=s, labels=y).loss, ids, segments, mlm)
+
+
+def test_decision_transformer_per_sample_gradients_are_each_samples_own():
+    torch.manual_seed(0)
+    model = DecisionTransformer(DecisionTransformerConfig(state_dim=3, act_dim=4, discrete=True, context_length=5,
+                                                          max_ep_len=20, d_model=16, n_layers=1, n_heads=2,
+                                                          dropout=0.0)).eval()
+    states, returns = torch.randn(3, 5, 3), torch.randn(3, 5, 1)
+    actions, timesteps = torch.randint(0, 4, (3, 5)), torch.arange(5).repeat(3, 1) + torch.tensor([[0], [4], [9]])
+
+    def loss_of(run, s, a, r, t):
+        logits = run(s, a, r, t).action_preds
+        return F.cross_entropy(logits.flatten(0, 1), a.flatten())
+
+    assert_each_sample_alone(model, loss_of, states, actions, returns, timesteps)
+    with pytest.raises(ValueError, match=r"timesteps must be in \[0, max_ep_len=20\), got 11..24"):
+        per_sample_gradients(model, loss_of, states, actions, returns, timesteps + 11)
+    with pytest.raises(ValueError, match=r"action ids must be in \[0, 4\), got 0..4"):
+        per_sample_gradients(model, loss_of, states, actions.masked_fill(actions == 3, 4), returns, timesteps)
 
 
 def test_bad_input_is_still_refused_inside_vmap():

@@ -26,7 +26,8 @@ class TokenEmbedding(nn.Embedding):
                 bad = values[(values < 0) | (values >= V)].unique()[:5].tolist()
                 raise ValueError(f"token ids {bad} are outside the vocabulary [0, {V})")
 
-            if defers(ids) and values is ids:  # on a GPU: the verdict is read as the scope ends, the gather reads clamped ids
+            # on a GPU: the verdict is read as the scope ends, the gather reads clamped ids
+            if defers(ids) and values is ids:
                 safe = ids.clamp(0, V - 1)
                 raise_if((safe != ids).any(), fail, deferred=True)
                 return super().forward(safe)
