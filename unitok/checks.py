@@ -55,6 +55,11 @@ def defers(values: Tensor) -> bool:
     return getattr(_state, "pending", None) is not None and values.device.type in _DEFERRING_DEVICES
 
 
+# Whether torch.func's transforms (grad, vmap, jacrev) are running: ops without their rules
+# (oneDNN's call, the fused LM-head loss) step aside there for PyTorch's own
+func_transforms_active: Callable[[], bool] = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
+
+
 def host_values(values: Tensor) -> Tensor:
     """``values`` as a check reads them on the host: out of ``torch.func``'s wrappers, where under
     ``vmap`` one sample's view cannot be read (its checks judge every sample's values at once);

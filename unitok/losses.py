@@ -23,7 +23,7 @@ import torch.autograd.forward_ad as fwAD
 import torch.nn.functional as F
 from torch import Tensor
 
-from unitok.checks import deferred_checks, defers, host_values, raise_if
+from unitok.checks import deferred_checks, defers, func_transforms_active, host_values, raise_if
 from unitok.layers import onednn_gemm
 
 IGNORE_INDEX = -100
@@ -126,17 +126,13 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, labels: Tensor, bias: T
                                      labels.reshape(-1).to(hidden.device), softmax_grad)
 
 
-# torch.func's transforms (grad, vmap, jacrev) and forward-mode AD need rules the fused Function
-# does not have (it computes its gradients in the forward pass): there the unfused pair runs
-_transforms_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
-
-
 def _needs_plain_ops(*tensors: Tensor | None) -> bool:
     """Whether `linear_cross_entropy` must run as F.linear then cross-entropy: inside a
-    ``torch.func`` transform, or with a forward-mode tangent on an input."""
+    ``torch.func`` transform, or with a forward-mode tangent on an input — rules the fused
+    Function lacks (it computes its gradients in the forward pass)."""
     if torch.compiler.is_compiling():  # a traced graph keeps the fused Function, as before
         return False
-    return _transforms_active() or any(t is not None and fwAD.unpack_dual(t).tangent is not None for t in tensors)
+    return func_transforms_active() or any(t is not None and fwAD.unpack_dual(t).tangent is not None for t in tensors)
 
 
 def softmax_gradient(logits: Tensor, targets: Tensor, row_weight: Tensor, need_grad: bool,

@@ -25,22 +25,20 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from unitok.checks import func_transforms_active
+
 _mkldnn = torch.ops.mkldnn
 _AVAILABLE = torch.backends.mkldnn.is_available() and hasattr(_mkldnn, "_linear_pointwise")
 # Where oneDNN's float32 kernels are preferred: AVX-512 CPUs (1.6-2.2x MKL on Zen 5; level on another before).
 PREFERRED = _AVAILABLE and torch.backends.cpu.get_cpu_capability().startswith("AVX512")
 
 
-# torch.func's transforms (grad, vmap, jacrev: per-sample gradients, meta-learning) need every
-# op they see to have their rules; oneDNN's call has none, so inside them PyTorch's ops run
-_transforms_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
-
-
 def onednn_products(*tensors: Tensor | None) -> bool:
     """Whether products of these tensors (None: absent, e.g. no bias) go through oneDNN here."""
     if not PREFERRED or torch.compiler.is_compiling():  # first: a traced graph leaves at once
         return False
-    return (torch.backends.mkldnn.enabled and not torch.is_autocast_enabled("cpu") and not _transforms_active()
+    # (torch.func's transforms need every op they see to have their rules; oneDNN's call has none)
+    return (torch.backends.mkldnn.enabled and not torch.is_autocast_enabled("cpu") and not func_transforms_active()
             # (oneDNN refuses empty operands: an empty batch runs PyTorch's ops)
             and all(t is None or (t.device.type == "cpu" and t.dtype == torch.float32 and t.numel() > 0)
                     for t in tensors))
