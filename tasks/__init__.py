@@ -54,7 +54,7 @@ from tasks.objectives import (
     SpeechRecognition,
 )
 from tasks.predictions import PredictionWriter
-from tasks.resume import ResumableRNG, resume_callbacks
+from tasks.resume import ResumableRNG, ResumedBest, resume_callbacks
 from tasks.seq2seq import Seq2SeqTask, exact_match
 from tasks.teachers import SmallCNN, train_cnn_teacher
 
@@ -72,5 +72,5 @@ __all__ = [
     "train_t5_tokenizer", "TrajectoryDataModule", "ImageAudioMatch", "ImageAudioPairsDataModule",
     "ImageClassification", "LanguageModelling", "MultiTaskDataModule", "MultiTaskTask", "Objective",
     "ReturnConditionedControl", "SpeechRecognition", "AudioImageManifestDataModule", "BindTask", "PredictionWriter",
-    "ResumableRNG", "resume_callbacks"
+    "ResumableRNG", "ResumedBest", "resume_callbacks"
 ]

@@ -24,7 +24,7 @@ from typing import Any, NoReturn
 
 import lightning as L
 from jsonargparse import Namespace
-from lightning.pytorch.callbacks import ProgressBar
+from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
@@ -44,6 +44,7 @@ from tasks.run_folder import (
 )
 from unitok.cpu_memory import keep_freed_memory_unless_opted_out
 
+EVALUATING = ("validate", "test", "predict")  # the subcommands that read a checkpoint and write none
 SAMPLE_HELP = "Continue prompts with a trained GPT folder (see `unitok sample --help`)."
 
 
@@ -163,6 +164,11 @@ class UnitokCLI(LightningCLI):
             if type(callback).__name__ == "ModelCheckpoint" and callback.dirpath is not None:
                 raise ValueError(f"ModelCheckpoint(dirpath={callback.dirpath!r}) would write outside the run's "
                                  f"folder; leave dirpath unset (checkpoints go to {self.run_dir}/checkpoints)")
+        if self.subcommand in EVALUATING:
+            # Checkpoints are written by fit alone; a recipe's ModelCheckpoint left in a test/predict run
+            # would only be restored from the checkpoint read and warn that its folder "has changed".
+            callbacks = [c for c in callbacks if not isinstance(c, ModelCheckpoint)]
+            trainer["enable_checkpointing"] = False
         self.stop = StopOnSignal()
         callbacks += [LastCheckpoint(), self.stop]
         if not any(isinstance(c, ResumableRNG) for c in callbacks):

@@ -9,6 +9,7 @@ rest: the global random generators the training steps draw from (dropout and the
 
 from __future__ import annotations
 
+import os
 import random
 from typing import Any
 
@@ -82,6 +83,37 @@ class ResumableRNG(L.Callback):
             self._training_states = None
 
 
+class ResumedBest(L.Callback):
+    """A run resumed into a folder of its own keeps the best monitored score of the run it goes on
+    from, so its ``best.ckpt`` is written only when it beats that run's best (else the best stays
+    the earlier run's, where ``--ckpt_path best`` finds it).
+
+    Lightning's `ModelCheckpoint` restores only ``best_model_path`` when the checkpoint was written
+    from another folder (and warns "the dirpath has changed"): the resumed run's first validation
+    then writes ``best.ckpt`` however bad it is. Here the scores are restored too, and a checkpoint
+    of the earlier run that the resumed one outdoes is left where it is, not deleted."""
+
+    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        if trainer.state.fn != "fit":
+            return
+        states = checkpoint.get("callbacks") or {}
+        for callback in trainer.checkpoint_callbacks:
+            state = states.get(callback.state_key)  # type: ignore[attr-defined]
+            own = callback.dirpath  # type: ignore[attr-defined]
+            if state is None or own is None or state.get("dirpath") in (None, own):
+                continue
+            state["dirpath"] = own  # `ModelCheckpoint.load_state_dict` restores the scores as its own
+            callback._remove_checkpoint = _only_under(own, callback._remove_checkpoint)  # type: ignore[attr-defined]
+
+
+def _only_under(folder: str, remove: Any) -> Any:
+    """``remove`` (a `ModelCheckpoint`'s) for files in ``folder`` only: another run's stay."""
+    def remove_own(trainer: L.Trainer, filepath: str) -> None:
+        if os.path.realpath(os.path.dirname(filepath)) == os.path.realpath(folder):
+            remove(trainer, filepath)
+    return remove_own
+
+
 def resume_callbacks() -> list[L.Callback]:
     """The callbacks a run needs to resume exactly (the CLI adds them to every run)."""
-    return [ResumableRNG()]
+    return [ResumableRNG(), ResumedBest()]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -112,14 +113,20 @@ def test_fit_subprocess_then_predict_test_and_sample(tmp_path, monkeypatch, caps
 
     monkeypatch.chdir(tmp_path)
     ckpt = str(checkpoints / "last.ckpt")
-    main(["predict", "--config", str(TINY), "--ckpt_path", ckpt, *QUICK,
-          "--data.predict_prompts", "['def main(', 'import ']"])
-    printed = capsys.readouterr().out
-    assert "def main(" in printed and "import " in printed
-    main(["test", "--config", str(TINY), "--ckpt_path", ckpt, *QUICK])
-    assert "test_loss" in capsys.readouterr().out
-    main(["validate", "--config", str(TINY), "--ckpt_path", ckpt, *QUICK])
-    assert "val_loss" in capsys.readouterr().out
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        main(["predict", "--config", str(TINY), "--ckpt_path", ckpt, *QUICK,
+              "--data.predict_prompts", "['def main(', 'import ']"])
+        printed = capsys.readouterr().out
+        assert "def main(" in printed and "import " in printed
+        main(["test", "--config", str(TINY), "--ckpt_path", ckpt, *QUICK])
+        assert "test_loss" in capsys.readouterr().out
+        main(["validate", "--config", str(TINY), "--ckpt_path", ckpt, *QUICK])
+        assert "val_loss" in capsys.readouterr().out
+    # reading a checkpoint writes none: no checkpoint callback to restore, so no "dirpath has changed"
+    assert not [w for w in caught if "dirpath has changed" in str(w.message)]
+    for version in ("version_1", "version_2", "version_3"):  # predict, test, validate: their own folders, no checkpoint
+        assert not (tmp_path / "runs" / "gpt_tiny" / version / "checkpoints").exists()
 
     main(["sample", "--model", str(pretrained), "--prompt", "def main(", "--prompt", "class ",
           "--max_new_tokens", "6", "--strategy", "beam", "--num_beams", "2"])

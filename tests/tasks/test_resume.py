@@ -11,6 +11,7 @@ import json
 import os
 import random
 import signal
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +31,8 @@ from tasks.data.sampling import (
     resumable_loader,
 )
 from tasks.data.speech import BucketBatchSampler
-from tasks.resume import ResumableRNG, rng_states, set_rng_states
+from tasks.resume import ResumableRNG, ResumedBest, rng_states, set_rng_states
+from tasks.run_folder import find_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 GPT = ROOT / "configs" / "gpt" / "tiny.yaml"
@@ -147,6 +149,38 @@ def test_an_augmented_image_recipe_stopped_by_sigterm_resumes_from_last_with_the
     fit(VIT, tmp_path / "stopped", *args, "--ckpt_path", "last")
     assert_resumes_exactly(train_losses(tmp_path / "full"), train_losses(tmp_path / "stopped"), full_batches,
                            dict(seen), steps=20, at=8)
+
+
+@pytest.mark.slow
+def test_a_resumed_run_keeps_the_best_score_of_the_run_it_goes_on_from(tmp_path, monkeypatch):
+    # Validations every 2 steps read the scripted val_acc below. The first run (version_0) is best
+    # at step 4 (0.9); resumed from its last.ckpt into version_1, no validation beats 0.9, so
+    # version_1 writes no best.ckpt and `--ckpt_path best` still finds version_0's, kept on disk.
+    script = {2: 0.5, 4: 0.9, 6: 0.7, 8: 0.8, 10: 0.6, 12: 0.85}
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val_acc", script.get(self.global_step, 0.0))  # 0.0: the sanity check
+
+    monkeypatch.setattr(ImageClassificationTask, "validation_step", validation_step)
+    monkeypatch.chdir(tmp_path)
+    args = ["--data.batch_size", "96", "--trainer.val_check_interval", "2", "--trainer.limit_val_batches", "1"]
+    root = tmp_path / "run"
+    fit(VIT, root, *args, "--trainer.max_steps", "6")
+    best = root / "version_0" / "checkpoints" / "best.ckpt"
+    assert torch.load(best, weights_only=True)["global_step"] == 4
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fit(VIT, root, *args, "--trainer.max_steps", "12", "--ckpt_path", "last")
+    assert not [w for w in caught if "dirpath has changed" in str(w.message)]
+    assert (root / "version_1" / "checkpoints" / "last.ckpt").is_file()
+    assert not (root / "version_1" / "checkpoints" / "best.ckpt").exists(), "0.8 and 0.85 do not beat 0.9"
+    assert find_checkpoint(root, "best") == best and torch.load(best, weights_only=True)["global_step"] == 4
+
+    # Resumed again, a run that beats the best writes its own best.ckpt; the earlier run's stays.
+    script.update({14: 0.95})
+    fit(VIT, root, *args, "--trainer.max_steps", "14", "--ckpt_path", "last")
+    assert torch.load(root / "version_2" / "checkpoints" / "best.ckpt", weights_only=True)["global_step"] == 14
+    assert best.is_file() and find_checkpoint(root, "best") == root / "version_2" / "checkpoints" / "best.ckpt"
 
 
 # --------------------------------------------------------------------------- the pieces
@@ -278,7 +312,7 @@ def test_rng_states_round_trip_through_a_weights_only_checkpoint(tmp_path):
 
 
 def test_the_callbacks_a_run_needs():
-    assert [type(c) for c in resume_callbacks()] == [ResumableRNG]
+    assert [type(c) for c in resume_callbacks()] == [ResumableRNG, ResumedBest]
 
 
 def test_resumable_loaders_keep_the_datasets_attributes(digits):
