@@ -161,7 +161,7 @@ class UnitokCLI(LightningCLI):
                                  TensorBoardLogger(save_dir=root, name="", version=version, default_hp_metric=False)]
         callbacks = list(trainer.get("callbacks") or [])
         for callback in callbacks:
-            if type(callback).__name__ == "ModelCheckpoint" and callback.dirpath is not None:
+            if isinstance(callback, ModelCheckpoint) and callback.dirpath is not None:
                 raise ValueError(f"ModelCheckpoint(dirpath={callback.dirpath!r}) would write outside the run's "
                                  f"folder; leave dirpath unset (checkpoints go to {self.run_dir}/checkpoints)")
         if self.subcommand in EVALUATING:

@@ -5,6 +5,7 @@ Lightning restores the weights, optimiser, LR schedule and loop counters. The da
 restore where training stood in the data (`tasks.data.sampling`: the order and each batch's
 random numbers are functions of the run's seed, epoch and batch). `ResumableRNG` restores the
 rest: the global random generators the training steps draw from (dropout and the like).
+`ResumedBest` keeps the stopped run's best monitored score, so ``best.ckpt`` stays the curve's best.
 """
 
 from __future__ import annotations
