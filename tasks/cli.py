@@ -44,7 +44,6 @@ from tasks.run_folder import (
 )
 from unitok.cpu_memory import keep_freed_memory_unless_opted_out
 
-EVALUATING = ("validate", "test", "predict")  # the subcommands that read a checkpoint and write none
 SAMPLE_HELP = "Continue prompts with a trained GPT folder (see `unitok sample --help`)."
 
 
@@ -164,11 +163,6 @@ class UnitokCLI(LightningCLI):
             if isinstance(callback, ModelCheckpoint) and callback.dirpath is not None:
                 raise ValueError(f"ModelCheckpoint(dirpath={callback.dirpath!r}) would write outside the run's "
                                  f"folder; leave dirpath unset (checkpoints go to {self.run_dir}/checkpoints)")
-        if self.subcommand in EVALUATING:
-            # Checkpoints are written by fit alone; a recipe's ModelCheckpoint left in a test/predict run
-            # would only be restored from the checkpoint read and warn that its folder "has changed".
-            callbacks = [c for c in callbacks if not isinstance(c, ModelCheckpoint)]
-            trainer["enable_checkpointing"] = False
         self.stop = StopOnSignal()
         callbacks += [LastCheckpoint(), self.stop]
         if not any(isinstance(c, ResumableRNG) for c in callbacks):

@@ -92,11 +92,10 @@ class ResumedBest(L.Callback):
     Lightning's `ModelCheckpoint` restores only ``best_model_path`` when the checkpoint was written
     from another folder (and warns "the dirpath has changed"): the resumed run's first validation
     then writes ``best.ckpt`` however bad it is. Here the scores are restored too, and a checkpoint
-    of the earlier run that the resumed one outdoes is left where it is, not deleted."""
+    of the earlier run that the resumed one outdoes is left where it is, not deleted. A run that
+    only reads a checkpoint (validate, test, predict) writes none, and restores the same quietly."""
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
-        if trainer.state.fn != "fit":
-            return
         states = checkpoint.get("callbacks") or {}
         for callback in trainer.checkpoint_callbacks:
             state = states.get(callback.state_key)  # type: ignore[attr-defined]
