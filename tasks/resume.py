@@ -107,9 +107,11 @@ class ResumedBest(L.Callback):
 
 
 def _only_under(folder: str, remove: Any) -> Any:
-    """``remove`` (a `ModelCheckpoint`'s) for files in ``folder`` only: another run's stay."""
+    """``remove`` (a `ModelCheckpoint`'s) for files under ``folder`` only: another run's stay."""
+    own = os.path.realpath(folder)
+
     def remove_own(trainer: L.Trainer, filepath: str) -> None:
-        if os.path.realpath(os.path.dirname(filepath)) == os.path.realpath(folder):
+        if os.path.commonpath([own, os.path.realpath(filepath)]) == own:
             remove(trainer, filepath)
     return remove_own
 

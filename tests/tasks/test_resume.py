@@ -31,7 +31,7 @@ from tasks.data.sampling import (
     resumable_loader,
 )
 from tasks.data.speech import BucketBatchSampler
-from tasks.resume import ResumableRNG, ResumedBest, rng_states, set_rng_states
+from tasks.resume import ResumableRNG, ResumedBest, _only_under, rng_states, set_rng_states
 from tasks.run_folder import find_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -309,6 +309,17 @@ def test_rng_states_round_trip_through_a_weights_only_checkpoint(tmp_path):
     set_rng_states(torch.load(path, weights_only=True))
     again = (torch.rand(3), np.random.rand(3), random.random())
     assert torch.equal(expected[0], again[0]) and np.array_equal(expected[1], again[1]) and expected[2] == again[2]
+
+
+def test_a_resumed_checkpoint_callback_removes_files_of_its_own_run_only(tmp_path):
+    removed = []
+    remove = _only_under(str(tmp_path / "version_1" / "checkpoints"), lambda trainer, path: removed.append(path))
+    for path in ("version_1/checkpoints/best.ckpt", "version_1/checkpoints/sub/epoch=3.ckpt",
+                 "version_0/checkpoints/best.ckpt", "version_1/checkpoints/../../version_0/checkpoints/best.ckpt",
+                 "version_1/checkpoints-old/best.ckpt"):
+        remove(None, str(tmp_path / path))
+    assert removed == [str(tmp_path / "version_1/checkpoints/best.ckpt"),
+                       str(tmp_path / "version_1/checkpoints/sub/epoch=3.ckpt")]
 
 
 def test_the_callbacks_a_run_needs():
