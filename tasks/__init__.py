@@ -6,7 +6,7 @@ from tasks.bert_finetune import (
     TokenClassificationTask,
 )
 from tasks.binding import BindTask
-from tasks.callbacks import Compile, ExportPretrained, PrintPredictions
+from tasks.callbacks import Compile, ExportPretrained, FrozenInEval, PrintPredictions
 from tasks.causal_lm import CausalLMTask
 from tasks.contrastive import ContrastiveTask, contrastive_loss
 from tasks.ctc_asr import CTCSpeechTask, ctc_loss
@@ -62,7 +62,7 @@ __all__ = [
     "action_loss", "BERTDataModule", "builtin_trajectories", "CaptionedDigitsDataModule", "CausalLMTask",
     "CodeTokensDataModule", "contrastive_loss", "ContrastiveTask", "ctc_loss", "CTCSpeechTask",
     "DecisionTransformerTask", "DigitsDataModule", "DocstringDataModule", "DocstringQADataModule", "ElectraTask",
-    "exact_match", "Compile", "ExportPretrained", "hard_distillation_loss", "ImageCaptionDataModule",
+    "exact_match", "Compile", "ExportPretrained", "FrozenInEval", "hard_distillation_loss", "ImageCaptionDataModule",
     "ImageClassificationTask", "ImageFolderDataModule", "load_trajectories", "ManifestDataModule", "mask_tokens",
     "MaskedLMTask", "MaskingCollator", "PrintPredictions", "QuestionAnsweringTask", "random_spans_noise_mask",
     "record_episodes", "restore_spans", "save_return_plot", "save_trajectories", "sentinel_tokens", "Seq2SeqTask",

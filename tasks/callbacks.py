@@ -1,10 +1,13 @@
 """Callbacks every run uses: the last checkpoint, clean stops on SIGTERM / SIGINT, a step
-progress bar, the exported model folder; and printing predictions."""
+progress bar, the exported model folder, frozen parts kept quietly in eval mode; and printing
+predictions."""
 
 from __future__ import annotations
 
+import re
 import signal
 import threading
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +15,7 @@ import lightning as L
 from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+from torch import nn
 
 from tasks.run_folder import log_dir
 
@@ -89,6 +93,52 @@ class StopOnSignal(L.Callback):
     @property
     def exit_code(self) -> int:
         return 0 if self.received is None else 128 + int(self.received)
+
+
+def frozen_in_eval(model: nn.Module) -> tuple[list[str], list[str]]:
+    """A model's eval-mode modules at the start of training -> (frozen, other) names. Frozen: the
+    module or one around it has parameters, none trainable (a locked tower, a frozen body:
+    their models keep them in eval mode on purpose, so dropout stays off)."""
+    names = {name: module for name, module in model.named_modules() if not module.training}
+
+    def frozen(module: nn.Module) -> bool:
+        params = list(module.parameters())
+        return bool(params) and not any(p.requires_grad for p in params)
+
+    roots = [name for name, module in names.items() if frozen(module)]
+    inside = [name for name in names
+              if any(name == r or name.startswith(r + ".") or r == "" for r in roots)]
+    return inside, [name for name in names if name not in set(inside)]
+
+
+class FrozenInEval(L.Callback):
+    """Lightning warns when modules are in eval mode as training starts ("This may lead to
+    unexpected behavior"). A recipe that freezes part of its model keeps that part in eval mode
+    on purpose, so the warning is silenced when every eval-mode module is frozen, and kept (it
+    then names a count the frozen parts alone do not make) when any other module is."""
+
+    def __init__(self) -> None:
+        self._filter: tuple | None = None
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        frozen, other = frozen_in_eval(pl_module)
+        if frozen and not other:  # the warning would count exactly the frozen modules
+            message = re.escape(f"Found {len(frozen)} module(s) in eval mode at the start of training")
+            warnings.filterwarnings("ignore", message=message)
+            self._filter = warnings.filters[0]
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._remove()
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._remove()
+
+    def _remove(self) -> None:
+        if self._filter is not None:
+            if self._filter in warnings.filters:
+                warnings.filters.remove(self._filter)
+                getattr(warnings, "_filters_mutated", lambda: None)()  # as filterwarnings does: drop cached decisions
+            self._filter = None
 
 
 class StepProgressBar(TQDMProgressBar):

@@ -30,7 +30,13 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from tasks.callbacks import ExportPretrained, LastCheckpoint, StepProgressBar, StopOnSignal
+from tasks.callbacks import (
+    ExportPretrained,
+    FrozenInEval,
+    LastCheckpoint,
+    StepProgressBar,
+    StopOnSignal,
+)
 from tasks.data.base import CACHE_ENV
 from tasks.resume import ResumableRNG, resume_callbacks
 from tasks.run_folder import (
@@ -164,7 +170,7 @@ class UnitokCLI(LightningCLI):
                 raise ValueError(f"ModelCheckpoint(dirpath={callback.dirpath!r}) would write outside the run's "
                                  f"folder; leave dirpath unset (checkpoints go to {self.run_dir}/checkpoints)")
         self.stop = StopOnSignal()
-        callbacks += [LastCheckpoint(), self.stop]
+        callbacks += [LastCheckpoint(), self.stop, FrozenInEval()]
         if not any(isinstance(c, ResumableRNG) for c in callbacks):
             callbacks += resume_callbacks()
         if not any(isinstance(c, ExportPretrained) for c in callbacks):

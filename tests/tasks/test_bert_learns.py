@@ -19,6 +19,7 @@ from tasks import (
     BERTDataModule,
     CodeTokensDataModule,
     ElectraTask,
+    FrozenInEval,
     MaskedLMTask,
     TokenClassificationTask,
 )
@@ -32,7 +33,8 @@ PRETRAIN_STEPS = 1000
 def trainer(steps: int, limit_val_batches: int | float = 1.0) -> L.Trainer:
     return L.Trainer(max_steps=steps, accelerator="cpu", logger=False, enable_checkpointing=False,
                      enable_progress_bar=False, enable_model_summary=False, val_check_interval=steps,
-                     check_val_every_n_epoch=None, limit_val_batches=limit_val_batches, num_sanity_val_steps=0)
+                     check_val_every_n_epoch=None, limit_val_batches=limit_val_batches, num_sanity_val_steps=0,
+                     callbacks=[FrozenInEval()])  # frozen bodies train in eval mode, quietly
 
 
 @pytest.fixture(scope="module")

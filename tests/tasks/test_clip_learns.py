@@ -12,6 +12,7 @@ from tasks import (
     CaptionedDigitsDataModule,
     ContrastiveTask,
     DigitsDataModule,
+    FrozenInEval,
     ImageClassificationTask,
 )
 from unitok.zero_shot import ZeroShotClassifier
@@ -20,7 +21,8 @@ from unitok.zero_shot import ZeroShotClassifier
 def trainer(max_steps: int, **options) -> L.Trainer:
     defaults = dict(max_steps=max_steps, accelerator="cpu", logger=False, enable_checkpointing=False,
                     enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-                    limit_val_batches=0, val_check_interval=None, check_val_every_n_epoch=None)
+                    limit_val_batches=0, val_check_interval=None, check_val_every_n_epoch=None,
+                    callbacks=[FrozenInEval()])  # a locked tower trains in eval mode, quietly
     return L.Trainer(**{**defaults, **options})
 
 
@@ -45,7 +47,6 @@ def test_tiny_clip_reaches_80_percent_zero_shot_on_held_out_scans_and_templates(
 
 
 @pytest.mark.slow
-@pytest.mark.filterwarnings("ignore:Found .* module\\(s\\) in eval mode")  # the locked tower, by design
 def test_lit_locked_image_tower_stays_fixed_while_text_learns_to_match(tmp_path):
     L.seed_everything(0)
     digits = DigitsDataModule(batch_size=64)
