@@ -106,9 +106,8 @@ def frozen_in_eval(model: nn.Module) -> tuple[list[str], list[str]]:
         return bool(params) and not any(p.requires_grad for p in params)
 
     roots = [name for name, module in names.items() if frozen(module)]
-    inside = [name for name in names
-              if any(name == r or name.startswith(r + ".") or r == "" for r in roots)]
-    return inside, [name for name in names if name not in set(inside)]
+    inside = {name for name in names if any(r == "" or name == r or name.startswith(r + ".") for r in roots)}
+    return [n for n in names if n in inside], [n for n in names if n not in inside]
 
 
 class FrozenInEval(L.Callback):
