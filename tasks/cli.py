@@ -18,6 +18,7 @@ import os
 import re
 import signal
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -182,6 +183,12 @@ class UnitokCLI(LightningCLI):
         steps, every = trainer.get("max_steps") or -1, trainer.get("log_every_n_steps") or 50
         if 0 < steps < 10 * every:  # a short run still logs from its first steps (ten points at least)
             trainer["log_every_n_steps"] = max(1, steps // 10)
+        if steps > 0 and trainer.get("check_val_every_n_epoch", 1) is None:
+            # A run measured in steps logs every log_every_n_steps across epochs, however short an
+            # epoch is (100 scans are one batch): Lightning's warning that an epoch holds fewer
+            # batches than the interval is about per-epoch logs, which such a run does not keep.
+            warnings.filterwarnings("ignore", message=r"The number of training batches \(\d+\) is smaller than "
+                                                      r"the logging interval")
         extra = [self._get(self.config_init, c) for c in self._parser(self.subcommand).callback_keys]
         return self._instantiate_trainer({**trainer, **kwargs}, extra)
 
@@ -254,6 +261,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     if argv is None:
         sys.argv[1:] = args  # LightningCLI reads the command line itself
     keep_freed_memory_unless_opted_out()  # no page faults for each step's big CPU buffers
+    # Lightning's own call of a pytree API torch deprecated: nothing a user of the CLI can act on.
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
     if args and args[0] == "sample":
         from tasks.sample import main as sample_main
 

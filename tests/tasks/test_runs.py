@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -97,6 +98,20 @@ def test_a_short_run_logs_from_its_first_steps_and_counts_steps(tmp_path, monkey
     steps = sorted({int(r.split(",")[2]) for r in rows[1:] if r.split(",")[3]})  # rows with a train_loss
     assert rows[0].startswith("epoch,lr,step,train_loss") and steps[0] == 0 and len(steps) == 4
     assert "Training (steps)" in capsys.readouterr().out  # the bar counts steps, not an endless epoch
+
+
+def test_a_run_in_steps_over_one_batch_epochs_logs_every_interval_without_lightnings_epoch_warnings(
+        tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # 10 scans: each epoch is one batch, the logging interval three steps
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        main(["fit", "--config", str(VIT), *QUICK, "--trainer.max_steps", "30", "--trainer.log_every_n_steps", "3",
+              "--trainer.val_check_interval", "30", "--data.train_per_class", "1", "--data.batch_size", "8"])
+    messages = [str(w.message) for w in caught]
+    assert not [m for m in messages if "is smaller than the logging interval" in m or "LeafSpec" in m], messages
+    rows = (tmp_path / "runs" / "vit_digits" / "version_0" / "metrics.csv").read_text().splitlines()
+    steps = sorted({int(r.split(",")[2]) for r in rows[1:] if r.split(",")[3]})  # rows with a train_loss
+    assert steps == list(range(2, 30, 3))  # logged every third step across 30 one-batch epochs
 
 
 @pytest.mark.parametrize("option, hint", [
