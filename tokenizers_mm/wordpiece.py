@@ -189,6 +189,11 @@ class WordPieceTokenizer:
                                                     strip_accents=None, lowercase=lowercase)
         tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
         tok.decoder = decoders.WordPiece(prefix="##")
+        # As transformers' BertTokenizer treats them: never split ("[MASK]" in text is the mask
+        # token) and skipped when decoding; they keep their vocab.txt ids.
+        roles = {"cls_token": "[CLS]", "sep_token": "[SEP]", "pad_token": "[PAD]", "mask_token": "[MASK]",
+                 "unk_token": "[UNK]"}
+        tok.add_special_tokens([t for t in (special.get(r, d) for r, d in roles.items()) if t in vocab])
         return cls(tok, **special)
 
     @classmethod

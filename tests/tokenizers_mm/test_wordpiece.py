@@ -165,6 +165,23 @@ def test_save_load_round_trip_and_vocab_txt(tok, tmp_path):
         WordPieceTokenizer.load(tmp_path / "missing")
 
 
+def test_a_vocab_txt_keeps_its_special_tokens_whole_and_decodes_without_them(tok, tmp_path):
+    # A checkpoint that ships only vocab.txt (as many BERTs do): "[MASK]" in text is the mask
+    # token, not "[", "mask", "]", and decoding skips the special tokens, as BertTokenizer does.
+    tok.save(tmp_path)
+    (tmp_path / "tokenizer.json").unlink()
+    from_vocab = WordPieceTokenizer.load(tmp_path)
+    text = "[MASK] the tokenizer [SEP] splits"
+    ids = from_vocab.encode(text).ids.tolist()
+    assert ids == tok.encode(text).ids.tolist()
+    assert ids.count(from_vocab.mask_id) == 1 and from_vocab.unk_id not in ids
+    assert from_vocab.decode(ids) == tok.decode(ids)
+    assert "[CLS]" not in from_vocab.decode(ids) and "[CLS]" in from_vocab.decode(ids, skip_special_tokens=False)
+    from transformers import BertTokenizer
+    reference = BertTokenizer(vocab=str(tmp_path / "vocab.txt"), do_lower_case=False)
+    assert ids == reference(text)["input_ids"]
+
+
 def test_bad_input_is_refused(tok):
     with pytest.raises(ValueError, match="empty"):
         tok.encode("")
