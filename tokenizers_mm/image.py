@@ -6,6 +6,7 @@ h/w patch-grid rows/columns (H/P, W/P), N = h·w patches, F = C·P·P features p
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -62,8 +63,9 @@ class ImagePreprocessConfig:
         mean / std: per-channel normalisation of [0, 1] pixels.
         image_size: (H, W) to resize to (only used when ``resize`` is set).
         resize: resize every image to ``image_size`` (else sizes must divide by P).
-        interpolation: resize filter. crop_pct: resize to image_size / crop_pct, then
-            centre-crop image_size (the timm evaluation recipe); None: plain resize.
+        interpolation: resize filter. crop_pct: resize the shorter side to image_size /
+            crop_pct, the aspect ratio kept, then centre-crop image_size (the timm evaluation
+            recipe); None: plain resize to image_size.
         pad: zero-pad (after normalisation) up to the next multiple of P instead of failing.
     """
 
@@ -91,6 +93,20 @@ class ImagePreprocessConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def _scaled_keeping_ratio(size: tuple[int, int], target: tuple[int, int], crop_pct: float) -> tuple[int, int]:
+    """The (h, w) an image of ``size`` is resized to before timm's evaluation centre crop of
+    ``target``: its shorter side to target / crop_pct, the aspect ratio kept (timm's "center"
+    crop mode: torchvision's ``Resize(int)`` for a square target, ``ResizeKeepRatio`` else)."""
+    (h, w), (H, W) = size, target
+    scale = (math.floor(H / crop_pct), math.floor(W / crop_pct))
+    if scale[0] == scale[1]:
+        short, long = (h, w) if h <= w else (w, h)
+        new_short, new_long = scale[0], int(scale[0] * long / short)
+        return (new_short, new_long) if h <= w else (new_long, new_short)
+    ratio = min(h / scale[0], w / scale[1])
+    return round(h / ratio), round(w / ratio)
 
 
 class PatchTokenizer:
@@ -165,17 +181,21 @@ class PatchTokenizer:
         mode = self.config.interpolation
         kwargs = {"antialias": True} if mode in ("bicubic", "bilinear") else {}
         if self.config.crop_pct is not None:
-            big = (int(H / self.config.crop_pct), int(W / self.config.crop_pct))
+            big = _scaled_keeping_ratio(tuple(pixels.shape[-2:]), (H, W), self.config.crop_pct)
             pixels = F.interpolate(pixels, size=big, mode=mode, **kwargs)
-            top, left = (big[0] - H) // 2, (big[1] - W) // 2
+            top, left = int(round((big[0] - H) / 2)), int(round((big[1] - W) / 2))  # torchvision's CenterCrop
             return pixels[..., top : top + H, left : left + W].clamp(0, 1)
         return F.interpolate(pixels, size=(H, W), mode=mode, **kwargs).clamp(0, 1)
 
     def preprocess(self, images: Any) -> Tensor:
         """Images -> normalised float (B, C, H, W), resized/padded only when configured."""
-        pixels = self.to_tensor(images)
-        if self.config.resize:
-            pixels = self._resize(pixels)
+        if self.config.resize and isinstance(images, (list, tuple)) and images:
+            # each image resized on its own, as it would be alone (not resized twice to batch)
+            pixels = torch.cat([self._resize(self.to_tensor(image)) for image in images])
+        else:
+            pixels = self.to_tensor(images)
+            if self.config.resize:
+                pixels = self._resize(pixels)
         mean = torch.tensor(self.config.mean).view(1, -1, 1, 1)
         std = torch.tensor(self.config.std).view(1, -1, 1, 1)
         pixels = (pixels - mean) / std

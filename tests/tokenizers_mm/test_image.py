@@ -320,3 +320,27 @@ def test_bad_configs_are_refused():
         ImagePreprocessConfig(patch_size=0)
     with pytest.raises(ValueError, match="not both"):
         PatchTokenizer(ImagePreprocessConfig(), patch_size=8)
+
+
+@pytest.mark.parametrize("size", [(40, 60), (60, 40), (50, 50), (37, 91)])
+@pytest.mark.parametrize("image_size", [(32, 32), (32, 48)])
+def test_crop_pct_keeps_the_aspect_ratio_as_timms_evaluation_transform_does(size, image_size):
+    # timm's eval transform ("center" crop mode): the shorter side to image_size / crop_pct, the
+    # aspect ratio kept, then torchvision's centre crop — not a squash of the whole image.
+    from timm.data.transforms import ResizeKeepRatio
+    from torchvision.transforms import v2
+
+    tok = PatchTokenizer(patch_size=8, image_size=image_size, resize=True, crop_pct=0.875, **PLAIN)
+    smooth = torch.linspace(0.25, 0.75, size[0] * size[1]).view(1, 1, *size).expand(1, 3, *size)
+    image = (smooth + 0.2 * torch.rand(size).sub(0.5)).clamp(0, 1)
+    scale = [int(s / 0.875) for s in image_size]
+    size_first = scale[0] if scale[0] == scale[1] else ResizeKeepRatio.get_params(image, scale, 0.0)
+    first = v2.Resize(size_first, interpolation=v2.InterpolationMode.BICUBIC, antialias=True)
+    expected = v2.CenterCrop(image_size)(first(image))
+    torch.testing.assert_close(tok.preprocess(image), expected.clamp(0, 1), atol=1e-6, rtol=0)
+
+
+def test_a_list_of_sizes_is_resized_and_cropped_once_as_each_image_alone():
+    tok = PatchTokenizer(patch_size=8, image_size=(32, 32), resize=True, crop_pct=0.875, **PLAIN)
+    a, b = torch.rand(3, 40, 60), torch.rand(3, 50, 50)
+    torch.testing.assert_close(tok.preprocess([a, b]), torch.cat([tok.preprocess(a), tok.preprocess(b)]))
