@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -139,6 +139,15 @@ class GenerationConfig(Config):
         if self.num_beams < 1:
             raise ValueError(f"num_beams must be ≥ 1, got {self.num_beams}")
 
+    def check_vocabulary(self, vocab_size: int) -> None:
+        """Refuse an EOS or pad id outside [0, vocab_size): a pad id is fed back to the model once a
+        row ends (on a GPU an out-of-range gather is a device-side assert), an EOS id there never stops."""
+        for name in ("eos_token_id", "pad_token_id"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, int) and not isinstance(value, bool)
+                                          and 0 <= value < vocab_size):
+                raise ValueError(f"{name}={value!r} is not a token id of the vocabulary [0, {vocab_size})")
+
 
 # --------------------------------------------------------------------------- logits filters
 def filter_top_k(logits: Tensor, k: int) -> Tensor:
@@ -169,6 +178,25 @@ def sample_next(logits: Tensor, cfg: GenerationConfig, generator: torch.Generato
 
 
 # --------------------------------------------------------------------------- loops
+def check_prompt_tensors(input_ids: Any, attention_mask: Any, device: torch.device, name: str = "input_ids",
+                         frames: bool = False) -> None:
+    """Refuse prompts that are not (batch, tokens) tensors on the model's device, before any
+    shape is read: a list, an empty batch, or CPU ids for a model on a GPU (PyTorch would only
+    say that "all tensors" must be on one device). ``frames``: (batch, frames, features) float
+    sources are welcome too (T5 reading spectrogram frames)."""
+    if not isinstance(input_ids, Tensor):
+        raise TypeError(f"{name} must be a (batch, tokens) tensor of token ids, got {type(input_ids).__name__} "
+                        "(torch.tensor(ids) makes one)")
+    if input_ids.dim() != 2 and not (frames and input_ids.dim() == 3 and input_ids.is_floating_point()):
+        raise ValueError(f"{name} must be (batch, tokens), got shape {tuple(input_ids.shape)}")
+    if input_ids.shape[0] == 0:
+        raise ValueError(f"{name} has no rows (a batch of 0 prompts)")
+    for what, tensor in ((name, input_ids), ("attention_mask", attention_mask)):
+        if isinstance(tensor, Tensor) and tensor.device != device:
+            raise ValueError(f"{what} is on {tensor.device} but the model is on {device}: "
+                             f"move it with .to({str(device)!r})")
+
+
 def _check_prompt(input_ids: Tensor, attention_mask: Tensor | None) -> Tensor:
     if input_ids.dim() != 2:
         raise ValueError(f"input_ids must be (batch, tokens), got shape {tuple(input_ids.shape)}")

@@ -128,6 +128,12 @@ def _top(probs: Tensor, k: int, label: Any) -> list[dict[str, Any]]:
 # --------------------------------------------------------------------------- text
 
 
+def _check_num_beams(num_beams: Any) -> None:
+    """num_beams is a whole number ≥ 1 (1: no beam search), refused before any decoding."""
+    if isinstance(num_beams, bool) or not isinstance(num_beams, int) or num_beams < 1:
+        raise ValueError(f"num_beams must be an integer ≥ 1 (1: no beam search), got {num_beams!r}")
+
+
 class TextGenerationPipeline(Pipeline):
     """Prompts -> continued text with a GPT (greedy, sampling or beam search)."""
 
@@ -144,6 +150,11 @@ class TextGenerationPipeline(Pipeline):
                   return_full_text: bool, seed: int | None) -> list[Any]:
         tok = self.processor.text
         prompts = tok.batch_encode(_texts(items, self.task), padding_side="left").to(self.device)
+        _check_num_beams(num_beams)
+        if num_beams > 1 and (do_sample or strategy not in (None, "beam")):
+            what = "do_sample=True" if do_sample else f"strategy={strategy!r}"
+            raise ValueError(f"num_beams={num_beams} asks for beam search, which {what} contradicts "
+                             "(beam search does not sample): drop one of them")
         strategy = strategy or ("beam" if num_beams > 1 else "sample" if do_sample else "greedy")
         options: dict[str, Any] = {}
         if strategy == "beam":
@@ -176,6 +187,7 @@ class Text2TextGenerationPipeline(Pipeline):
     def run_batch(self, items: list[Any], max_new_tokens: int, num_beams: int) -> list[Any]:
         tok = self.processor.text
         sources = collate(list(tok.iter_ids(_texts(items, self.task))), pad_id=tok.pad_id).to(self.device)
+        _check_num_beams(num_beams)
         strategy = "beam" if num_beams > 1 else "greedy"
         out = self.model.generate(sources.ids, attention_mask=sources.attention_mask, max_new_tokens=max_new_tokens,
                                   strategy=strategy, **({"num_beams": num_beams} if num_beams > 1 else {}))

@@ -184,3 +184,57 @@ def test_a_switch_built_directly_must_be_a_bool(name):
     # from_dict checks types; a config built directly must not take "no" (truthy) for True.
     with pytest.raises(TypeError, match=f"GenerationConfig.{name} must be bool, got 'no' \\(str\\)"):
         GenerationConfig(**{name: "no"})
+
+
+@pytest.mark.parametrize("options", [dict(eos_token_id=40), dict(eos_token_id=-1), dict(pad_token_id=40),
+                                     dict(pad_token_id=-1)])
+@pytest.mark.parametrize("strategy", ["greedy", "beam"])
+def test_special_ids_outside_the_vocabulary_are_refused_before_decoding(options, strategy):
+    # A pad id is fed back once a row ends (on a GPU an out-of-range gather is a device-side
+    # assert); an EOS id outside the vocabulary would never stop anything.
+    from unitok.models import T5, T5Config
+
+    (name, value), = options.items()
+    prompt = torch.randint(2, 40, (2, 3))
+    with pytest.raises(ValueError, match=rf"{name}={value} is not a token id of the vocabulary \[0, 40\)"):
+        tiny_gpt().generate(prompt, max_new_tokens=4, strategy=strategy, **options)
+    t5 = T5(T5Config.from_name("t5-tiny", vocab_size=40)).eval()
+    with pytest.raises(ValueError, match=rf"{name}={value} is not a token id of the vocabulary \[0, 40\)"):
+        t5.generate(prompt, max_new_tokens=4, strategy=strategy, **options)
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int16, torch.bool])
+def test_ids_of_a_dtype_the_embedding_cannot_gather_are_named(dtype):
+    with pytest.raises(TypeError, match=f"token ids must be integers \\(torch.long or torch.int32\\), got {dtype}"):
+        tiny_gpt().generate(torch.ones(1, 3, dtype=dtype), max_new_tokens=2)
+    assert tiny_gpt().generate(torch.ones(1, 3, dtype=torch.int32), max_new_tokens=2).shape == (1, 5)
+
+
+def test_prompts_that_are_not_a_batch_of_ids_on_the_models_device_are_refused():
+    from unitok.models import T5, T5Config
+
+    t5 = T5(T5Config.from_name("t5-tiny", vocab_size=40)).eval()
+    for model in (tiny_gpt(), t5):
+        with pytest.raises(TypeError, match=r"input_ids must be a \(batch, tokens\) tensor of token ids, got list"):
+            model.generate([[1, 2, 3]], max_new_tokens=2)
+        for strategy in ("greedy", "beam"):
+            with pytest.raises(ValueError, match=r"input_ids has no rows \(a batch of 0 prompts\)"):
+                model.generate(torch.zeros(0, 3, dtype=torch.long), max_new_tokens=2, strategy=strategy)
+        # ids elsewhere than the weights (a CPU prompt for a model on a GPU): named, with the fix
+        with pytest.raises(ValueError, match=r"input_ids is on meta but the model is on cpu: move it with .to\('cpu'\)"):
+            model.generate(torch.ones(1, 3, dtype=torch.long, device="meta"), max_new_tokens=2)
+        with pytest.raises(ValueError, match=r"attention_mask is on meta but the model is on cpu"):
+            model.generate(torch.ones(1, 3, dtype=torch.long), torch.ones(1, 3, device="meta"), max_new_tokens=2)
+
+
+def test_t5_refuses_a_source_row_that_is_all_padding_as_gpt_refuses_an_empty_prompt():
+    from unitok.models import T5, T5Config
+
+    t5 = T5(T5Config.from_name("t5-tiny", vocab_size=40)).eval()
+    ids = torch.randint(2, 40, (2, 5))
+    mask = torch.ones_like(ids)
+    mask[1] = 0
+    with pytest.raises(ValueError, match=r"source row\(s\) \[1\] are empty \(all padding\)"):
+        t5.generate(ids, mask, max_new_tokens=3)
+    mask[1, 0] = 1
+    assert t5.generate(ids, mask, max_new_tokens=3).shape == (2, 4)

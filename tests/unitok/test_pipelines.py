@@ -90,6 +90,11 @@ def test_text_generation_continues_prompts_as_generate_does_batched_or_not(tmp_p
     assert answers[1][0]["generated_text"] == "class" + only_new
     beams = generate("class", num_beams=3)
     assert beams[0]["generated_text"].startswith("class")
+    # options that would be dropped are refused: no beam search of 0, no sampled beam search
+    with pytest.raises(ValueError, match="num_beams must be an integer ≥ 1 \\(1: no beam search\\), got 0"):
+        generate("class", num_beams=0)
+    with pytest.raises(ValueError, match="num_beams=3 asks for beam search, which do_sample=True contradicts"):
+        generate("class", do_sample=True, num_beams=3)
 
 
 def test_fill_mask_scores_the_masked_position(tmp_path, wordpiece):
@@ -178,6 +183,8 @@ def test_text2text_generation_equals_t5_generate(tmp_path, bpe):
     out = t5.eval().generate(source, max_new_tokens=5)[0, 1:].tolist()
     out = out[: out.index(bpe.eos_id)] if bpe.eos_id in out else out
     assert answers[1] == [{"generated_text": bpe.decode([t for t in out if t != bpe.pad_id])}]
+    with pytest.raises(ValueError, match="num_beams must be an integer ≥ 1"):
+        run("parse: class", num_beams=0)
 
 
 def test_image_classification_reads_raw_images_with_the_saved_preprocessing(tmp_path):

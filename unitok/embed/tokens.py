@@ -16,8 +16,9 @@ class TokenEmbedding(nn.Embedding):
 
     def forward(self, ids: Tensor, check: bool = True) -> Tensor:  # (B, N) -> (B, N, D)
         """``check=False`` skips the range check, for ids the model produced itself (decoding)."""
-        if ids.dtype.is_floating_point:
-            raise TypeError(f"token ids must be integers, got {ids.dtype}")
+        if ids.dtype not in (torch.int64, torch.int32):  # what the gather takes: not float, bool, uint8, int16
+            raise TypeError(f"token ids must be integers (torch.long or torch.int32), got {ids.dtype}; "
+                            "convert them with .long()")
         if check and ids.numel():
             V = self.num_embeddings
             values = host_values(ids)  # under torch.func.vmap: every sample's ids

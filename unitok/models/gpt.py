@@ -19,7 +19,7 @@ from unitok.checks import deferred_checks
 from unitok.compile import loss_backend
 from unitok.config import Config
 from unitok.embed import TokenEmbedding, make_positions, positions_from_mask
-from unitok.generate import GenerationConfig, generate
+from unitok.generate import GenerationConfig, check_prompt_tensors, generate
 from unitok.heads import ClassificationHead, pool_tokens
 from unitok.layers.activations import Activation
 from unitok.layers.attention import Kernel
@@ -301,9 +301,11 @@ class GPT(PretrainedModel):
         if isinstance(input_ids, Tokens):
             attention_mask = input_ids.attention_mask if attention_mask is None else attention_mask
             input_ids = input_ids.ids  # type: ignore[assignment]
+        check_prompt_tensors(input_ids, attention_mask, self.lm_head.weight.device)
         options.setdefault("eos_token_id", self.config.eos_token_id)
         options.setdefault("pad_token_id", self.config.pad_token_id)
         cfg = GenerationConfig.from_dict({"max_new_tokens": max_new_tokens, "strategy": strategy, **options})
+        cfg.check_vocabulary(self.config.vocab_size)
         total = input_ids.shape[-1] + max_new_tokens  # type: ignore[union-attr]
         if total > self.config.context_length:
             raise ValueError(

@@ -24,7 +24,7 @@ from unitok.compile import loss_backend
 from unitok.config import Config
 from unitok.embed import RelativePositionBias, TokenEmbedding
 from unitok.embed.frames import ConvSubsampling
-from unitok.generate import GenerationConfig, generate
+from unitok.generate import GenerationConfig, check_prompt_tensors, generate
 from unitok.layers.activations import Activation
 from unitok.layers.attention import CrossAttention, Kernel, SelfAttention
 from unitok.layers.decode_layout import head_logits
@@ -311,9 +311,12 @@ class T5(T5Encoder):
         """Sources -> (B, 1 + new) target ids, starting with ``decoder_start_token_id`` and padded
         after EOS (as Hugging Face returns them). Same options as ``GPT.generate``; the encoder
         runs once and the decoder caches its own and the cross-attention keys/values."""
+        if not isinstance(input_ids, Tokens):
+            check_prompt_tensors(input_ids, attention_mask, self.lm_head.weight.device, frames=True)
         options.setdefault("eos_token_id", self.config.eos_token_id)
         options.setdefault("pad_token_id", self.config.pad_token_id)
         cfg = GenerationConfig.from_dict({"max_new_tokens": max_new_tokens, "strategy": strategy, **options})
+        cfg.check_vocabulary(self.config.vocab_size)
         if 1 + max_new_tokens > self.config.max_decoder_length:
             raise ValueError(f"1 + max_new_tokens = {1 + max_new_tokens} exceeds max_decoder_length="
                              f"{self.config.max_decoder_length}")
@@ -321,6 +324,10 @@ class T5(T5Encoder):
         self.eval()
         try:
             enc = self.encode(input_ids, attention_mask)
+            if enc.attention_mask is not None:
+                empty = (~enc.attention_mask.bool().any(dim=1)).nonzero()[:, 0].tolist()
+                if empty:  # the decoder would answer from no source at all
+                    raise ValueError(f"source row(s) {empty} are empty (all padding): give each row at least one token")
             memory = enc.last_hidden_state
             session = _DecodingSession(self, memory, enc.attention_mask)
             start = torch.full((memory.shape[0], 1), self.config.decoder_start_token_id, dtype=torch.long,
