@@ -112,8 +112,9 @@ def _scaled_keeping_ratio(size: tuple[int, int], target: tuple[int, int], crop_p
 class PatchTokenizer:
     """Images (file paths, PIL, uint8 or float tensors/arrays, single or batched) -> `Tokens` of patches.
 
-    uint8 input is scaled from [0, 255]; float input must already be in [0, 1]. Nothing is
-    resized or padded unless the config says so: a size that does not divide by P is an error.
+    uint8 input is scaled from [0, 255], 16-bit PIL images from [0, 65535]; float input (and
+    "F" PIL images) must already be in [0, 1]. Nothing is resized or padded unless the config
+    says so: a size that does not divide by P is an error.
     """
 
     def __init__(self, config: ImagePreprocessConfig | None = None, **options: Any) -> None:
@@ -146,9 +147,7 @@ class PatchTokenizer:
         if isinstance(images, (str, Path)):
             images = open_image(images, self.config.channels)
         if _is_pil(images):
-            images = np.asarray(images.convert("RGB") if self.config.channels == 3 else images)
-            images = torch.from_numpy(images.copy())
-            images = images[None] if images.dim() == 2 else images.permute(2, 0, 1)  # HWC -> CHW
+            images = _pil_to_tensor(images, self.config.channels)
         elif isinstance(images, np.ndarray):
             images = torch.from_numpy(np.ascontiguousarray(images))  # views like bgr[::-1] have negative strides
         if not isinstance(images, Tensor):
@@ -162,6 +161,8 @@ class PatchTokenizer:
                 f"expected {self.config.channels} channels (B, C, H, W), got {images.shape[1]} "
                 f"in shape {tuple(images.shape)}"
             )
+        if images.numel() == 0:
+            raise ValueError(f"images must not be empty (B, C, H, W all ≥ 1), got shape {tuple(images.shape)}")
         if images.dtype == torch.uint8:
             return images.float() / 255.0
         if not images.dtype.is_floating_point:
@@ -236,7 +237,8 @@ class PatchTokenizer:
 
 
 def open_image(path: str | Path, channels: int = 3) -> Any:
-    """An image file -> a PIL image in RGB (3 channels) or greyscale (1), fully read."""
+    """An image file -> a PIL image in RGB (3 channels) or greyscale (1), fully read; 16-bit and
+    float greyscale stay as they are (converting them goes through 8 bits), for `to_tensor`."""
     from PIL import Image, UnidentifiedImageError
 
     path = Path(path)
@@ -244,6 +246,9 @@ def open_image(path: str | Path, channels: int = 3) -> Any:
         raise FileNotFoundError(f"no image file at {path}")
     try:
         with Image.open(path) as image:
+            if _is_high_depth(image.mode):
+                image.load()
+                return image.copy()
             return image.convert("RGB" if channels == 3 else "L")
     except (UnidentifiedImageError, OSError) as error:
         raise ValueError(f"cannot read image {path}: {error}") from error
@@ -252,3 +257,30 @@ def open_image(path: str | Path, channels: int = 3) -> Any:
 def _is_pil(obj: Any) -> bool:
     return type(obj).__module__.startswith("PIL.")
 
+
+def _is_high_depth(mode: str) -> bool:
+    """32-bit int ("I", as older PIL opens 16-bit PNGs), 16-bit ("I;16", "I;16B", ...) or float ("F") greyscale."""
+    return mode == "F" or mode.startswith("I")
+
+
+def _pil_to_tensor(image: Any, channels: int) -> Tensor:
+    """A PIL image -> (C, H, W): uint8, or float for 16-bit (scaled by 65535) and "F" images."""
+    if _is_high_depth(image.mode):
+        # read the true values: PIL's convert("L"/"RGB") clips these to 8 bits (16-bit 50 % grey -> white)
+        array = np.asarray(image)
+        if image.mode != "F":
+            array = array.astype(np.int64)  # also the native byte order for "I;16B"
+            if array.size and (array.min() < 0 or array.max() > 65535):
+                raise ValueError(
+                    f"{image.mode!r} image values must be 16-bit, in [0, 65535], "
+                    f"got values in [{array.min()}, {array.max()}]"
+                )
+            array = array / 65535
+        pixels = torch.from_numpy(array.astype(np.float32))[None]
+        return pixels.repeat(3, 1, 1) if channels == 3 else pixels  # grey -> RGB: the channel replicated
+    if channels == 3:
+        image = image.convert("RGB")
+    elif image.mode in ("P", "PA"):
+        image = image.convert("LA" if image.mode == "PA" else "L")  # through the palette: luminance, not index
+    pixels = torch.from_numpy(np.asarray(image).copy())
+    return pixels[None] if pixels.dim() == 2 else pixels.permute(2, 0, 1)  # HWC -> CHW

@@ -4,6 +4,8 @@ mean/std, resizes, crops or pads only when told to, and names the problem with b
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -127,6 +129,49 @@ def test_single_channel_pil_image_for_a_one_channel_tokenizer():
     tokens = tok.encode(Image.fromarray(gray, mode="L"))
     assert tokens.grid == (1, 2)
     torch.testing.assert_close(tok.decode(tokens)[0, 0], torch.from_numpy(gray).float() / 255)
+
+
+SIXTEEN_BIT = {"I;16": "<u2", "I;16L": "<u2", "I;16B": ">u2", "I": "=i4"}  # "I": how older PIL opens 16-bit PNGs
+
+
+@pytest.mark.parametrize("channels", [1, 3])
+@pytest.mark.parametrize("mode", sorted(SIXTEEN_BIT))
+def test_16_bit_greyscale_pil_images_are_scaled_by_65535_not_clipped_to_8_bits(mode, channels):
+    values = np.arange(0, 65536, 4369).reshape(4, 4)  # 0 .. 65535, 32768 (50 % grey) among them
+    image = Image.frombytes(mode, (4, 4), values.astype(SIXTEEN_BIT[mode]).tobytes())
+    tok = PatchTokenizer(patch_size=4, channels=channels, mean=(0.0,) * channels, std=(1.0,) * channels)
+    grey = torch.from_numpy(values / 65535).float()
+    torch.testing.assert_close(tok.to_tensor(image), grey.expand(1, channels, 4, 4))  # RGB: grey replicated
+
+
+@pytest.mark.parametrize("channels", [1, 3])
+def test_16_bit_image_files_keep_their_values(tmp_path, channels):
+    path = tmp_path / "grey16.png"
+    Image.fromarray(np.full((4, 8), 32768, dtype=np.uint16)).save(path)
+    tok = PatchTokenizer(patch_size=4, channels=channels, mean=(0.0,) * channels, std=(1.0,) * channels)
+    torch.testing.assert_close(tok.to_tensor(path), torch.full((1, channels, 4, 8), 32768 / 65535))
+
+
+def test_float_pil_images_are_float_pixels_with_the_grey_replicated_for_rgb():
+    values = np.linspace(0, 1, 16, dtype=np.float32).reshape(4, 4)
+    image = Image.fromarray(values)  # mode "F"
+    for channels in (3, 1):
+        tok = PatchTokenizer(patch_size=4, channels=channels, mean=(0.0,) * channels, std=(1.0,) * channels)
+        torch.testing.assert_close(tok.to_tensor(image), torch.from_numpy(values).expand(1, channels, 4, 4))
+
+
+def test_palette_pil_image_for_a_one_channel_tokenizer_is_the_luminance_of_its_colours():
+    rgb = np.zeros((4, 4, 3), np.uint8)
+    rgb[0, :, 0] = 255  # red
+    rgb[1, :, 1] = 255  # green
+    rgb[2, :, 2] = 255  # blue
+    rgb[3] = 128  # grey
+    palette = Image.fromarray(rgb).quantize(8)
+    tok = PatchTokenizer(patch_size=4, channels=1, mean=(0.0,), std=(1.0,))
+    pixels = tok.to_tensor(palette)[0, 0]
+    torch.testing.assert_close(pixels[:, 0], torch.tensor([0.299, 0.587, 0.114, 128 / 255]), atol=3e-3, rtol=0)
+    as_grey = np.array(Image.fromarray(rgb).convert("L"))  # what PIL's RGB -> L gives
+    torch.testing.assert_close(pixels, torch.from_numpy(as_grey).float() / 255)
 
 
 @pytest.mark.parametrize("dtype", [np.uint8, np.float32, np.float64])
@@ -283,6 +328,34 @@ def test_nan_pixels_are_refused():
     images[0, 0, 0, 0] = float("nan")
     with pytest.raises(ValueError, match="NaN"):
         PatchTokenizer(patch_size=4).encode(images)
+
+
+@pytest.mark.parametrize("value", [-1, 65536])
+def test_32_bit_integer_pil_images_outside_the_16_bit_range_are_refused(value):
+    values = np.zeros((8, 8), np.int32)
+    values[2, 3] = value
+    with pytest.raises(ValueError, match=rf"'I' image values must be 16-bit, in \[0, 65535\].*{value}"):
+        PatchTokenizer(patch_size=4).encode(Image.fromarray(values))
+
+
+def test_float_pil_images_outside_unit_range_are_refused():
+    values = np.full((8, 8), 0.5, np.float32)
+    values[1, 1] = 1.5
+    with pytest.raises(ValueError, match=r"must be in \[0, 1\], got values in \[0.5, 1.5\]"):
+        PatchTokenizer(patch_size=4).encode(Image.fromarray(values))
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.float32])
+@pytest.mark.parametrize("shape", [(3, 0, 16), (3, 16, 0), (0, 3, 16, 16)], ids=str)
+def test_images_with_a_zero_dimension_are_refused_naming_the_shape(shape, dtype):
+    shown = shape if len(shape) == 4 else (1, *shape)
+    with pytest.raises(ValueError, match=rf"must not be empty .* got shape {re.escape(str(shown))}"):
+        PatchTokenizer(patch_size=8).encode(torch.zeros(shape, dtype=dtype))
+
+
+def test_an_empty_pil_image_is_refused():
+    with pytest.raises(ValueError, match=r"must not be empty .* got shape \(1, 3, 0, 16\)"):
+        PatchTokenizer(patch_size=8).encode(Image.new("RGB", (16, 0)))
 
 
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.bool])
