@@ -280,7 +280,9 @@ def _pil_to_tensor(image: Any, channels: int) -> Tensor:
         return pixels.repeat(3, 1, 1) if channels == 3 else pixels  # grey -> RGB: the channel replicated
     if channels == 3:
         image = image.convert("RGB")
-    elif image.mode in ("P", "PA"):
-        image = image.convert("LA" if image.mode == "PA" else "L")  # through the palette: luminance, not index
+    elif image.mode in ("P", "PA", "1"):
+        # one channel of luminance, as a file is read: through the palette (not its indices),
+        # bilevel to 0 / 255 (colour images stay refused: their channels are not the model's)
+        image = image.convert("LA" if image.mode == "PA" else "L")
     pixels = torch.from_numpy(np.asarray(image).copy())
     return pixels[None] if pixels.dim() == 2 else pixels.permute(2, 0, 1)  # HWC -> CHW

@@ -417,3 +417,15 @@ def test_a_list_of_sizes_is_resized_and_cropped_once_as_each_image_alone():
     tok = PatchTokenizer(patch_size=8, image_size=(32, 32), resize=True, crop_pct=0.875, **PLAIN)
     a, b = torch.rand(3, 40, 60), torch.rand(3, 50, 50)
     torch.testing.assert_close(tok.preprocess([a, b]), torch.cat([tok.preprocess(a), tok.preprocess(b)]))
+
+
+@pytest.mark.parametrize("mode", ["1", "P"])
+def test_a_one_channel_tokenizer_reads_bilevel_and_palette_images_as_their_files_are_read(mode, tmp_path):
+    # one channel of luminance: bilevel to 0 / 255, a palette through its colours
+    rng = np.random.default_rng(0)
+    image = Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8), "RGB").convert(mode)
+    tok = PatchTokenizer(patch_size=4, channels=1, mean=(0.0,), std=(1.0,))
+    image.save(tmp_path / "image.png")
+    from_file = tok.preprocess(str(tmp_path / "image.png"))
+    torch.testing.assert_close(tok.preprocess(image), from_file)
+    torch.testing.assert_close(from_file[0, 0], torch.from_numpy(np.array(image.convert("L"))).float() / 255)
