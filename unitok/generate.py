@@ -179,7 +179,7 @@ def sample_next(logits: Tensor, cfg: GenerationConfig, generator: torch.Generato
 
 # --------------------------------------------------------------------------- loops
 def check_prompt_tensors(input_ids: Any, attention_mask: Any, device: torch.device, name: str = "input_ids",
-                         frames: bool = False) -> None:
+                         frames: bool = False, generator: torch.Generator | None = None) -> None:
     """Refuse prompts that are not (batch, tokens) tensors on the model's device, before any
     shape is read: a list, an empty batch, or CPU ids for a model on a GPU (PyTorch would only
     say that "all tensors" must be on one device). ``frames``: (batch, frames, features) float
@@ -195,6 +195,9 @@ def check_prompt_tensors(input_ids: Any, attention_mask: Any, device: torch.devi
         if isinstance(tensor, Tensor) and tensor.device != device:
             raise ValueError(f"{what} is on {tensor.device} but the model is on {device}: "
                              f"move it with .to({str(device)!r})")
+    if generator is not None and generator.device.type != device.type:
+        raise ValueError(f"the generator is on {generator.device} but the model is on {device}: "
+                         f"make it with torch.Generator({device.type!r})")
 
 
 def _check_prompt(input_ids: Tensor, attention_mask: Tensor | None) -> Tensor:

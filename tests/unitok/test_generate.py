@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -225,6 +227,11 @@ def test_prompts_that_are_not_a_batch_of_ids_on_the_models_device_are_refused():
             model.generate(torch.ones(1, 3, dtype=torch.long, device="meta"), max_new_tokens=2)
         with pytest.raises(ValueError, match=r"attention_mask is on meta but the model is on cpu"):
             model.generate(torch.ones(1, 3, dtype=torch.long), torch.ones(1, 3, device="meta"), max_new_tokens=2)
+        cuda_generator = SimpleNamespace(device=torch.device("cuda", 0))  # what torch.Generator("cuda") reports
+        with pytest.raises(ValueError, match=r"the generator is on cuda:0 but the model is on cpu: make it with "
+                                             r"torch.Generator\('cpu'\)"):
+            model.generate(torch.ones(1, 3, dtype=torch.long), max_new_tokens=2, strategy="sample",
+                           generator=cuda_generator)
 
 
 def test_t5_refuses_a_source_row_that_is_all_padding_as_gpt_refuses_an_empty_prompt():

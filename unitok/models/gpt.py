@@ -301,7 +301,7 @@ class GPT(PretrainedModel):
         if isinstance(input_ids, Tokens):
             attention_mask = input_ids.attention_mask if attention_mask is None else attention_mask
             input_ids = input_ids.ids  # type: ignore[assignment]
-        check_prompt_tensors(input_ids, attention_mask, self.lm_head.weight.device)
+        check_prompt_tensors(input_ids, attention_mask, self.lm_head.weight.device, generator=generator)
         options.setdefault("eos_token_id", self.config.eos_token_id)
         options.setdefault("pad_token_id", self.config.pad_token_id)
         cfg = GenerationConfig.from_dict({"max_new_tokens": max_new_tokens, "strategy": strategy, **options})

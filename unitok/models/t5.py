@@ -312,7 +312,8 @@ class T5(T5Encoder):
         after EOS (as Hugging Face returns them). Same options as ``GPT.generate``; the encoder
         runs once and the decoder caches its own and the cross-attention keys/values."""
         if not isinstance(input_ids, Tokens):
-            check_prompt_tensors(input_ids, attention_mask, self.lm_head.weight.device, frames=True)
+            check_prompt_tensors(input_ids, attention_mask, self.lm_head.weight.device, frames=True,
+                                 generator=generator)
         options.setdefault("eos_token_id", self.config.eos_token_id)
         options.setdefault("pad_token_id", self.config.pad_token_id)
         cfg = GenerationConfig.from_dict({"max_new_tokens": max_new_tokens, "strategy": strategy, **options})
