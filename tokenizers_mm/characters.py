@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Iterable, Sequence
 
 import torch
@@ -75,6 +76,8 @@ class CharacterVocabulary:
         values = ids.tolist() if isinstance(ids, Tensor) else list(ids)
         out = []
         for i in values:
+            if isinstance(i, bool) or not isinstance(i, numbers.Integral):
+                raise TypeError(f"ids must be integers, got {i!r} ({type(i).__name__})")
             if i == BLANK_ID:
                 continue
             if not 0 < i <= len(self.chars):

@@ -14,6 +14,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
+from tokenizers_mm.text import batch_rows
 from tokenizers_mm.tokens import Tokens
 
 Truncation = Literal["error", "warn", "silent"]
@@ -37,8 +38,7 @@ class CLIPTokenizer:
     pad_id = 0
 
     def __init__(self, context_length: int = DEFAULT_CONTEXT_LENGTH, truncation: Truncation = "error") -> None:
-        if context_length < 3:
-            raise ValueError(f"context_length must be ≥ 3 (start, one token, end), got {context_length}")
+        check_context_length(context_length)
         if truncation not in ("error", "warn", "silent"):
             raise ValueError(f"truncation must be 'error', 'warn' or 'silent', got {truncation!r}")
         from open_clip.tokenizer import SimpleTokenizer
@@ -65,32 +65,36 @@ class CLIPTokenizer:
     def eot_id(self) -> int:
         return self._bpe.eot_token_id
 
-    def encode(self, text: str) -> Tensor:
-        """One caption -> (N,) ids with start and end tokens (N ≤ context_length)."""
+    def encode(self, text: str, context_length: int | None = None) -> Tensor:
+        """One caption -> (N,) ids with start and end tokens (N ≤ ``context_length``, by default
+        the tokenizer's). A caption with no words once cleaned (as ``"&nbsp;"``) is refused."""
         if not isinstance(text, str):
             raise TypeError(f"captions must be str, got {type(text).__name__}")
-        if not text.strip():
+        limit = self.context_length if context_length is None else check_context_length(context_length)
+        words = self._bpe.encode(text)  # cleans the text first (ftfy, HTML entities, whitespace)
+        if not words:
             raise ValueError(f"cannot encode empty text {text!r}: a caption needs at least one word")
-        ids = [self.sot_id, *self._bpe.encode(text), self.eot_id]
-        if len(ids) > self.context_length:
+        ids = [self.sot_id, *words, self.eot_id]
+        if len(ids) > limit:
             if self.truncation == "error":
                 raise ValueError(
                     f"caption {text[:60]!r} has {len(ids)} tokens, more than context_length="
-                    f"{self.context_length}; shorten it or build the tokenizer with truncation='warn'"
+                    f"{limit}; shorten it or build the tokenizer with truncation='warn'"
                 )
             if self.truncation == "warn":
-                warnings.warn(f"caption {text[:60]!r} has {len(ids)} tokens; cut to {self.context_length}",
-                              stacklevel=3)
-            ids = [*ids[: self.context_length - 1], self.eot_id]
+                warnings.warn(f"caption {text[:60]!r} has {len(ids)} tokens; cut to {limit}", stacklevel=3)
+            ids = [*ids[: limit - 1], self.eot_id]
         return torch.tensor(ids, dtype=torch.long)
 
-    def batch_encode(self, texts: Sequence[str], pad_to: int | None = None) -> Tokens:
-        """Captions -> `Tokens` (B, N) padded with 0 to the longest (or to ``pad_to``)."""
+    def batch_encode(self, texts: Sequence[str], pad_to: int | None = None,
+                     context_length: int | None = None) -> Tokens:
+        """Captions (each at most ``context_length`` ids, by default the tokenizer's) -> `Tokens`
+        (B, N) padded with 0 to the longest (or to ``pad_to``)."""
         if isinstance(texts, str):
             raise TypeError("batch_encode takes a list of captions; use encode for one")
         if len(texts) == 0:
             raise ValueError("batch_encode needs at least one caption, got an empty list")
-        rows = [self.encode(t) for t in texts]
+        rows = [self.encode(t, context_length) for t in texts]
         width = max(len(r) for r in rows) if pad_to is None else pad_to
         if width < max(len(r) for r in rows):
             raise ValueError(f"pad_to={pad_to} is shorter than the longest caption ({max(len(r) for r in rows)})")
@@ -102,12 +106,16 @@ class CLIPTokenizer:
         return Tokens(ids=ids, attention_mask=mask, modality="text")
 
     def __call__(self, texts: str | Sequence[str], context_length: int | None = None) -> Tensor:
-        """open_clip's calling convention: (B, context_length) ids, zero-padded."""
+        """open_clip's calling convention: (B, context_length) ids, zero-padded; a caption is cut
+        to ``context_length`` (by the truncation policy), as ``open_clip.tokenize`` cuts it."""
         texts = [texts] if isinstance(texts, str) else texts
-        return self.batch_encode(texts, pad_to=context_length or self.context_length).ids
+        n = self.context_length if context_length is None else context_length
+        return self.batch_encode(texts, pad_to=n, context_length=n).ids
 
     def decode(self, ids: Tensor | Sequence[int], skip_special_tokens: bool = True) -> str:
         """Ids -> text (lower-cased, as the BPE stores it); padding is dropped."""
+        if isinstance(ids, Tensor) and ids.dim() != 1:
+            raise ValueError(f"decode takes one caption's ids (N,), got shape {tuple(ids.shape)}; use batch_decode")
         ids = ids.tolist() if isinstance(ids, Tensor) else list(ids)
         bad = [i for i in ids if not 0 <= i < self.vocab_size]
         if bad:
@@ -117,3 +125,14 @@ class CLIPTokenizer:
             end = ids.index(self.eot_id) if self.eot_id in ids else len(ids)
             ids = [i for i in ids[:end] if i not in special]
         return self._bpe.decode(ids).strip()
+
+    def batch_decode(self, ids: Tensor | Sequence[Sequence[int]], skip_special_tokens: bool = True) -> list[str]:
+        """Decode each row of a (B, N) batch, as `__call__` and `batch_encode` give them."""
+        return [self.decode(row, skip_special_tokens=skip_special_tokens) for row in batch_rows(ids)]
+
+
+def check_context_length(context_length: int) -> int:
+    """A context holds at least the start token, one word and the end token."""
+    if isinstance(context_length, bool) or not isinstance(context_length, int) or context_length < 3:
+        raise ValueError(f"context_length must be an int ≥ 3 (start, one token, end), got {context_length!r}")
+    return context_length

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import numbers
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -215,8 +216,8 @@ class BPETokenizer:
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def batch_decode(self, ids: Tensor | Sequence[Sequence[int]], skip_special_tokens: bool = True) -> list[str]:
-        rows = ids.tolist() if isinstance(ids, Tensor) else ids
-        return [self.decode(row, skip_special_tokens=skip_special_tokens) for row in rows]
+        """Decode each row of a (B, N) batch."""
+        return [self.decode(row, skip_special_tokens=skip_special_tokens) for row in batch_rows(ids)]
 
     def batch_encode(
         self,
@@ -230,8 +231,9 @@ class BPETokenizer:
     ) -> Tokens:
         """Encode and pad a batch into `Tokens`.
 
-        A text longer than ``max_length`` is an error unless ``truncation=True``;
-        use ``padding_side="left"`` for batched generation.
+        A text longer than ``max_length`` (a positive int, BOS / EOS included) is an error unless
+        ``truncation=True``, which cuts the text and keeps BOS / EOS; use ``padding_side="left"``
+        for batched generation.
         """
         if isinstance(texts, str):
             raise TypeError("batch_encode takes a list of strings; use encode for one string")
@@ -239,6 +241,7 @@ class BPETokenizer:
             raise ValueError(f"truncation_side must be 'left' or 'right', got {truncation_side!r}")
         if padding_side not in ("left", "right"):
             raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
+        check_max_length(max_length)
         texts = list(texts)
         if not texts:
             raise ValueError("batch_encode needs at least one text, got an empty list")
@@ -257,15 +260,20 @@ class BPETokenizer:
             rows = [enc.ids for enc in encode(texts, add_special_tokens=False)]
         prefix = [self.bos_id] if add_bos else []
         suffix = [self.eos_id] if add_eos else []
+        if max_length is not None:  # cut the text, never the BOS / EOS (as Hugging Face does)
+            n_special = len(prefix) + len(suffix)
+            room = max_length - n_special
+            for i, ids in enumerate(rows):
+                if len(ids) > room:
+                    if not truncation:
+                        raise ValueError(f"text {i} has {len(ids) + n_special} tokens, more than "
+                                         f"max_length={max_length}; pass truncation=True to cut it")
+                    if room < 1:
+                        raise ValueError(f"max_length={max_length} leaves no room for text besides the "
+                                         f"{n_special} special tokens (BOS / EOS)")
+                    rows[i] = ids[:room] if truncation_side == "right" else ids[-room:]
         if prefix or suffix:
             rows = [[*prefix, *ids, *suffix] for ids in rows]
-        if max_length is not None:
-            for i, ids in enumerate(rows):
-                if len(ids) > max_length:
-                    if not truncation:
-                        raise ValueError(f"text {i} has {len(ids)} tokens, more than max_length={max_length}; "
-                                         "pass truncation=True to cut it")
-                    rows[i] = ids[:max_length] if truncation_side == "right" else ids[-max_length:]
         return pad_ids(rows, self.pad_id, padding_side)
 
     def iter_ids(self, texts: Iterable[str], add_eos: bool = True, chunk: int = 256) -> Iterator[list[int]]:
@@ -296,6 +304,7 @@ class BPETokenizer:
         """GPT-1's input for a classifier on the last token: ``text <eos>`` (``text <eos> pair
         <eos>``), the longer text cut first to fit ``max_length`` (``truncation=False``: an
         input longer than that is an error); ids and segment ids, each (N,)."""
+        check_max_length(max_length)
         a = self.encode(text).ids.tolist()
         b = self.encode(text_pair).ids.tolist() if text_pair is not None else None
         n_special = 1 if b is None else 2
@@ -351,6 +360,24 @@ class BPETokenizer:
                 raise ValueError(f"text {i}: {err}") from None
             rows.append((ids.tolist(), segments.tolist()))
         return pad_pairs(rows, self.pad_id)
+
+
+def check_max_length(max_length: int | None) -> None:
+    """``max_length`` is a positive int or None: 0 or a negative length would cut to nothing or from the end."""
+    if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1):
+        raise ValueError(f"max_length must be a positive int (or None), got {max_length!r}")
+
+
+def batch_rows(ids: Tensor | Sequence[Sequence[int]]) -> list:
+    """The rows of a (B, N) batch of ids for ``batch_decode``; one sequence is refused, as it is `decode`'s."""
+    if isinstance(ids, Tensor) and ids.dim() != 2:
+        raise ValueError(f"batch_decode takes a batch of rows (B, N), got shape {tuple(ids.shape)}; "
+                         "use decode for one sequence")
+    rows = ids.tolist() if isinstance(ids, Tensor) else list(ids)
+    if any(isinstance(row, numbers.Number) for row in rows):
+        raise ValueError("batch_decode takes a batch of rows (a list of id lists), got one sequence of ids; "
+                         "use decode for one sequence")
+    return rows
 
 
 def pad_ids(rows: Sequence[Sequence[int]], pad_id: int, padding_side: str = "right") -> Tokens:

@@ -34,6 +34,7 @@ from tokenizers_mm.pairs import (
     resolve_truncation,
     special_count,
 )
+from tokenizers_mm.text import batch_rows
 from tokenizers_mm.tokens import Tokens
 
 BERT_SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -320,6 +321,9 @@ class WordPieceTokenizer:
         truncation = resolve_truncation(truncation)
         a = self._pieces(text, "text")
         b = self._pieces(text_pair, "text_pair") if text_pair is not None else None
+        for role, given, pieces in (("text", text, a), ("text_pair", text_pair, b)):
+            if pieces is not None and not pieces.ids:  # only spaces: refused, as batch_encode does
+                raise ValueError(f"{role} {given!r} encodes to no tokens: give at least one character")
         n_a, n_b = len(a.ids), (len(b.ids) if b is not None else None)
         if max_length is not None:
             n_a, kept_b = pair_lengths(n_a, n_b, max_length - special_count(b is not None), truncation)
@@ -348,8 +352,14 @@ class WordPieceTokenizer:
         """Encode (pairs of) texts and pad them into `Tokens` with ``segments``."""
         if isinstance(texts, str):
             raise TypeError("batch_encode takes a list of strings; use encode for one string")
+        if isinstance(text_pairs, str):
+            raise TypeError("batch_encode takes a list of text_pairs (one str per text); use encode for one pair")
         if text_pairs is not None and len(text_pairs) != len(texts):
             raise ValueError(f"{len(texts)} texts but {len(text_pairs)} text_pairs; give one pair per text")
+        for role, items in (("text", texts), ("text_pair", text_pairs or ())):
+            for i, item in enumerate(items):
+                if not isinstance(item, str):
+                    raise TypeError(f"{role} {i} is a {type(item).__name__}, expected str")
         encoded_a = self._tok.encode_batch(list(texts), add_special_tokens=False)
         encoded_b = self._tok.encode_batch(list(text_pairs), add_special_tokens=False) if text_pairs else None
         rows = []
@@ -357,6 +367,8 @@ class WordPieceTokenizer:
             b = encoded_b[i] if encoded_b is not None else None
             if not a.ids:
                 raise ValueError(f"text {i} encodes to no tokens: give at least one character")
+            if b is not None and not b.ids:
+                raise ValueError(f"text_pair {i} encodes to no tokens: give at least one character")
             try:
                 rows.append(encode_pair_ids(a.ids, b.ids if b is not None else None, self.cls_id, self.sep_id,
                                             max_length, truncation))
@@ -378,5 +390,4 @@ class WordPieceTokenizer:
 
     def batch_decode(self, ids: Tensor | Sequence[Sequence[int]], skip_special_tokens: bool = True) -> list[str]:
         """Decode each row; with a `Tokens`-style padded tensor, padding is dropped as a special token."""
-        rows = ids.tolist() if isinstance(ids, Tensor) else ids
-        return [self.decode(row, skip_special_tokens=skip_special_tokens) for row in rows]
+        return [self.decode(row, skip_special_tokens=skip_special_tokens) for row in batch_rows(ids)]

@@ -59,3 +59,9 @@ def test_bad_vocabularies_are_refused(chars, message):
         CharacterVocabulary(chars)
     with pytest.raises(ValueError, match="no characters"):
         CharacterVocabulary.build(["", ""])
+
+
+@pytest.mark.parametrize("ids", [[1.0], torch.tensor([1.0, 2.0]), [True]], ids=["floats", "float tensor", "bools"])
+def test_decode_refuses_ids_that_are_not_integers(ids):
+    with pytest.raises(TypeError, match="ids must be integers"):
+        CharacterVocabulary(["a", "b"]).decode(ids)

@@ -50,8 +50,8 @@ def test_truncation_warns_and_keeps_the_end_token_like_open_clip():
     assert ids[0, -1] == CLIPTokenizer().eot_id
 
 
-@pytest.mark.parametrize("bad", ["", "   "])
-def test_empty_captions_are_refused(bad):
+@pytest.mark.parametrize("bad", ["", "   ", "&nbsp;", "\x00", "\n&amp;nbsp;\t"])
+def test_captions_empty_once_cleaned_are_refused(bad):
     with pytest.raises(ValueError, match="empty"):
         CLIPTokenizer().encode(bad)
 
@@ -69,3 +69,39 @@ def test_pickles_for_data_loader_workers():
     tok = pickle.loads(pickle.dumps(CLIPTokenizer(context_length=20, truncation="warn")))
     assert tok.context_length == 20 and tok.truncation == "warn"
     assert torch.equal(tok(CAPTIONS[:1]), open_clip.tokenize(CAPTIONS[:1], context_length=20))
+
+
+LONG_CAPTION = " ".join(["cat"] * 90)  # 92 ids with start and end: longer than 77
+
+
+@pytest.mark.parametrize("context_length", [8, 100])
+def test_called_with_a_context_length_it_cuts_and_pads_like_open_clip(context_length):
+    captions = [CAPTIONS[0], LONG_CAPTION, "hi"]
+    expected = open_clip.tokenize(captions, context_length=context_length)
+    assert torch.equal(CLIPTokenizer(truncation="silent")(captions, context_length=context_length), expected)
+    kept = min(92, context_length)  # all 92 ids fit in 100; cut to 8, the caption keeps its end token
+    assert int((expected[1] != 0).sum()) == kept and expected[1, kept - 1] == CLIPTokenizer().eot_id
+
+
+def test_a_call_context_length_sets_the_limit_of_the_truncation_policy():
+    assert torch.equal(CLIPTokenizer()([LONG_CAPTION], context_length=100),
+                       open_clip.tokenize([LONG_CAPTION], context_length=100))
+    with pytest.raises(ValueError, match="more than context_length=8"):
+        CLIPTokenizer()(CAPTIONS, context_length=8)
+
+
+@pytest.mark.parametrize("bad", [0, -5, 2, 7.0])
+def test_a_context_length_that_cannot_hold_a_caption_is_refused(bad):
+    with pytest.raises(ValueError, match=f"context_length must be an int ≥ 3 .*got {bad}"):
+        CLIPTokenizer()(CAPTIONS, context_length=bad)
+    with pytest.raises(ValueError, match="context_length must be an int ≥ 3"):
+        CLIPTokenizer(context_length=bad)
+
+
+def test_decode_takes_one_caption_and_batch_decode_a_batch():
+    tok = CLIPTokenizer()
+    ids = tok(CAPTIONS[:2])
+    with pytest.raises(ValueError, match="decode takes one caption.*use batch_decode"):
+        tok.decode(ids)
+    assert tok.batch_decode(ids) == [tok.decode(row) for row in ids] == ["a photo of the number seven .",
+                                                                         "a diagram of a cat , sitting on a mat !"]

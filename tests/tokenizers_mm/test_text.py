@@ -168,3 +168,49 @@ def test_a_classifiers_input_is_text_then_eos_and_fits_by_cutting_the_longer_tex
 def test_classifier_input_longer_than_max_length_is_refused_without_truncation(tok):
     with pytest.raises(ValueError, match="more than max_length=3"):
         tok.encode_for_classifier("return the words of the text", max_length=3, truncation=False)
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.parametrize("max_length", [0, -1])
+def test_batch_encode_refuses_a_max_length_that_is_not_positive(tok, max_length, side):
+    # ids[-0:] would keep the whole text, ids[:-1] would drop its last token
+    with pytest.raises(ValueError, match=f"max_length must be a positive int .*got {max_length}"):
+        tok.batch_encode(["import os"], max_length=max_length, truncation=True, truncation_side=side)
+
+
+@pytest.fixture(scope="module")
+def tok_bos() -> BPETokenizer:
+    return BPETokenizer.train(iterator=CORPUS, vocab_size=300, special_tokens=("<|endoftext|>", "<|startoftext|>"),
+                              bos_token="<|startoftext|>")
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.parametrize("add_bos", [False, True])
+def test_truncation_cuts_the_text_and_keeps_bos_and_eos_like_hugging_face(tok_bos, side, add_bos):
+    from tokenizers import Tokenizer
+    from tokenizers.processors import TemplateProcessing
+
+    text = "import os import sys print"
+    reference = Tokenizer.from_str(tok_bos._tok.to_str())
+    specials = [("<|startoftext|>", tok_bos.bos_id), ("<|endoftext|>", tok_bos.eos_id)]
+    reference.post_processor = TemplateProcessing(
+        single=("<|startoftext|> " if add_bos else "") + "$A <|endoftext|>", special_tokens=specials)
+    for max_length in range(3, len(tok_bos.encode(text).ids) + 3):
+        reference.enable_truncation(max_length, direction=side)
+        cut = tok_bos.batch_encode([text], max_length=max_length, truncation=True, truncation_side=side,
+                                   add_bos=add_bos, add_eos=True)
+        assert cut.ids[0].tolist() == reference.encode(text).ids, max_length
+        assert cut.ids[0, -1] == tok_bos.eos_id and (cut.ids[0, 0] == tok_bos.bos_id) == add_bos
+
+
+def test_a_max_length_with_no_room_besides_bos_and_eos_is_refused(tok_bos):
+    with pytest.raises(ValueError, match="max_length=2 leaves no room for text besides the 2 special tokens"):
+        tok_bos.batch_encode(["import os"], max_length=2, truncation=True, add_bos=True, add_eos=True)
+
+
+@pytest.mark.parametrize("one_sequence", [lambda ids: ids, lambda ids: ids.tolist()], ids=["tensor", "list"])
+def test_batch_decode_refuses_one_sequence_and_points_to_decode(tok, one_sequence):
+    ids = tok.encode("import os").ids
+    with pytest.raises(ValueError, match="batch_decode takes a batch of rows.*use decode"):
+        tok.batch_decode(one_sequence(ids))
+    assert tok.batch_decode(ids[None]) == ["import os"]

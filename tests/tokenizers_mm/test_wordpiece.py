@@ -216,3 +216,34 @@ def test_encode_pair_ids_shared_function():
     assert ids == [1, 5, 6, 2, 8, 9, 2] and seg == [0, 0, 0, 0, 1, 1, 1]
     ids, seg = encode_pair_ids([5, 6, 7], None, cls_id=1, sep_id=2, max_length=4, truncation=True)
     assert ids == [1, 5, 6, 2] and seg == [0, 0, 0, 0]
+
+
+@pytest.mark.parametrize(("text", "pair", "message"), [
+    ("   ", None, "text .*encodes to no tokens"),
+    ("\x00\t", None, "text .*encodes to no tokens"),
+    ("import os", "", "empty text_pair|text_pair 0 encodes to no tokens"),
+    ("import os", "  ", "text_pair .*encodes to no tokens"),
+    ([" ", "\t"], None, "text .*encodes to no tokens"),  # pre-split words, all blank
+])
+def test_encode_and_batch_encode_refuse_the_same_blank_texts(tok, text, pair, message):
+    with pytest.raises(ValueError, match=message):
+        tok.encode(text, pair)
+    if isinstance(text, str):  # batch_encode takes strings only
+        with pytest.raises(ValueError, match=message):
+            tok.batch_encode([text], None if pair is None else [pair])
+
+
+def test_batch_encode_names_an_item_that_is_not_a_str(tok):
+    with pytest.raises(TypeError, match="text 1 is a int, expected str"):
+        tok.batch_encode(["import os", 3])  # type: ignore[list-item]
+    with pytest.raises(TypeError, match="text 0 is a list, expected str"):
+        tok.batch_encode([["import", "os"]])  # type: ignore[list-item]  # not taken as a pair
+    with pytest.raises(TypeError, match="text_pair 1 is a NoneType, expected str"):
+        tok.batch_encode(["import os", "def f"], ["class", None])  # type: ignore[list-item]
+
+
+@pytest.mark.parametrize("one_sequence", [lambda ids: ids, lambda ids: ids.tolist()], ids=["tensor", "list"])
+def test_batch_decode_refuses_one_sequence_and_points_to_decode(tok, one_sequence):
+    ids = tok.encode("import os").ids
+    with pytest.raises(ValueError, match="batch_decode takes a batch of rows.*use decode"):
+        tok.batch_decode(one_sequence(ids))
