@@ -361,6 +361,25 @@ class ImageClassificationPipeline(Pipeline):
         return [_top(p, top_k, self.label) for p in probs]
 
 
+def _candidate_labels(candidate_labels: Any) -> list[str]:
+    """Refuse what would answer something else than was asked: a string (its characters would
+    be the classes), no labels, labels that are not non-empty strings, or one label twice (the
+    answer would split its probability between two rows of the same name)."""
+    if isinstance(candidate_labels, str):
+        raise TypeError(f"candidate_labels must be a list of labels, got the string {candidate_labels!r} "
+                        f"(for one label: [{candidate_labels!r}])")
+    labels = list(candidate_labels)
+    if not labels:
+        raise ValueError("candidate_labels is empty: give at least one label")
+    bad = [label for label in labels if not isinstance(label, str) or not label.strip()]
+    if bad:
+        raise ValueError(f"candidate_labels must be non-empty strings, got {bad[:3]!r}")
+    repeated = sorted({label for label in labels if labels.count(label) > 1})
+    if repeated:
+        raise ValueError(f"candidate_labels repeat {repeated}: give each label once")
+    return labels
+
+
 class ZeroShotImageClassificationPipeline(Pipeline):
     """Images -> probabilities over ``candidate_labels``, each written into
     ``hypothesis_template`` (default: the labels saved with the model)."""
@@ -374,9 +393,12 @@ class ZeroShotImageClassificationPipeline(Pipeline):
                   resize: bool) -> list[Any]:
         from unitok.zero_shot import ZeroShotClassifier
 
-        labels = list(candidate_labels) if candidate_labels is not None else list(self.processor.labels or [])
-        if not labels:
-            raise ValueError(f"{self.task!r} needs candidate_labels=[...] (this model saved no class names)")
+        if candidate_labels is not None:
+            labels = _candidate_labels(candidate_labels)
+        else:
+            labels = list(self.processor.labels or [])
+            if not labels:
+                raise ValueError(f"{self.task!r} needs candidate_labels=[...] (this model saved no class names)")
         key = (tuple(labels), hypothesis_template, resize)
         if getattr(self, "_classifier_key", None) != key:  # the class embeddings, built once per label set
             self._classifier = ZeroShotClassifier(self.model, labels, templates=[hypothesis_template], resize=resize,

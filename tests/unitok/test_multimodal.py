@@ -96,9 +96,10 @@ def test_one_causal_text_segment_is_gpt():
     torch.testing.assert_close(ours[real], theirs[real], atol=1e-5, rtol=0)
 
 
-def test_one_image_segment_is_vit():
+@pytest.mark.parametrize("positions", ["learned", "sincos", "none"])
+def test_one_image_segment_is_vit(positions):
     torch.manual_seed(0)
-    vit = ViT(ViTConfig.from_name("vit-digits", n_layers=2)).eval()
+    vit = ViT(ViTConfig.from_name("vit-digits", n_layers=2, positions=positions)).eval()
     model = MultimodalTransformer.from_vit(vit, head="digit")
     pixels = image(B=3)
     with torch.no_grad():

@@ -221,6 +221,16 @@ def test_zero_shot_image_and_audio_classification_rank_the_candidate_labels(tmp_
     assert answer[0]["score"] >= answer[1]["score"]
     with pytest.raises(ValueError, match="candidate_labels"):
         zero_shot(image)
+    # labels that would answer another question are refused, not split or halved
+    with pytest.raises(TypeError, match=r"a list of labels, got the string 'seven' \(for one label: \['seven'\]\)"):
+        zero_shot(image, candidate_labels="seven")
+    with pytest.raises(ValueError, match=r"candidate_labels repeat \['seven'\]: give each label once"):
+        zero_shot(image, candidate_labels=["seven", "seven", "two"])
+    for bad in (["seven", ""], ["seven", 7]):
+        with pytest.raises(ValueError, match="candidate_labels must be non-empty strings"):
+            zero_shot(image, candidate_labels=bad)
+    with pytest.raises(ValueError, match="candidate_labels is empty"):
+        zero_shot(image, candidate_labels=[])
 
     audio = pipeline("zero-shot-audio-classification", model=folder)
     wave = (0.1 * np.random.default_rng(0).standard_normal(8000)).astype(np.float32)

@@ -276,13 +276,20 @@ def test_avg_pooling_with_fc_norm_and_registers():
 def test_mixer_needs_its_configured_number_of_patches():
     model = build("mixer-digits")
     assert model.config.n_patches == N_PATCHES
-    with pytest.raises(ValueError, match=r"mixes exactly 16 patches \(32×32 images\); got 20 \(grid \(5, 4\)\)"):
+    with pytest.raises(ValueError, match=r"mixes exactly a 4×4 grid of patches \(32×32 images\); got 20 patches in a 5×4 grid"):
         model(torch.randn(1, 1, 40, 32))
     tokens = model.image_tokenizer().encode(raw_digits(1, 24, 32))
-    with pytest.raises(ValueError, match="mixes exactly 16 patches"):
+    with pytest.raises(ValueError, match="mixes exactly a 4×4 grid"):
         model(tokens)
     # resize=True is the way to feed other sizes.
     assert model.predict(raw_digits(2, 40, 24), resize=True).shape == (2,)
+
+
+def test_mixer_refuses_the_right_number_of_patches_in_another_grid():
+    # token mixing weighs each grid position: 2×8 patches are not a 4×4 image, though 16 of them
+    model = build("mixer-digits")
+    with pytest.raises(ValueError, match=r"got 16 patches in a 2×8 grid; resize images to 32×32"):
+        model(torch.randn(1, 1, 16, 64))
 
 
 def test_mixer_token_mixing_sees_patch_order():

@@ -60,7 +60,8 @@ class ImageEmbedder(nn.Module):
             raise ValueError(f"image positions must be 'learned', 'sincos' or 'none', got {positions!r}")
         self.grid, self.positions, self.d_model = tuple(grid), positions, d_model
         self.n_prefix = int(class_token)
-        self.cover_prefix = positions_cover_prefix and class_token
+        # only a learned table can cover the class token (a sin-cos table is the patches' alone, as ViT's)
+        self.cover_prefix = positions_cover_prefix and class_token and positions == "learned"
         self.patch_embed = PatchEmbedding(channels, patch_size, d_model, bias=patch_bias)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, d_model)) if class_token else None
         n_pos = (self.n_prefix if self.cover_prefix else 0) + grid[0] * grid[1]

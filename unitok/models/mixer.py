@@ -85,11 +85,11 @@ class MLPMixer(ImageModel):
         if labels is not None and self.head is None:
             raise ValueError("labels given, but this model has no classification head (num_classes=0)")
         x, grid = self._patches(pixel_values)  # (B, N, D)
-        if x.shape[1] != self.config.n_patches:
+        if tuple(grid) != self.config.grid:  # token mixing weighs each grid position: the layout matters, not the count
             H, W = self.config.image_size
             raise ValueError(
-                f"MLP-Mixer mixes exactly {self.config.n_patches} patches ({H}×{W} images); got "
-                f"{x.shape[1]} (grid {grid}); resize images to {H}×{W}"
+                f"MLP-Mixer mixes exactly a {self.config.grid[0]}×{self.config.grid[1]} grid of patches "
+                f"({H}×{W} images); got {x.shape[1]} patches in a {grid[0]}×{grid[1]} grid; resize images to {H}×{W}"
             )
         out = self.backbone(self.drop(x), output_hidden_states=output_hidden_states)
         pooled = out.last_hidden_state.mean(dim=1)
