@@ -63,11 +63,16 @@ def _activation(mlp: nn.Module) -> str:
     return _ACTIVATIONS[act]
 
 
-def _preprocess(model: nn.Module) -> dict[str, Any]:
+def _preprocess(model: nn.Module, channels: int) -> dict[str, Any]:
     cfg = getattr(model, "pretrained_cfg", None) or {}
     out: dict[str, Any] = {}
     if "mean" in cfg and "std" in cfg:
-        out["mean"], out["std"] = tuple(cfg["mean"]), tuple(cfg["std"])
+        mean, std = tuple(cfg["mean"]), tuple(cfg["std"])
+        if len(mean) != channels or len(std) != channels:
+            # timm keeps its pretrained config's RGB values for a model made with in_chans=1 (or
+            # another count): each channel takes their average
+            mean, std = (sum(mean) / len(mean),) * channels, (sum(std) / len(std),) * channels
+        out["mean"], out["std"] = mean, std
     if cfg.get("interpolation") in ("bicubic", "bilinear", "nearest"):
         out["interpolation"] = cfg["interpolation"]
     if "crop_pct" in cfg:
@@ -139,7 +144,7 @@ def _convert_vit(model: nn.Module) -> ViT:
         positions_cover_prefix=not model.no_embed_class,
         pool="cls" if model.global_pool == "token" else "avg",
         pre_norm=not _is_identity(model.norm_pre), fc_norm=use_fc_norm, patch_bias=conv.bias is not None,
-        **_preprocess(model),
+        **_preprocess(model, conv.in_channels),
     )
     _check_patch_conv(conv)
     ours = (DeiT if distilled else ViT)(config)
@@ -162,7 +167,7 @@ def _convert_mixer(model: nn.Module) -> MLPMixer:
         num_classes=head.out_features if head is not None else 0, d_model=conv.out_channels,
         n_layers=len(model.blocks), token_mlp_dim=block0.mlp_tokens.fc1.out_features,
         d_ff=block0.mlp_channels.fc1.out_features, activation=_activation(block0.mlp_channels),  # type: ignore[arg-type]
-        norm_eps=block0.norm1.eps, **_preprocess(model),
+        norm_eps=block0.norm1.eps, **_preprocess(model, conv.in_channels),
     )
     _check_patch_conv(conv)
     ours = MLPMixer(config)

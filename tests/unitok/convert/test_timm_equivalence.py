@@ -228,6 +228,19 @@ def test_config_carries_timm_preprocessing():
     assert mixer.config.mean == MixerConfig().mean == (0.5, 0.5, 0.5)
 
 
+@pytest.mark.parametrize("family", ["vit", "mixer"])
+def test_a_one_channel_timm_model_converts_with_one_channel_of_its_normalisation(family):
+    # timm keeps its pretrained config's RGB mean / std for in_chans=1: the average is taken
+    torch.manual_seed(0)
+    theirs = timm_vit(in_chans=1) if family == "vit" else timm_mixer(in_chans=1)
+    theirs.pretrained_cfg = dict(mean=(0.4, 0.5, 0.6), std=(0.2, 0.3, 0.4))
+    ours = from_timm(theirs)
+    assert ours.config.channels == 1 and ours.config.mean == pytest.approx((0.5,)) and ours.config.std == pytest.approx((0.3,))
+    pixels = torch.randn(2, 1, SIZE, SIZE)
+    with torch.no_grad():
+        same(ours(pixels).logits, theirs(pixels))
+
+
 def test_pretrained_cfg_of_a_mixer_is_read():
     torch.manual_seed(0)
     theirs = timm_mixer()
