@@ -528,20 +528,29 @@ class DecisionPipeline(Pipeline):
         target = item.get("target_return", target_return)
         if target is None:
             raise ValueError(f"decision input {i} needs a target_return (in the input or as an option)")
-        obs = np.asarray(item["observations"], dtype=np.float64).reshape(-1, c.state_dim) \
-            if np.asarray(item["observations"]).size % c.state_dim == 0 else None
-        if obs is None or obs.shape[0] < 1:
-            raise ValueError(f"decision input {i}: observations must be (T, {c.state_dim}), got shape "
-                             f"{np.asarray(item['observations']).shape}")
+        obs = np.asarray(item["observations"], dtype=np.float64)
+        if obs.shape == (c.state_dim,):  # one observation
+            obs = obs[None]
+        if obs.ndim != 2 or obs.shape[1] != c.state_dim or obs.shape[0] < 1:  # never reshaped into other steps
+            raise ValueError(f"decision input {i}: observations must be (T, {c.state_dim}), got shape {obs.shape}")
         T = obs.shape[0]
         if T > c.max_ep_len:
             raise ValueError(f"decision input {i}: {T} steps exceed the model's max_ep_len={c.max_ep_len}")
         past = np.asarray(item.get("actions", []), dtype=np.float64)
-        rewards = np.asarray(item.get("rewards", []), dtype=np.float64).reshape(-1)
+        rewards = np.asarray(item.get("rewards", []), dtype=np.float64)
         n_past = past.shape[0] if past.ndim else 0
-        if n_past != T - 1 or rewards.shape[0] != T - 1:
+        if n_past != T - 1 or rewards.ndim != 1 or rewards.shape[0] != T - 1:
             raise ValueError(f"decision input {i}: {T} observations need {T - 1} past actions and rewards, got "
-                             f"{n_past} and {rewards.shape[0]}")
+                             f"{n_past} and {rewards.shape[0] if rewards.ndim else 0}")
+        action_shape = (T - 1,) if c.discrete else (T - 1, c.act_dim)
+        if T > 1 and past.shape != action_shape:
+            raise ValueError(f"decision input {i}: actions must be {action_shape}, got shape {past.shape}")
+        if c.discrete and (past != np.round(past)).any():
+            raise ValueError(f"decision input {i}: discrete actions must be whole ids, got {past[past != np.round(past)][:3]}")
+        for what, values in (("observations", obs), ("actions", past), ("rewards", rewards),
+                             ("target_return", np.asarray(float(target)))):
+            if not np.isfinite(values).all():
+                raise ValueError(f"decision input {i}: {what} contain NaN/inf values")
         K = min(T, c.context_length)
         states = torch.as_tensor(tok.normalize_states(obs[-K:]), dtype=torch.float32)
         remaining = float(target) - np.concatenate([[0.0], np.cumsum(rewards)])  # R̂ at each step

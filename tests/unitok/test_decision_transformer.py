@@ -231,6 +231,18 @@ def test_bad_inputs_are_named():
         m(**{**x, "returns_to_go": None})
     with pytest.raises(ValueError, match="attention_mask must be"):
         m(**{**x, "attention_mask": torch.ones(2, 4)})
+    # NaN or inf in would be NaN actions out
+    for name in ("states", "returns_to_go"):
+        bad = x[name].clone()
+        bad.view(-1)[3] = float("nan")
+        with pytest.raises(ValueError, match=f"{name} contain 1 NaN/inf values"):
+            m(**{**x, name: bad})
+    continuous = model(discrete=False)
+    y = inputs(continuous)
+    actions = y["actions"].clone()
+    actions[0, 1, 0] = float("inf")
+    with pytest.raises(ValueError, match="actions contain 1 NaN/inf values"):
+        continuous(**{**y, "actions": actions})
 
 
 @pytest.mark.parametrize("bad", ["500", ["100", 200], [True], None, {"a": 1}, []],

@@ -125,6 +125,14 @@ def test_one_trajectory_segment_is_a_decision_transformer():
         ours = model({"trajectory": windows}).heads["action"]
         theirs = dt(**windows.model_inputs()).action_preds
     torch.testing.assert_close(ours[mask.bool()], theirs[mask.bool()], atol=1e-5, rtol=0)
+    # float64 states are named, as every family that reads float features names them
+    doubled = TrajectoryWindows(**{**windows.as_dict(), "states": windows.states.double()})
+    with pytest.raises(TypeError, match="segment 'trajectory' states"):
+        model({"trajectory": doubled})
+    returns = windows.returns_to_go.clone()
+    returns[0, 0, 0] = float("nan")
+    with pytest.raises(ValueError, match="segment 'trajectory' returns_to_go contain 1 NaN/inf"):
+        model({"trajectory": TrajectoryWindows(**{**windows.as_dict(), "returns_to_go": returns})})
 
 
 # --------------------------------------------------------------------------- packing

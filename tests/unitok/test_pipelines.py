@@ -291,6 +291,20 @@ def test_decision_acts_for_a_target_return_as_the_model_does(tmp_path):
         act({"observations": obs, "actions": [1], "rewards": [1.0], "target_return": 200})
     with pytest.raises(ValueError, match="needs a target_return"):
         act({"observations": obs[:1]})
+    assert act({"observations": obs[0]}, target_return=500) == first  # one observation, (4,)
+    # never reshaped into other steps, never NaN in, never a fractional action id
+    with pytest.raises(ValueError, match=r"observations must be \(T, 4\), got shape \(4, 3\)"):
+        act({"observations": obs.T, "actions": [1, 0], "rewards": [1.0, 1.0], "target_return": 200})
+    with pytest.raises(ValueError, match=r"observations must be \(T, 4\), got shape \(8,\)"):
+        act({"observations": obs[:2].reshape(-1), "target_return": 200})
+    with pytest.raises(ValueError, match="discrete actions must be whole ids"):
+        act({"observations": obs, "actions": [0.7, 1], "rewards": rewards, "target_return": 200})
+    bad = obs.copy()
+    bad[1, 2] = np.nan
+    with pytest.raises(ValueError, match="observations contain NaN/inf"):
+        act({"observations": bad, "actions": actions, "rewards": rewards, "target_return": 200})
+    with pytest.raises(ValueError, match="target_return contain NaN/inf"):
+        act({"observations": obs[:1], "target_return": float("nan")})
 
 
 def test_long_inputs_show_a_progress_bar(tmp_path, capsys):

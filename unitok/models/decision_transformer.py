@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from tokenizers_mm.processor import Processor
 from tokenizers_mm.trajectory import TOKENIZER_FIELDS, TrajectoryTokenizer, TrajectoryWindows
 from unitok.backbone import Backbone, BackboneConfig, init_weights
-from unitok.checks import check_dtype, host_values
+from unitok.checks import check_dtype, check_finite, host_values
 from unitok.config import Config
 from unitok.layers.activations import Activation
 from unitok.layers.attention import Kernel
@@ -258,6 +258,7 @@ class DecisionTransformer(PretrainedModel):
         if K == 0:
             raise ValueError("the window is empty: give at least one step")
         check_dtype(states, self.embed_state.weight, "states")
+        check_finite(states, "states")
         if actions is None:
             raise ValueError("actions are required (zeros will do for the step being predicted)")
         if c.discrete and not actions.dtype.is_floating_point:
@@ -271,6 +272,7 @@ class DecisionTransformer(PretrainedModel):
             if not actions.dtype.is_floating_point:
                 raise TypeError(f"this model has continuous actions: actions must be floats, got {actions.dtype}")
             check_dtype(actions, self.embed_action.weight, "actions")
+            check_finite(actions, "actions")
             if actions.dim() != 3 or tuple(actions.shape[:2]) != (B, K):
                 raise ValueError(f"actions must be (batch, steps, act_dim) = {(B, K, c.act_dim)}, "
                                  f"got {tuple(actions.shape)}")
@@ -285,6 +287,7 @@ class DecisionTransformer(PretrainedModel):
             if tuple(returns_to_go.shape) != (B, K, 1):
                 raise ValueError(f"returns_to_go must be (batch, steps, 1) = {(B, K, 1)}, "
                                  f"got {tuple(returns_to_go.shape)}")
+            check_finite(returns_to_go, "returns_to_go")
             returns_to_go = returns_to_go.to(states.dtype)
         if timesteps is None:
             timesteps = torch.arange(K, device=states.device).expand(B, K)

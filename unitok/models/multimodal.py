@@ -647,6 +647,13 @@ class MultimodalTransformer(PretrainedModel):
         if value.context_length > modality.context_length:
             raise ValueError(f"segment {name!r} has windows of {value.context_length} steps, more than its "
                              f"context_length={modality.context_length}")
+        weight = next(embedder.parameters())
+        check_dtype(value.states, weight, f"segment {name!r} states")
+        if value.actions.is_floating_point():
+            check_dtype(value.actions, weight, f"segment {name!r} actions")
+            check_finite(value.actions, f"segment {name!r} actions")
+        if value.returns_to_go is not None:
+            check_finite(value.returns_to_go, f"segment {name!r} returns_to_go")
         x = embedder(value.states, value.actions, value.returns_to_go, value.timesteps)
         mask = value.attention_mask.bool().repeat_interleave(embedder.tokens_per_step, dim=1)
         return x, mask
