@@ -121,6 +121,8 @@ def _texts(items: list[Any], task: str) -> list[str]:
 
 
 def _top(probs: Tensor, k: int, label: Any) -> list[dict[str, Any]]:
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"top_k must be an integer ≥ 1, got {k!r}")
     scores, ids = probs.topk(min(k, probs.shape[-1]))
     return [{"label": label(int(i)), "score": float(s)} for s, i in zip(scores, ids, strict=True)]
 
@@ -356,6 +358,10 @@ class ImageClassificationPipeline(Pipeline):
     def run_batch(self, items: list[Any], top_k: int, resize: bool) -> list[Any]:
         config = self.model.config.preprocess_config(resize)
         tokens = Processor(image=config).encode_image(items).to(self.device)
+        if tuple(tokens.grid) != self.model.config.grid:  # the model could resample its positions: not asked for
+            P, (H, W) = self.model.config.patch_size, self.model.config.image_size
+            raise ValueError(f"images are {tokens.grid[0] * P}×{tokens.grid[1] * P}, the model reads {H}×{W}: "
+                             "pass resize=True to resize them")
         fast = {"class_tokens_only": True} if getattr(self.model, "reads_class_tokens", False) else {}
         probs = self.model(tokens, **fast).logits.float().softmax(-1)  # a ViT's last block: class tokens only
         return [_top(p, top_k, self.label) for p in probs]

@@ -98,6 +98,10 @@ def test_bad_frames_are_refused():
         model(torch.randn(1, 5, 16))
     with pytest.raises(ValueError, match="lengths must be"):
         model(torch.randn(2, 40, 16), torch.tensor([40, 41]))
+    with pytest.raises(ValueError, match=r"lengths must be whole frame counts, got \[25\.7"):
+        model(torch.randn(2, 40, 16), torch.tensor([25.7, 40.0]))  # not cut to 25
+    frames = torch.randn(2, 40, 16)
+    torch.testing.assert_close(model(frames, [25, 40]).logits, model(frames, torch.tensor([25, 40])).logits)
     with pytest.raises(ValueError, match="repeated"):
         ConformerConfig(vocabulary=("a", "a"))
     with pytest.raises(ValueError, match="must be odd"):

@@ -170,6 +170,20 @@ def test_nan_or_inf_weights_are_refused_with_the_tensor_named(tmp_path):
         unitok.load(tmp_path)
 
 
+def test_a_weight_of_another_kind_of_dtype_is_refused_with_the_tensor_named(tmp_path):
+    # integers where the model has a float weight are another file's tensor, not a precision
+    GPT(GPTConfig.from_name("gpt-nano", vocab_size=97)).save_pretrained(tmp_path)
+    state = load_file(str(tmp_path / "model.safetensors"))
+    key = sorted(k for k in state if state[k].dim() == 2)[0]
+    state[key] = state[key].to(torch.int64)
+    save_file(state, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match=f"keys of another kind of dtype: {key} \\(checkpoint torch.int64, model torch.float32\\)"):
+        unitok.load(tmp_path)
+    state[key] = state[key].to(torch.bfloat16)  # another precision of the same kind is a cast
+    save_file(state, str(tmp_path / "model.safetensors"))
+    assert unitok.load(tmp_path).state_dict()[key].dtype == torch.float32
+
+
 # --------------------------------------------------------------------------- processors
 
 

@@ -205,6 +205,12 @@ def test_image_classification_reads_raw_images_with_the_saved_preprocessing(tmp_
     with pytest.raises(ValueError, match=r"20×20 is not divisible by the patch size 8; configure resize=True"):
         classify(torch.rand(1, 20, 20))  # nothing is resized behind the user's back
     assert classify(torch.rand(1, 20, 20), resize=True)[0]["label"] == "seven"
+    with pytest.raises(ValueError, match=r"images are 48×48, the model reads 32×32: pass resize=True"):
+        classify(torch.rand(1, 48, 48))  # a size the patches divide is not resized behind the user's back either
+    assert classify(torch.rand(1, 48, 48), resize=True)[0]["label"] == "seven"
+    for bad in (0, -1, 2.5):
+        with pytest.raises(ValueError, match=f"top_k must be an integer ≥ 1, got {bad}"):
+            classify(torch.from_numpy(image), top_k=bad)
 
 
 def test_zero_shot_image_and_audio_classification_rank_the_candidate_labels(tmp_path):

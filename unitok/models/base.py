@@ -58,8 +58,10 @@ def read_weights(path: Path, map_location: str | torch.device = "cpu") -> dict[s
 class CheckpointMismatchError(ValueError):
     """A state dict does not fit the model: lists missing, unexpected and mis-shaped keys."""
 
-    def __init__(self, missing: list[str], unexpected: list[str], mismatched: list[str]) -> None:
+    def __init__(self, missing: list[str], unexpected: list[str], mismatched: list[str],
+                 mistyped: list[str] | None = None) -> None:
         self.missing, self.unexpected, self.mismatched = missing, unexpected, mismatched
+        self.mistyped = mistyped or []
         parts = []
         if missing:
             parts.append(f"missing keys: {', '.join(missing)}")
@@ -67,6 +69,8 @@ class CheckpointMismatchError(ValueError):
             parts.append(f"unexpected keys: {', '.join(unexpected)}")
         if mismatched:
             parts.append(f"mis-shaped keys: {', '.join(mismatched)}")
+        if self.mistyped:
+            parts.append(f"keys of another kind of dtype: {', '.join(self.mistyped)}")
         super().__init__("checkpoint does not match the model — " + "; ".join(parts))
 
 
@@ -83,9 +87,19 @@ def load_state_dict_strict(module: nn.Module, state: dict[str, Tensor], ignore: 
         for k in state
         if k in own and state[k].shape != own[k].shape
     )
-    if missing or unexpected or mismatched:
-        raise CheckpointMismatchError(missing, unexpected, mismatched)
+    # float32 into bfloat16 is a cast; integers into a float weight (or floats into an integer
+    # buffer) are another file's tensors, which load_state_dict would copy without a word
+    mistyped = sorted(f"{k} (checkpoint {state[k].dtype}, model {own[k].dtype})" for k in state
+                      if k in own and _dtype_kind(state[k]) != _dtype_kind(own[k]))
+    if missing or unexpected or mismatched or mistyped:
+        raise CheckpointMismatchError(missing, unexpected, mismatched, mistyped)
     module.load_state_dict(state, strict=False)
+
+
+def _dtype_kind(tensor: Tensor) -> str:
+    if tensor.dtype == torch.bool:
+        return "bool"
+    return "complex" if tensor.is_complex() else "float" if tensor.is_floating_point() else "integer"
 
 
 FAMILIES: dict[str, type[PretrainedModel]] = {}  # family name (config.json's "family") -> class

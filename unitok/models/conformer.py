@@ -149,6 +149,9 @@ class ConformerCTC(PretrainedModel):
         B, N, _ = features.shape
         if lengths is None:
             lengths = torch.full((B,), N, dtype=torch.long, device=features.device)
+        lengths = torch.as_tensor(lengths)  # a list of frame counts will do
+        if lengths.is_floating_point() and not bool((lengths == lengths.round()).all()):
+            raise ValueError(f"lengths must be whole frame counts, got {lengths.tolist()}")  # not cut to one
         lengths = lengths.to(features.device).long()
         if lengths.shape != (B,) or bool((lengths < 1).any()) or bool((lengths > N).any()):
             raise ValueError(f"lengths must be (batch,) values in [1, {N}], got {lengths.tolist()}")
