@@ -13,6 +13,7 @@ from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import TQDMProgressBar
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import nn
@@ -57,6 +58,7 @@ class StopOnSignal(L.Callback):
     def __init__(self) -> None:
         self.received: int | None = None
         self._previous: Any = None
+        self._held_sigterm = False
 
     def _on_sigint(self, signum: int, frame: Any) -> None:
         if self.received == signal.SIGINT:
@@ -68,6 +70,15 @@ class StopOnSignal(L.Callback):
             self._previous = signal.signal(signal.SIGINT, self._on_sigint)
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        # Lightning raises SIGTERMException after any batch: in the middle of a gradient
+        # accumulation that would save half a step's gradients, which a resumed run cannot
+        # recompute (another curve). Hold the signal until the optimizer step is taken.
+        signals = trainer._signal_connector
+        if trainer.fit_loop.epoch_loop._should_accumulate():
+            if signals.received_sigterm:
+                signals.received_sigterm, self._held_sigterm = False, True
+        elif self._held_sigterm:
+            signals.received_sigterm, self._held_sigterm = True, False
         if trainer.strategy.reduce_boolean_decision(self.received is not None, all=False):  # every rank stops
             rank_zero_warn(f"received SIGINT: stopping after step {trainer.global_step}, saving last.ckpt")
             self.received = signal.SIGINT
@@ -76,6 +87,9 @@ class StopOnSignal(L.Callback):
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         if isinstance(exception, SIGTERMException):
             self.received = signal.SIGTERM
+            if trainer.state.fn != TrainerFn.FITTING:  # test / validate / predict read a checkpoint, write none
+                rank_zero_warn(f"received SIGTERM: {trainer.state.fn.value} stopped")
+                return
             rank_zero_warn(f"received SIGTERM: stopped after step {trainer.global_step}, saving last.ckpt")
             trainer.save_checkpoint(checkpoint_dir(trainer) / "last.ckpt", weights_only=False)
 

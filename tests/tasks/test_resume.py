@@ -152,6 +152,51 @@ def test_an_augmented_image_recipe_stopped_by_sigterm_resumes_from_last_with_the
 
 
 @pytest.mark.slow
+def test_a_sigterm_in_the_middle_of_a_gradient_accumulation_stops_after_the_step_and_resumes_the_same_curve(
+        tmp_path, monkeypatch):
+    # two batches a step: the SIGTERM arrives as step 4's first batch trains; the run finishes
+    # that step (its second batch) before stopping, so the checkpoint holds no half a step
+    args = ["--data.batch_size", "96", "--trainer.accumulate_grad_batches", "2", "--trainer.val_check_interval", "12",
+            "--trainer.limit_val_batches", "1", "--trainer.max_steps", "8", "--trainer.log_every_n_steps", "1"]
+    monkeypatch.chdir(tmp_path)
+    seen = record_batches(monkeypatch, ImageClassificationTask)
+    fit(VIT, tmp_path / "full", *args)
+    full_batches = dict(seen)
+
+    seen.clear()
+    stop_at(monkeypatch, ImageClassificationTask, 4)
+    with pytest.raises(SystemExit) as stopped, pytest.warns(UserWarning, match="SIGTERM: stopped after step 4"):
+        fit(VIT, tmp_path / "stopped", *args)
+    assert stopped.value.code == 128 + signal.SIGTERM
+    [last] = (tmp_path / "stopped").rglob("last.ckpt")
+    assert torch.load(last, weights_only=True)["global_step"] == 4, "the step in progress was finished"
+    seen = record_batches(monkeypatch, ImageClassificationTask)  # no more stops
+    fit(VIT, tmp_path / "stopped", *args, "--ckpt_path", "last")
+    assert_resumes_exactly(train_losses(tmp_path / "full"), train_losses(tmp_path / "stopped"), full_batches,
+                           dict(seen), steps=8, at=4)
+
+
+def test_a_sigterm_while_testing_writes_no_checkpoint_that_last_would_then_find(tmp_path, monkeypatch):
+    # `unitok test` reads a checkpoint and writes none, stopped or not: a last.ckpt written at
+    # "step 0" would be the newest, and `fit --ckpt_path last` would restart from it
+    monkeypatch.chdir(tmp_path)
+    root = tmp_path / "run"
+    fit(VIT, root, "--data.batch_size", "32", "--trainer.max_steps", "2", "--trainer.limit_val_batches", "1")
+    fitted = find_checkpoint(root, "last")
+
+    def test_step(self, batch, batch_idx):
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(ImageClassificationTask, "test_step", test_step)
+    with pytest.raises(SystemExit) as stopped, pytest.warns(UserWarning, match="received SIGTERM: test stopped"):
+        main(["test", "--config", str(VIT), *QUIET, "--data.batch_size", "32", "--trainer.default_root_dir", str(root),
+              "--ckpt_path", "last"])
+    assert stopped.value.code == 128 + signal.SIGTERM
+    assert sorted(root.rglob("*.ckpt")) == sorted((root / "version_0").rglob("*.ckpt"))
+    assert find_checkpoint(root, "last") == fitted
+
+
+@pytest.mark.slow
 def test_a_resumed_run_keeps_the_best_score_of_the_run_it_goes_on_from(tmp_path, monkeypatch):
     # Validations every 2 steps read the scripted val_acc below. The first run (version_0) is best
     # at step 4 (0.9); resumed from its last.ckpt into version_1, no validation beats 0.9, so
