@@ -201,6 +201,9 @@ class ExportPretrained(L.Callback):
         if stop is not None and stop.received is not None:
             print("stopped by a signal: no model exported (resume with --ckpt_path last)")
             return
+        if trainer.global_step == 0:  # untrained weights would pass for a trained model (and move `latest`)
+            print("no training step was made: no model exported")
+            return
         folder = Path(self.dirpath or log_dir(trainer) / "pretrained")
         model = pl_module.model
         data_processor = getattr(trainer.datamodule, "processor", None)

@@ -196,8 +196,27 @@ class UnitokCLI(LightningCLI):
         config = self.config_init[subcommand]
         ckpt = config.get("ckpt_path")
         if ckpt in ("last", "best"):  # the newest run's, not this new version's (empty) folder
-            config["ckpt_path"] = str(find_checkpoint(self.recipe_root(), ckpt))
-        super()._run_subcommand(subcommand)
+            try:
+                config["ckpt_path"] = str(find_checkpoint(self.recipe_root(), ckpt))
+            except FileNotFoundError as error:
+                self.parser.error(str(error))
+        elif (isinstance(ckpt, str) and ckpt not in ("hpc", "registry") and "://" not in ckpt
+              and not Path(ckpt).is_file()):
+            self.parser.error(f"--ckpt_path {ckpt}: no such checkpoint file ('last' or 'best' find the newest run's)")
+        try:
+            super()._run_subcommand(subcommand)
+        except Exception as error:
+            # A value refused as the data is read or the first batch runs (a missing file, a split
+            # larger than the data): one line and exit 2, as a refusal while building is, when no
+            # step was made — a failure mid-run keeps its traceback.
+            refusal = _own_refusal(error)
+            if refusal is None or self.trainer.global_step > 0:
+                raise
+            self.parser.error(str(refusal))
+        stopped = self.stop is not None and self.stop.received is not None
+        if subcommand == "fit" and self.trainer.global_step == 0 and not stopped:
+            self.parser.error("fit made no training step, so nothing was exported: the training data gives no "
+                              "batch (fewer items than one batch?) or max_steps is 0")
         if subcommand == "fit" and (self.run_dir / "pretrained" / "config.json").is_file():
             rank_zero_only(mark_latest)(self.recipe_root(), self.run_dir)
 

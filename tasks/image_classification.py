@@ -216,10 +216,19 @@ class ImageClassificationTask(L.LightningModule):
             if data_value is not None and data_value != getattr(c, name):
                 raise ValueError(f"the data has {name}={data_value} but the model {getattr(c, name)}; "
                                  f"set the model's {name}: {data_value}")
+        size = getattr(datamodule, "image_size", None)
+        if size is not None and tuple(size) != tuple(c.image_size):
+            # the export says which size it reads: a model trained on other images would be
+            # exported as reading this size, and answer wrongly there
+            raise ValueError(f"the data's images are {size[0]}×{size[1]} but the model's image_size is "
+                             f"{c.image_size[0]}×{c.image_size[1]}; set the model's image_size: {list(size)}")
         mean, std = getattr(datamodule, "mean", None), getattr(datamodule, "std", None)
         if mean is not None and std is not None and (tuple(mean), tuple(std)) != (c.mean, c.std):
             # Stored with the model, so `model.predict` on raw images normalises as in training.
-            self.model.config = c.replace(mean=tuple(mean), std=tuple(std))
+            self.model.config = c = c.replace(mean=tuple(mean), std=tuple(std))
+        interpolation = getattr(datamodule, "interpolation", None)
+        if interpolation is not None and interpolation != c.interpolation:  # and resizes with the same filter
+            self.model.config = c.replace(interpolation=interpolation)
 
     def _resolve_teacher(self, datamodule: L.LightningDataModule | None) -> nn.Module:
         # Resolved when fitting, not in __init__: a distilled checkpoint loads for test/predict

@@ -49,6 +49,27 @@ def test_a_value_the_model_refuses_is_one_line_not_a_traceback(tmp_path, monkeyp
     assert not list(tmp_path.rglob("*.ckpt"))  # refused before any step
 
 
+VIT = ROOT / "configs" / "vit" / "digits.yaml"
+VIT_QUICK = ["--trainer.max_steps", "2", "--trainer.limit_val_batches", "1", "--trainer.enable_progress_bar", "false",
+             "--trainer.enable_model_summary", "false"]
+
+
+@pytest.mark.parametrize("option, message", [
+    (["--data.train_per_class", "500"], "train_per_class"),  # refused as the data is read (setup)
+    (["--ckpt_path", "last"], "has a last.ckpt yet; fit the recipe first"),  # nothing to resume yet
+    (["--ckpt_path", "lats"], "--ckpt_path lats: no such checkpoint file ('last' or 'best' find the newest run's)"),
+    (["--trainer.max_steps", "0"], "fit made no training step, so nothing was exported"),
+])
+def test_values_refused_before_the_first_step_are_one_line_and_export_nothing(option, message, tmp_path, monkeypatch,
+                                                                             capsys):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", str(VIT), *VIT_QUICK, *option])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and message in err and "Traceback" not in err, err[-2000:]
+    assert not list(tmp_path.rglob("*.ckpt")) and not list(tmp_path.rglob("latest"))
+
+
 def test_only_unitoks_own_refusals_become_one_line_errors():
     """A value error raised by unitok's code (the chain jsonargparse wraps it in is followed) is
     the user's to fix; one raised elsewhere (a library, a bug) keeps its traceback."""

@@ -8,9 +8,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from PIL import Image
 
+import unitok
 from tasks.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,6 +36,20 @@ def test_vit_recipe_fits_then_tests_from_the_checkpoint(tmp_path, monkeypatch):
     main(["test", "--config", str(VIT), "--ckpt_path", str(run / "latest" / "checkpoints" / "last.ckpt"), *QUICK])
     assert (run / "version_1" / "confusion_matrix.png").is_file()
     assert "test_acc" in (run / "version_1" / "metrics.csv").read_text()
+
+
+def test_data_of_another_image_size_than_the_model_is_refused_and_the_export_resizes_as_training_did(
+        tmp_path, monkeypatch, capsys):
+    # the export declares the size it reads: trained on 16×16 images, it must not say 32×32
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as refused:
+        main(["fit", "--config", str(VIT), *QUICK, "--data.image_size", "16"])
+    assert refused.value.code == 2
+    assert ("the data's images are 16×16 but the model's image_size is 32×32; set the model's image_size: [16, 16]"
+            in capsys.readouterr().err)
+    main(["fit", "--config", str(VIT), *QUICK, "--data.image_size", "16", "--model.init_args.image_size", "16"])
+    config = unitok.load(tmp_path / "runs" / "vit_digits" / "latest" / "pretrained").config
+    assert config.image_size == (16, 16) and config.interpolation == "bilinear"  # the data's filter, not bicubic
 
 
 def test_distillation_recipe_trains_its_cnn_teacher_first_and_keeps_it_out_of_the_checkpoint(tmp_path, monkeypatch):
