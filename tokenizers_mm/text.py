@@ -210,6 +210,9 @@ class BPETokenizer:
                 raise ValueError(f"decode takes one sequence (N,), got shape {tuple(ids.shape)}; use batch_decode")
             ids = ids.tolist()
         ids = list(ids)
+        odd = [i for i in ids if isinstance(i, bool) or not isinstance(i, numbers.Integral)]
+        if odd:  # True would read as id 1
+            raise TypeError(f"ids must be integers, got {odd[:3]!r}")
         bad = [i for i in ids if not 0 <= i < self.vocab_size]
         if bad:
             raise ValueError(f"ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")

@@ -273,7 +273,8 @@ class TrajectoryTokenizer:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if discrete and act_dim < 2:
             raise ValueError(f"a discrete action space needs act_dim ≥ 2 actions, got {act_dim}")
-        if not isinstance(return_scale, (int, float)) or not math.isfinite(return_scale) or return_scale <= 0:
+        if (isinstance(return_scale, bool) or not isinstance(return_scale, (int, float, np.integer, np.floating))
+                or not math.isfinite(return_scale) or return_scale <= 0):  # numpy scalars welcome (fit's own)
             raise ValueError(f"return_scale must be a positive finite number, got {return_scale!r}")
         self.state_dim, self.act_dim, self.discrete = int(state_dim), int(act_dim), bool(discrete)
         self.context_length = int(context_length)
@@ -449,7 +450,11 @@ class TrajectoryTokenizer:
         start it is padded on the left, with ``attention_mask`` 0."""
         encoded = EncodedEpisodes(self, [episode])
         T = episode.length
-        ends = np.arange(T) if ends is None else np.asarray(ends, dtype=np.int64).reshape(-1)
+        if ends is not None:
+            given = np.asarray(ends).reshape(-1)
+            if given.dtype == bool or not (np.issubdtype(given.dtype, np.integer) or (given == np.round(given)).all()):
+                raise ValueError(f"window ends must be whole step numbers, got {given.tolist()[:8]}")  # not cut to one
+        ends = np.arange(T) if ends is None else np.asarray(ends).astype(np.int64).reshape(-1)
         if ends.size == 0 or ends.min() < 0 or ends.max() >= T:
             raise ValueError(f"window ends must be steps in [0, {T}), got {ends.tolist()[:8]}")
         return encoded.windows(ends)

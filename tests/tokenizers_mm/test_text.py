@@ -117,6 +117,8 @@ def test_bad_input_is_named(tok):
         tok.encode(123)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="outside the vocabulary"):
         tok.decode([tok.vocab_size + 5])
+    with pytest.raises(TypeError, match=r"ids must be integers, got \[True\]"):
+        tok.decode([True, 5])  # not id 1
     with pytest.raises(TypeError, match="list of strings"):
         tok.batch_encode("not a list")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="too small"):

@@ -77,6 +77,15 @@ def test_windows_end_where_asked():
     assert w.timesteps.tolist() == [[7, 8, 9], [0, 0, 0], [2, 3, 4]]
     with pytest.raises(ValueError, match=r"window ends must be steps in \[0, 10\)"):
         tok.encode(ep, ends=[10])
+    with pytest.raises(ValueError, match=r"window ends must be whole step numbers, got \[1.7\]"):
+        tok.encode(ep, ends=[1.7])  # not cut to step 1
+    assert tok.encode(ep, ends=np.array([4.0])).timesteps.tolist() == [[2, 3, 4]]
+
+
+def test_a_numpy_return_scale_is_a_number():
+    assert TrajectoryTokenizer(4, 2, True, 3, return_scale=np.float32(2.0)).return_scale == 2.0
+    with pytest.raises(ValueError, match="return_scale must be a positive finite number"):
+        TrajectoryTokenizer(4, 2, True, 3, return_scale=np.float32("nan"))
 
 
 @pytest.mark.parametrize("make", [continuous_episode, discrete_episode], ids=["continuous", "discrete"])
