@@ -68,8 +68,12 @@ def test_fine_tuning_without_the_pretrained_folder_is_a_clear_error(tmp_path, mo
 
 
 @pytest.mark.slow
-def test_label_count_mismatch_is_a_clear_error(tmp_path, monkeypatch):
+def test_label_count_mismatch_is_a_clear_error(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     main(["fit", "--config", str(RECIPES["mlm_tiny"]), *PRETRAIN])
-    with pytest.raises(ValueError, match=r"label count mismatch: the data module has 4 labels"):
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as refused:  # refused as the data is read: one line, exit 2
         main(["fit", "--config", str(RECIPES["finetune_cls"]), *FINETUNE, "--model.num_labels", "3"])
+    err = capsys.readouterr().err
+    assert refused.value.code == 2 and "label count mismatch: the data module has 4 labels" in err
+    assert "Traceback" not in err

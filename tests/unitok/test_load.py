@@ -267,7 +267,8 @@ def test_processor_files_round_trip_every_part(tmp_path):
 def test_the_training_export_saves_the_data_s_class_names_with_the_model(tmp_path):
     data = DigitsDataModule()
     vit = ViT(ViTConfig.from_name("vit-digits"))
-    trainer = SimpleNamespace(datamodule=data, callbacks=[], loggers=[], default_root_dir=str(tmp_path))
+    trainer = SimpleNamespace(datamodule=data, callbacks=[], loggers=[], default_root_dir=str(tmp_path),
+                              global_step=1)  # a fit that trained
     ExportPretrained(dirpath=str(tmp_path / "pretrained")).on_fit_end(trainer, SimpleNamespace(model=vit))
     loaded = unitok.load(tmp_path / "pretrained")
     assert loaded.processor.labels == tuple(str(d) for d in range(10))
