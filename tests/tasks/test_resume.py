@@ -128,6 +128,30 @@ def test_a_text_recipe_resumed_mid_epoch_logs_the_uninterrupted_losses(tmp_path,
                            dict(seen), steps=18, at=5)
 
 
+def stop_and_resume(tmp_path: Path, monkeypatch, args: list[str], at: int, steps: int) -> tuple[dict, int]:
+    """The digits recipe run in full, then again stopped by a SIGTERM while step ``at`` trains
+    and resumed with ``--ckpt_path last``: the resumed run must train the full run's batches to
+    its losses. Returns the stopped run's batches and the step its last.ckpt holds."""
+    monkeypatch.chdir(tmp_path)
+    seen = record_batches(monkeypatch, ImageClassificationTask)
+    fit(VIT, tmp_path / "full", *args)
+    full_batches = dict(seen)
+
+    seen.clear()
+    stop_at(monkeypatch, ImageClassificationTask, at)
+    with pytest.raises(SystemExit) as stopped, pytest.warns(UserWarning, match="received SIGTERM: stopped after step"):
+        fit(VIT, tmp_path / "stopped", *args)
+    assert stopped.value.code == 128 + signal.SIGTERM
+    stopped_batches = dict(seen)
+    [last] = (tmp_path / "stopped").rglob("last.ckpt")
+    stopped_step = torch.load(last, weights_only=True)["global_step"]
+    seen = record_batches(monkeypatch, ImageClassificationTask)  # no more stops
+    fit(VIT, tmp_path / "stopped", *args, "--ckpt_path", "last")
+    assert_resumes_exactly(train_losses(tmp_path / "full"), train_losses(tmp_path / "stopped"), full_batches,
+                           dict(seen), steps=steps, at=stopped_step)
+    return stopped_batches, stopped_step
+
+
 @pytest.mark.slow
 def test_an_augmented_image_recipe_stopped_by_sigterm_resumes_from_last_with_the_same_losses(tmp_path, monkeypatch):
     # 1,437 digits in batches of 96: 14 steps an epoch, random affine augmentation, two loader
@@ -135,20 +159,8 @@ def test_an_augmented_image_recipe_stopped_by_sigterm_resumes_from_last_with_the
     # the epoch boundary.
     args = ["--data.batch_size", "96", "--data.num_workers", "2", "--trainer.val_check_interval", "9",
             "--trainer.limit_val_batches", "1", "--trainer.max_steps", "20"]
-    monkeypatch.chdir(tmp_path)
-    seen = record_batches(monkeypatch, ImageClassificationTask)
-    fit(VIT, tmp_path / "full", *args)
-    full_batches = dict(seen)
-
-    seen.clear()
-    stop_at(monkeypatch, ImageClassificationTask, 8)
-    with pytest.raises(SystemExit) as stopped:
-        fit(VIT, tmp_path / "stopped", *args)
-    assert stopped.value.code == 128 + signal.SIGTERM and sorted(seen) == list(range(1, 9))
-    seen = record_batches(monkeypatch, ImageClassificationTask)  # no more stops
-    fit(VIT, tmp_path / "stopped", *args, "--ckpt_path", "last")
-    assert_resumes_exactly(train_losses(tmp_path / "full"), train_losses(tmp_path / "stopped"), full_batches,
-                           dict(seen), steps=20, at=8)
+    batches, step = stop_and_resume(tmp_path, monkeypatch, args, at=8, steps=20)
+    assert sorted(batches) == list(range(1, 9)) and step == 8
 
 
 @pytest.mark.slow
@@ -158,22 +170,8 @@ def test_a_sigterm_in_the_middle_of_a_gradient_accumulation_stops_after_the_step
     # that step (its second batch) before stopping, so the checkpoint holds no half a step
     args = ["--data.batch_size", "96", "--trainer.accumulate_grad_batches", "2", "--trainer.val_check_interval", "12",
             "--trainer.limit_val_batches", "1", "--trainer.max_steps", "8", "--trainer.log_every_n_steps", "1"]
-    monkeypatch.chdir(tmp_path)
-    seen = record_batches(monkeypatch, ImageClassificationTask)
-    fit(VIT, tmp_path / "full", *args)
-    full_batches = dict(seen)
-
-    seen.clear()
-    stop_at(monkeypatch, ImageClassificationTask, 4)
-    with pytest.raises(SystemExit) as stopped, pytest.warns(UserWarning, match="SIGTERM: stopped after step 4"):
-        fit(VIT, tmp_path / "stopped", *args)
-    assert stopped.value.code == 128 + signal.SIGTERM
-    [last] = (tmp_path / "stopped").rglob("last.ckpt")
-    assert torch.load(last, weights_only=True)["global_step"] == 4, "the step in progress was finished"
-    seen = record_batches(monkeypatch, ImageClassificationTask)  # no more stops
-    fit(VIT, tmp_path / "stopped", *args, "--ckpt_path", "last")
-    assert_resumes_exactly(train_losses(tmp_path / "full"), train_losses(tmp_path / "stopped"), full_batches,
-                           dict(seen), steps=8, at=4)
+    _, step = stop_and_resume(tmp_path, monkeypatch, args, at=4, steps=8)
+    assert step == 4, "the step in progress was finished"
 
 
 def test_a_sigterm_while_testing_writes_no_checkpoint_that_last_would_then_find(tmp_path, monkeypatch):
