@@ -85,6 +85,10 @@ class MultiTaskTask(L.LightningModule):
         if set(tasks) != set(self.objectives):
             raise ValueError(f"the objectives {sorted(self.objectives)} and the data's tasks {sorted(tasks)} must "
                              "have the same names")
+        if self.hparams.tasks_per_step == "one" and getattr(data, "mode", None) == "max_size":
+            # an ended loader gives None in "max_size" mode: a step that draws its task has nothing to train
+            raise ValueError("tasks_per_step='one' draws a task each step, which a 'max_size' data mode leaves "
+                             "without a batch once its loader ends; use mode 'max_size_cycle' or 'min_size'")
         for name, objective in self.objectives.items():
             objective.bind(name, tasks[name])
         config = self.build_config()

@@ -124,6 +124,11 @@ def test_names_must_match_and_the_data_must_be_combined():
         MultiTaskTask({"digits": ImageClassification()}, preset="mm-huge")
     with pytest.raises(ValueError, match="tasks_per_step must be"):
         MultiTaskTask({"digits": ImageClassification()}, tasks_per_step="some")
+    # one task a step cannot be drawn from loaders that end ("max_size" gives an ended task None)
+    ended = MultiTaskDataModule({"digits": DigitsDataModule(batch_size=8)}, mode="max_size")
+    with pytest.raises(ValueError, match="tasks_per_step='one' draws a task each step, which a 'max_size' data mode"):
+        trainer(1).fit(MultiTaskTask({"digits": ImageClassification()}, preset="mm-tiny", tasks_per_step="one"),
+                       datamodule=ended)
 
 
 def test_the_checkpoint_rebuilds_the_model_without_the_data(caches, tmp_path):

@@ -277,6 +277,29 @@ def test_load_backbone_and_freeze_it():
 # --------------------------------------------------------------------------- bad input
 
 
+def test_left_padded_audio_is_refused_not_read_as_right_padded():
+    # the front end reads each utterance's first frames: left padding would mask real frames out
+    model = four_modalities()
+    right = audio()
+    left = Tokens(features=right.features.flip(1), attention_mask=right.attention_mask.flip(1), modality="audio")
+    with pytest.raises(ValueError, match="segment 'audio' must be right-padded"):
+        model({"audio": left})
+    model({"audio": right})
+
+
+@pytest.mark.parametrize("segment, modality", [
+    ("audio", AudioModality(n_mels=16, max_frames=32)),
+    ("text", TextModality(vocab_size=V, max_positions=16)),  # causal: its first token sees only itself
+    ("image", ImageModality(class_token=False)),
+])
+def test_a_classifier_reading_a_first_token_that_summarises_nothing_is_refused(segment, modality):
+    with pytest.raises(ValueError, match=f"head 'c' pools segment '{segment}' by its first token .pool='cls'."):
+        MultimodalConfig(modalities={segment: modality}, heads={"c": ClassifierHeadConfig(segment=segment)})
+    MultimodalConfig(modalities={segment: modality}, heads={"c": ClassifierHeadConfig(segment=segment, pool="mean")})
+    MultimodalConfig(modalities={"text": TextModality(vocab_size=V, causal=False)},  # BERT's [CLS] is a summary
+                     heads={"c": ClassifierHeadConfig(segment="text")})
+
+
 def test_bad_input_is_a_clear_error():
     model = four_modalities()
     with pytest.raises(ValueError, match="unknown modality 'video'; this model reads image, audio, text, trajectory"):
@@ -297,6 +320,15 @@ def test_bad_input_is_a_clear_error():
         model({"image": image()}, heads=["ctc"])
     with pytest.raises(ValueError, match="unknown head 'nope'"):
         model({"image": image()}, heads=["nope"])
+    with pytest.raises(TypeError, match="heads must be a list of head names, got the string 'digit'"):
+        model({"image": image()}, heads="digit")
+    windows = trajectory()
+    empty = TrajectoryWindows(**{k: (v[:, :0] if isinstance(v, torch.Tensor) and v.dim() > 1 else v)
+                                 for k, v in windows.as_dict().items()})
+    with pytest.raises(ValueError, match="segment 'trajectory' is empty"):
+        model({"trajectory": empty})
+    with pytest.raises(TypeError, match="segment 'trajectory' timesteps must be integers"):
+        model({"trajectory": TrajectoryWindows(**{**windows.as_dict(), "timesteps": windows.timesteps.float()})})
     bad = image()
     bad[0, 0, 3, 3] = float("nan")
     with pytest.raises(ValueError, match="pixels contain 1 NaN"):

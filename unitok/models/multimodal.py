@@ -276,6 +276,14 @@ def _typed(value: Any, registry: dict[str, type[Config]], what: str, name: str) 
 # --------------------------------------------------------------------------- model config
 
 
+def _has_first_token_summary(modality: Any) -> bool:
+    """Whether a segment's first token summarises it: an image's class token, or a bidirectional
+    text segment's first token (BERT's [CLS]); not audio, trajectories or causal text."""
+    if modality.kind == "image":
+        return bool(modality.class_token)
+    return modality.kind == "text" and not modality.causal
+
+
 @dataclass(frozen=True)
 class MultimodalConfig(Config):
     """One backbone, one embedder per named modality, heads by name.
@@ -332,6 +340,11 @@ class MultimodalConfig(Config):
                                      f"is {have}")
                 if head.kind == "lm" and not modalities[head.segment].causal:
                     raise ValueError(f"LM head {name!r} predicts next tokens: segment {head.segment!r} must be causal")
+                if getattr(head, "pool", None) == "cls" and not _has_first_token_summary(modalities[head.segment]):
+                    # "cls" reads the segment's first token: a summary only where it is a class token
+                    # (an image's, a bidirectional text's [CLS]); elsewhere it would see one token
+                    raise ValueError(f"head {name!r} pools segment {head.segment!r} by its first token (pool='cls'), "
+                                     f"which has no class token there; use pool='mean' or 'last'")
         self.backbone_config()
 
     def backbone_config(self) -> BackboneConfig:
@@ -633,7 +646,13 @@ class MultimodalTransformer(PretrainedModel):
         if value.attention_mask is None:
             lengths = torch.full((frames.shape[0],), frames.shape[1], dtype=torch.long, device=frames.device)
         else:
-            lengths = value.attention_mask.long().sum(dim=1)
+            mask = value.attention_mask.bool()
+            lengths = mask.long().sum(dim=1)
+            # the convolutional front end reads each utterance's first `lengths` frames
+            right = torch.arange(mask.shape[1], device=mask.device)[None, :] < lengths[:, None]
+            if not bool((mask == right).all()):
+                raise ValueError(f"segment {name!r} must be right-padded (real frames first, as collate's default "
+                                 "padding_side='right' gives them); got padding before real frames")
         x, lengths = embedder(frames, lengths)
         mask = torch.arange(x.shape[1], device=x.device)[None, :] < lengths[:, None]
         return x, mask
@@ -647,6 +666,10 @@ class MultimodalTransformer(PretrainedModel):
         if value.context_length > modality.context_length:
             raise ValueError(f"segment {name!r} has windows of {value.context_length} steps, more than its "
                              f"context_length={modality.context_length}")
+        if value.context_length == 0:
+            raise ValueError(f"segment {name!r} is empty (windows of 0 steps)")
+        if value.timesteps.is_floating_point():
+            raise TypeError(f"segment {name!r} timesteps must be integers, got {value.timesteps.dtype}")
         weight = next(embedder.parameters())
         check_dtype(value.states, weight, f"segment {name!r} states")
         if value.actions.is_floating_point():
@@ -703,6 +726,8 @@ class MultimodalTransformer(PretrainedModel):
         config = self.config.heads
         if heads is None:
             return [n for n, h in config.items() if h.segment is None or h.segment in inputs]
+        if isinstance(heads, str):  # its letters are not head names
+            raise TypeError(f"heads must be a list of head names, got the string {heads!r} (for one: [{heads!r}])")
         for name in heads:
             if name not in config:
                 raise ValueError(f"unknown head {name!r}; this model has {', '.join(config) or 'no heads'}")
