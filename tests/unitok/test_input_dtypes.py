@@ -84,7 +84,7 @@ def multimodal_image(x: torch.Tensor) -> object:
 
 def multimodal_audio(frames: torch.Tensor) -> object:
     config = MultimodalConfig(modalities={"audio": AudioModality(n_mels=16, max_frames=64)},
-                              heads={"digit": ClassifierHeadConfig(segment="audio", num_classes=10)},
+                              heads={"digit": ClassifierHeadConfig(segment="audio", num_classes=10, pool="mean")},
                               d_model=32, n_layers=1, n_heads=4)
     return MultimodalTransformer(config).eval()({"audio": Tokens(features=frames, modality="audio")})
 
