@@ -29,6 +29,7 @@ from torch import Tensor, nn
 
 from tasks.optim import adamw_warmup_cosine
 from tasks.predictions import Record, class_records, records
+from tokenizers_mm.checks import check_int
 from unitok.heads import ClassificationHead, ScalarMix
 from unitok.models import BERT, ELECTRA, GPT, BERTConfig, GPTConfig
 from unitok.models.bert import mean_pool, span_from_logits
@@ -256,8 +257,7 @@ class SequenceClassificationTask(_LabelTask):
     ) -> None:
         super().__init__(mode)
         self.save_hyperparameters()
-        if not isinstance(num_labels, int) or num_labels < 1:
-            raise ValueError(f"num_labels must be an int ≥ 1 (1 = regression), got {num_labels!r}")
+        check_int("num_labels", num_labels, note="(1 = regression)")
         if lm_loss_weight < 0 or (lm_loss_weight > 0 and family != "gpt"):
             raise ValueError(f"lm_loss_weight must be ≥ 0, and > 0 only with family='gpt'; got {lm_loss_weight} "
                              f"with family={family!r}")

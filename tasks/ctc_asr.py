@@ -17,6 +17,7 @@ from torchmetrics.text import CharErrorRate, WordErrorRate
 from tasks.optim import adamw_warmup_cosine
 from tasks.predictions import Record, records
 from tokenizers_mm import CharacterVocabulary, SpectrogramConfig
+from tokenizers_mm.checks import check_int
 from unitok.ctc import Decoder, Lexicon, check_decoder, ctc_decode
 from unitok.losses import check_ctc_targets
 from unitok.models import ConformerConfig, ConformerCTC
@@ -99,8 +100,7 @@ class CTCSpeechTask(L.LightningModule):
         # checkpoint's hyperparameters so `unitok test --ckpt_path … --model.decoder beam` applies.
         self.save_hyperparameters(ignore=["decoder", "beam_size", "lexicon"])
         check_decoder(decoder, lexicon)
-        if beam_size < 1:
-            raise ValueError(f"beam_size must be ≥ 1, got {beam_size}")
+        check_int("beam_size", beam_size)
         self.decoder, self.beam_size, self.lexicon = decoder, beam_size, lexicon
         self._words: Lexicon | None = None  # ``lexicon`` spelled in the model's characters, once it exists
         overrides = self._overrides()

@@ -9,6 +9,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from tokenizers_mm.checks import check_int
+
 
 def weight_decay_groups(module: nn.Module, weight_decay: float) -> list[dict]:
     """Two AdamW groups: matrices (linear and embedding weights) decay; biases and norm gains do not.
@@ -30,8 +32,8 @@ def weight_decay_groups(module: nn.Module, weight_decay: float) -> list[dict]:
 def warmup_cosine(warmup_steps: int, total_steps: int, min_ratio: float = 0.1) -> Callable[[int], float]:
     """LR multiplier: linear warm-up from 0 to 1 over ``warmup_steps``, then cosine decay to
     ``min_ratio`` at ``total_steps`` (and flat after)."""
-    if warmup_steps < 0 or total_steps < 1:
-        raise ValueError(f"need warmup_steps ≥ 0 and total_steps ≥ 1, got {warmup_steps}, {total_steps}")
+    check_int("warmup_steps", warmup_steps, at_least=0)
+    check_int("total_steps", total_steps)
     if not 0.0 <= min_ratio <= 1.0:
         raise ValueError(f"min_ratio must be in [0, 1], got {min_ratio}")
 

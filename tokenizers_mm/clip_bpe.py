@@ -14,6 +14,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
+from tokenizers_mm.checks import check_int
 from tokenizers_mm.text import batch_rows
 from tokenizers_mm.tokens import Tokens
 
@@ -52,6 +53,12 @@ class CLIPTokenizer:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(**state)  # type: ignore[misc]
+
+    def __eq__(self, other: object) -> bool:  # one vocabulary (open_clip's): the context and its cut decide
+        return isinstance(other, CLIPTokenizer) and self.__getstate__() == other.__getstate__()
+
+    def __hash__(self) -> int:
+        return hash((self.context_length, self.truncation))
 
     @property
     def vocab_size(self) -> int:
@@ -133,6 +140,4 @@ class CLIPTokenizer:
 
 def check_context_length(context_length: int) -> int:
     """A context holds at least the start token, one word and the end token."""
-    if isinstance(context_length, bool) or not isinstance(context_length, int) or context_length < 3:
-        raise ValueError(f"context_length must be an int ≥ 3 (start, one token, end), got {context_length!r}")
-    return context_length
+    return check_int("context_length", context_length, at_least=3, note="(start, one token, end)")

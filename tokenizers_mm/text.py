@@ -14,6 +14,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from torch import Tensor
 
+from tokenizers_mm.checks import check_int
 from tokenizers_mm.pairs import Truncation, encode_pair_ids, pad_pairs, pair_lengths
 from tokenizers_mm.tiktoken_engine import DeferredEncoding, TiktokenEngine
 from tokenizers_mm.tokens import Tokens
@@ -80,6 +81,15 @@ class BPETokenizer:
         for role, token in (("eos", eos_token), ("pad", self.pad_token), ("bos", bos_token)):
             if token is not None and tokenizer.token_to_id(token) is None:
                 raise ValueError(f"{role}_token {token!r} is not in the vocabulary")
+
+    def __eq__(self, other: object) -> bool:
+        """Equal tokenizers give every text the same ids: the same vocabulary, merges, normalisation
+        and special tokens."""
+        return (isinstance(other, BPETokenizer) and (self.eos_token, self.pad_token, self.bos_token)
+                == (other.eos_token, other.pad_token, other.bos_token) and self._tok.to_str() == other._tok.to_str())
+
+    def __hash__(self) -> int:
+        return hash((self.eos_token, self.pad_token, self.bos_token, self.vocab_size))
 
     # ----------------------------------------------------------------- building
     @classmethod
@@ -244,7 +254,7 @@ class BPETokenizer:
             raise ValueError(f"truncation_side must be 'left' or 'right', got {truncation_side!r}")
         if padding_side not in ("left", "right"):
             raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
-        check_max_length(max_length)
+        check_int("max_length", max_length, or_none=True)
         texts = list(texts)
         if not texts:
             raise ValueError("batch_encode needs at least one text, got an empty list")
@@ -307,7 +317,7 @@ class BPETokenizer:
         """GPT-1's input for a classifier on the last token: ``text <eos>`` (``text <eos> pair
         <eos>``), the longer text cut first to fit ``max_length`` (``truncation=False``: an
         input longer than that is an error); ids and segment ids, each (N,)."""
-        check_max_length(max_length)
+        check_int("max_length", max_length, or_none=True)
         a = self.encode(text).ids.tolist()
         b = self.encode(text_pair).ids.tolist() if text_pair is not None else None
         n_special = 1 if b is None else 2
@@ -363,12 +373,6 @@ class BPETokenizer:
                 raise ValueError(f"text {i}: {err}") from None
             rows.append((ids.tolist(), segments.tolist()))
         return pad_pairs(rows, self.pad_id)
-
-
-def check_max_length(max_length: int | None) -> None:
-    """``max_length`` is a positive int or None: 0 or a negative length would cut to nothing or from the end."""
-    if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1):
-        raise ValueError(f"max_length must be a positive int (or None), got {max_length!r}")
 
 
 def batch_rows(ids: Tensor | Sequence[Sequence[int]]) -> list:

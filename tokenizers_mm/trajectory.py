@@ -23,6 +23,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from tokenizers_mm.checks import check_int
+
 TOKENIZER_FILE = "trajectory_tokenizer.json"
 D4RL_KEYS = ("observations", "actions", "rewards", "terminals", "timeouts")
 # What a tokenizer is made of; a `DecisionTransformerConfig` has fields of the same names.
@@ -269,8 +271,7 @@ class TrajectoryTokenizer:
         action_high: Sequence[float] | None = None,
     ) -> None:
         for name, value in (("state_dim", state_dim), ("act_dim", act_dim), ("context_length", context_length)):
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+            check_int(name, value)
         if discrete and act_dim < 2:
             raise ValueError(f"a discrete action space needs act_dim ≥ 2 actions, got {act_dim}")
         if (isinstance(return_scale, bool) or not isinstance(return_scale, (int, float, np.integer, np.floating))

@@ -234,6 +234,16 @@ class WordPieceTokenizer:
         (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2))
         return directory
 
+    def __eq__(self, other: object) -> bool:
+        """Equal tokenizers give every text the same ids: the same vocabulary, normalisation and
+        special tokens."""
+        roles = ("cls_token", "sep_token", "pad_token", "mask_token", "unk_token")
+        return (isinstance(other, WordPieceTokenizer) and all(getattr(self, r) == getattr(other, r) for r in roles)
+                and self._tok.to_str() == other._tok.to_str())
+
+    def __hash__(self) -> int:
+        return hash((self.cls_token, self.sep_token, self.pad_token, self.vocab_size))
+
     # ----------------------------------------------------------------- vocabulary
     @property
     def vocab_size(self) -> int:

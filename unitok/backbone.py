@@ -110,10 +110,6 @@ class BackboneConfig(Config):
             raise ValueError(f"unknown sublayer(s) {unknown} in block={self.block}; known: {sorted(SUBLAYERS)}")
         if "token_mlp" in self.block and (self.n_tokens is None or self.n_tokens < 1):
             raise ValueError(f"a token_mlp sublayer mixes a fixed number of tokens: set n_tokens, got {self.n_tokens}")
-        if self.norm_position not in ("pre", "post"):
-            raise ValueError(f"norm_position must be 'pre' or 'post', got {self.norm_position!r}")
-        if self.norm not in ("layernorm", "rmsnorm"):
-            raise ValueError(f"norm must be 'layernorm' or 'rmsnorm', got {self.norm!r}")
         for name in ("dropout", "attn_dropout", "mlp_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import json
 import numbers
 import types
@@ -22,6 +23,32 @@ class Config:
     """
 
     presets: ClassVar[dict[str, dict[str, Any]]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # A subclass's own __post_init__ (its range checks) runs after the field types are checked,
+        # so `GPTConfig(vocab_size=2.5)` is refused by name however the config is built.
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("__post_init__")
+        if own is not None and not getattr(own, "checks_types", False):
+            @functools.wraps(own)
+            def __post_init__(self: Config) -> None:  # noqa: N807
+                self.check_types()
+                own(self)
+
+            __post_init__.checks_types = True  # type: ignore[attr-defined]
+            cls.__post_init__ = __post_init__  # type: ignore[attr-defined]
+
+    def __post_init__(self) -> None:
+        self.check_types()
+
+    def check_types(self) -> None:
+        """Refuse a field whose value does not fit its annotation (a float count, a bool size, a
+        string number), naming the field; nested configs check themselves."""
+        hints = _type_hints(type(self))
+        for field in dataclasses.fields(self):  # type: ignore[arg-type]
+            value = getattr(self, field.name)
+            if not matches_type(value, hints[field.name]):
+                raise _type_error(type(self), field.name, value, hints[field.name])
 
     @classmethod
     def field_names(cls) -> list[str]:
@@ -56,19 +83,14 @@ class Config:
         """Build from a plain dict; unknown keys and values of the wrong type are errors."""
         cls._check_keys(data)
         fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-        hints = typing.get_type_hints(cls)
+        hints = _type_hints(cls)
         values = {}
         for key, value in data.items():
             # JSON has no tuples: restore tuple-typed fields so configs compare equal.
             if isinstance(value, list) and "tuple" in str(fields[key].type):
                 value = tuple(value)
             if not matches_type(value, hints[key]):
-                # a value outside a Literal's choices is a bad value (ValueError), anything else a bad type
-                error = ValueError if _is_choice(hints[key]) and isinstance(value, str) else TypeError
-                raise error(f"unknown {key} {value!r} for {cls.__name__}: expected {type_name(hints[key])}"
-                            if error is ValueError else
-                            f"{cls.__name__}.{key} must be {type_name(hints[key])}, got {value!r} "
-                            f"({type(value).__name__})")
+                raise _type_error(cls, key, value, hints[key])
             values[key] = value
         return cls(**values)
 
@@ -85,6 +107,18 @@ class Config:
     @classmethod
     def load(cls: type[C], path: str | Path) -> C:
         return cls.from_dict(json.loads(Path(path).read_text()))
+
+
+@functools.cache
+def _type_hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _type_error(cls: type, key: str, value: Any, hint: Any) -> Exception:
+    """A value outside a Literal's choices is a bad value (ValueError), anything else a bad type."""
+    if _is_choice(hint) and isinstance(value, str):
+        return ValueError(f"unknown {key} {value!r} for {cls.__name__}: expected {type_name(hint)}")
+    return TypeError(f"{cls.__name__}.{key} must be {type_name(hint)}, got {value!r} ({type(value).__name__})")
 
 
 def matches_type(value: Any, hint: Any) -> bool:

@@ -19,6 +19,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from tokenizers_mm.checks import check_int
+
 NEG_INF = float("-inf")
 Decoder = Literal["greedy", "beam"]
 
@@ -134,8 +136,7 @@ def ctc_prefix_beam_search(log_probs: Tensor, lengths: Tensor | None = None, bea
     a whole word (if no beam does, the likeliest one's whole words).
     """
     lengths = _check(log_probs, lengths, blank)
-    if beam_size < 1:
-        raise ValueError(f"beam_size must be ≥ 1, got {beam_size}")
+    check_int("beam_size", beam_size)
     table = log_probs.detach().float().cpu()
     results = []
     for b in range(table.shape[0]):

@@ -35,6 +35,7 @@ from torch import Tensor
 
 from tokenizers_mm import BPETokenizer, Processor, Tokens, collate, pad_pairs
 from tokenizers_mm.audio import SpectrogramTokenizer
+from tokenizers_mm.checks import check_int
 from unitok.auto import load
 from unitok.models.base import PretrainedModel
 
@@ -54,8 +55,7 @@ class Pipeline:
         if type(model).__name__ not in self.families:
             raise ValueError(f"the {self.task!r} pipeline takes a {' or '.join(self.families)} model, "
                              f"got a {type(model).__name__}")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        check_int("batch_size", batch_size)
         unknown = sorted(set(options) - set(self.defaults))
         if unknown:
             raise TypeError(f"unknown option(s) {unknown} for {self.task!r}; it takes {sorted(self.defaults)}")
@@ -121,19 +121,12 @@ def _texts(items: list[Any], task: str) -> list[str]:
 
 
 def _top(probs: Tensor, k: int, label: Any) -> list[dict[str, Any]]:
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"top_k must be an integer ≥ 1, got {k!r}")
+    check_int("top_k", k)
     scores, ids = probs.topk(min(k, probs.shape[-1]))
     return [{"label": label(int(i)), "score": float(s)} for s, i in zip(scores, ids, strict=True)]
 
 
 # --------------------------------------------------------------------------- text
-
-
-def _check_num_beams(num_beams: Any) -> None:
-    """num_beams is a whole number ≥ 1 (1: no beam search), refused before any decoding."""
-    if isinstance(num_beams, bool) or not isinstance(num_beams, int) or num_beams < 1:
-        raise ValueError(f"num_beams must be an integer ≥ 1 (1: no beam search), got {num_beams!r}")
 
 
 class TextGenerationPipeline(Pipeline):
@@ -152,7 +145,7 @@ class TextGenerationPipeline(Pipeline):
                   return_full_text: bool, seed: int | None) -> list[Any]:
         tok = self.processor.text
         prompts = tok.batch_encode(_texts(items, self.task), padding_side="left").to(self.device)
-        _check_num_beams(num_beams)
+        check_int("num_beams", num_beams, note="(1: no beam search)")
         if num_beams > 1 and (do_sample or strategy not in (None, "beam")):
             what = "do_sample=True" if do_sample else f"strategy={strategy!r}"
             raise ValueError(f"num_beams={num_beams} asks for beam search, which {what} contradicts "
@@ -189,7 +182,7 @@ class Text2TextGenerationPipeline(Pipeline):
     def run_batch(self, items: list[Any], max_new_tokens: int, num_beams: int) -> list[Any]:
         tok = self.processor.text
         sources = collate(list(tok.iter_ids(_texts(items, self.task))), pad_id=tok.pad_id).to(self.device)
-        _check_num_beams(num_beams)
+        check_int("num_beams", num_beams, note="(1: no beam search)")
         strategy = "beam" if num_beams > 1 else "greedy"
         out = self.model.generate(sources.ids, attention_mask=sources.attention_mask, max_new_tokens=max_new_tokens,
                                   strategy=strategy, **({"num_beams": num_beams} if num_beams > 1 else {}))

@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from tokenizers_mm.checks import check_int
+
 if TYPE_CHECKING:
     from unitok.models.decision_transformer import DecisionTransformer
 
@@ -116,8 +118,8 @@ def evaluate_returns(
     import gymnasium as gym
 
     targets = check_target_returns(target_returns)
-    if isinstance(episodes, bool) or not isinstance(episodes, int) or episodes < 1:
-        raise ValueError(f"episodes must be a positive integer, got {episodes!r}")
+    check_int("episodes", episodes)
+    check_int("max_steps", max_steps, or_none=True)
     c, tok = model.config, model.tokenizer()
     sample = c.discrete if sample is None else bool(sample)
     if sample and not c.discrete:
@@ -129,8 +131,6 @@ def evaluate_returns(
         _check_env(envs[0], model, env_id)
         limit = getattr(envs[0].spec, "max_episode_steps", None) or c.max_ep_len
         horizon = min(limit, c.max_ep_len, max_steps if max_steps is not None else limit)
-        if horizon < 1:
-            raise ValueError(f"max_steps must be ≥ 1, got {max_steps}")
         obs = np.stack([env.reset(seed=seed + i % episodes)[0].reshape(-1) for i, env in enumerate(envs)])
         S, A, K = c.state_dim, c.act_dim, c.context_length
         states = torch.zeros(E, horizon, S, device=device)

@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from tokenizers_mm.checks import check_int
+
 Template = str | Callable[[str], str]
 
 
@@ -115,8 +117,7 @@ class ZeroShotClassifier:
         if modality == "audio" and getattr(getattr(model, "config", None), "audio", None) is None:
             raise ValueError("modality='audio' needs a CLIP with an audio tower; this one is an image–text model")
         self.modality = modality
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be ≥ 1, got {batch_size}")
+        check_int("batch_size", batch_size)
         self.model, self.classnames = model, list(classnames)
         self.prompts = class_prompts(self.classnames, templates, prompts)
         if tokenizer is None:

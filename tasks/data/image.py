@@ -23,6 +23,7 @@ from torch.utils.data import Dataset
 from torchvision.transforms import InterpolationMode, v2
 
 from tasks.data.base import SplitDataModule
+from tokenizers_mm.checks import check_int
 from tokenizers_mm.image import IMAGE_SUFFIXES
 
 Interpolation = Literal["bilinear", "bicubic", "nearest"]
@@ -187,8 +188,7 @@ class DigitsDataModule(ImageDataModule):
             raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
         if not 0.0 < val_share <= 1.0:
             raise ValueError(f"val_share must be in (0, 1], got {val_share}")
-        if train_per_class is not None and train_per_class < 1:
-            raise ValueError(f"train_per_class must be ≥ 1 (or None: every training scan), got {train_per_class}")
+        check_int("train_per_class", train_per_class, or_none=True, note="(None: every training scan)")
         self.train_per_class = train_per_class
         self.image_size = (image_size, image_size)
         self.interpolation = interpolation

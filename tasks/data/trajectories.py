@@ -32,6 +32,7 @@ from tasks.data.sampling import (
     held_out_generator,
     resumable_loader,
 )
+from tokenizers_mm.checks import check_int
 from tokenizers_mm.trajectory import (
     EncodedEpisodes,
     Episode,
@@ -307,8 +308,7 @@ class TrajectoryDataModule(SplitDataModule):
             raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
         if not 0.0 < val_share <= 1.0:
             raise ValueError(f"val_share must be in (0, 1], got {val_share}")
-        if context_length < 1:
-            raise ValueError(f"need context_length ≥ 1, got {context_length}")
+        check_int("context_length", context_length)
         self.path, self.env_id, self.context_length = path, env_id, context_length
         self.mix = dict(expert_episodes=expert_episodes, noisy_episodes=noisy_episodes,
                         random_episodes=random_episodes, noise_range=tuple(noise_range))

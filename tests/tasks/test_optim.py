@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from tasks.data.base import SplitDataModule
 from tasks.optim import warmup_cosine, weight_decay_groups
 from unitok.models import GPT, GPTConfig
 
@@ -100,3 +101,13 @@ def test_a_mixed_precision_run_that_clips_gradients_gets_the_unfused_adamw():
         trainer = SimpleNamespace(estimated_stepping_batches=10, precision=precision, gradient_clip_val=clip)
         optimizer = adamw_warmup_cosine(nn.Linear(4, 4), trainer, hparams)["optimizer"]
         assert bool(optimizer.defaults["fused"]) is fused, (precision, clip)
+
+
+def test_counts_given_as_floats_are_refused_where_they_were_read_before():
+    # a fractional batch size reached the DataLoader; a fractional warm-up bent the schedule
+    with pytest.raises(ValueError, match="batch_size must be an integer ≥ 1, got 2.5"):
+        SplitDataModule(batch_size=2.5)
+    with pytest.raises(ValueError, match="num_workers must be an integer ≥ 0, got -1"):
+        SplitDataModule(batch_size=2, num_workers=-1)
+    with pytest.raises(ValueError, match="warmup_steps must be an integer ≥ 0, got 1.5"):
+        warmup_cosine(1.5, 10)

@@ -92,9 +92,9 @@ def test_a_call_context_length_sets_the_limit_of_the_truncation_policy():
 
 @pytest.mark.parametrize("bad", [0, -5, 2, 7.0])
 def test_a_context_length_that_cannot_hold_a_caption_is_refused(bad):
-    with pytest.raises(ValueError, match=f"context_length must be an int ≥ 3 .*got {bad}"):
+    with pytest.raises(ValueError, match=f"context_length must be an integer ≥ 3 .*got {bad}"):
         CLIPTokenizer()(CAPTIONS, context_length=bad)
-    with pytest.raises(ValueError, match="context_length must be an int ≥ 3"):
+    with pytest.raises(ValueError, match="context_length must be an integer ≥ 3"):
         CLIPTokenizer(context_length=bad)
 
 
@@ -105,3 +105,9 @@ def test_decode_takes_one_caption_and_batch_decode_a_batch():
         tok.decode(ids)
     assert tok.batch_decode(ids) == [tok.decode(row) for row in ids] == ["a photo of the number seven .",
                                                                          "a diagram of a cat , sitting on a mat !"]
+
+
+def test_clip_tokenizers_are_equal_when_they_cut_the_same_context():
+    assert CLIPTokenizer() == CLIPTokenizer() and hash(CLIPTokenizer()) == hash(CLIPTokenizer())
+    assert CLIPTokenizer(context_length=32) != CLIPTokenizer()
+    assert CLIPTokenizer(truncation="silent") != CLIPTokenizer()

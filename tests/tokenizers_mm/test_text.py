@@ -176,7 +176,7 @@ def test_classifier_input_longer_than_max_length_is_refused_without_truncation(t
 @pytest.mark.parametrize("max_length", [0, -1])
 def test_batch_encode_refuses_a_max_length_that_is_not_positive(tok, max_length, side):
     # ids[-0:] would keep the whole text, ids[:-1] would drop its last token
-    with pytest.raises(ValueError, match=f"max_length must be a positive int .*got {max_length}"):
+    with pytest.raises(ValueError, match=f"max_length must be an integer ≥ 1 or None, got {max_length}"):
         tok.batch_encode(["import os"], max_length=max_length, truncation=True, truncation_side=side)
 
 
@@ -216,3 +216,11 @@ def test_batch_decode_refuses_one_sequence_and_points_to_decode(tok, one_sequenc
     with pytest.raises(ValueError, match="batch_decode takes a batch of rows.*use decode"):
         tok.batch_decode(one_sequence(ids))
     assert tok.batch_decode(ids[None]) == ["import os"]
+
+
+def test_tokenizers_are_equal_when_they_give_every_text_the_same_ids(tok, tok_bos, tmp_path):
+    loaded = BPETokenizer.load(tok.save(tmp_path))
+    assert loaded == tok and hash(loaded) == hash(tok)
+    assert BPETokenizer.train(iterator=CORPUS, vocab_size=300) == tok  # training is deterministic
+    assert BPETokenizer.train(iterator=CORPUS, vocab_size=290) != tok
+    assert tok_bos != tok  # the same merges, another special token read first

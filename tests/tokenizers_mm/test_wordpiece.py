@@ -247,3 +247,9 @@ def test_batch_decode_refuses_one_sequence_and_points_to_decode(tok, one_sequenc
     ids = tok.encode("import os").ids
     with pytest.raises(ValueError, match="batch_decode takes a batch of rows.*use decode"):
         tok.batch_decode(one_sequence(ids))
+
+
+def test_tokenizers_are_equal_when_they_give_every_text_the_same_ids(tok, tmp_path):
+    loaded = WordPieceTokenizer.load(tok.save(tmp_path))
+    assert loaded == tok and hash(loaded) == hash(tok)
+    assert WordPieceTokenizer.train(iterator=CORPUS, vocab_size=100, min_frequency=1) != tok

@@ -118,7 +118,7 @@ def test_rmsnorm_matches_its_definition():
         (dict(d_model=10, n_heads=3), "divisible"),
         (dict(block=("attn", "convolution")), "unknown sublayer"),
         (dict(norm_position="middle"), "norm_position"),
-        (dict(norm="batchnorm"), "norm must be"),
+        (dict(norm="batchnorm"), "unknown norm .batchnorm. for BackboneConfig"),
         (dict(dropout=1.5), "dropout"),
     ],
 )

@@ -192,7 +192,7 @@ def test_bad_input_is_refused():
         model(torch.ones(2, 4, dtype=torch.long), attention_mask=torch.ones(2, 5))
     with pytest.raises(ValueError, match="features"):
         model(Tokens(features=torch.zeros(1, 4, 8)))
-    with pytest.raises(ValueError, match="num_labels must be an int ≥ 1"):
+    with pytest.raises(ValueError, match=r"num_labels must be an integer ≥ 1 \(1 = regression\), got 0"):
         BERT.for_sequence_classification(model, num_labels=0)
     with pytest.raises(ValueError, match="reads the pooled"):
         BERTConfig(**TINY, heads=("nsp",))

@@ -130,7 +130,7 @@ def test_bad_decoder_input_is_refused():
         ctc_greedy_decode(torch.zeros(4, 3))
     with pytest.raises(ValueError, match=r"lengths must be \(batch,\) values in \[0, 4\]"):
         ctc_prefix_beam_search(torch.zeros(1, 4, 3), torch.tensor([5]))
-    with pytest.raises(ValueError, match="beam_size must be ≥ 1"):
+    with pytest.raises(ValueError, match="beam_size must be an integer ≥ 1, got 0"):
         ctc_prefix_beam_search(torch.zeros(1, 4, 3), beam_size=0)
     with pytest.raises(ValueError, match="blank=3"):
         ctc_greedy_decode(torch.zeros(1, 4, 3), blank=3)

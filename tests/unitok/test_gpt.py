@@ -226,7 +226,7 @@ def test_a_classifier_on_a_pretrained_body_keeps_its_weights_and_round_trips(tmp
         model.save_pretrained(tmp_path)
         loaded = GPT.from_pretrained(tmp_path)
         torch.testing.assert_close(loaded(ids).class_logits, model(ids).class_logits)
-    with pytest.raises(ValueError, match="num_labels must be an int ≥ 1"):
+    with pytest.raises(ValueError, match=r"num_labels must be an integer ≥ 1, got 0"):
         GPT.for_sequence_classification(body, num_labels=0)
     with pytest.raises(ValueError, match="num_labels must be an int ≥ 0"):
         GPTConfig(num_labels=-1)

@@ -194,5 +194,5 @@ def test_generation_config_chooses_packed_weights_automatically_or_as_told(monke
     assert torch.equal(model.generate(prompts[:3], max_new_tokens=MIN_NEW_TOKENS, packed=True),
                        expected[:3])  # three rows: output-major's, even when told
     assert packed == []
-    with pytest.raises(TypeError, match=r"packed must be True, False or None \(automatic\), got 'yes'"):
+    with pytest.raises(TypeError, match=r"GenerationConfig.packed must be bool \| None, got 'yes' \(str\)"):
         GenerationConfig(packed="yes")

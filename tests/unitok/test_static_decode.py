@@ -141,7 +141,7 @@ def test_a_static_cache_needs_its_write_positions_and_a_mask():
     cache.index = torch.arange(2)
     with pytest.raises(ValueError, match="got \\(2,\\)"):
         backbone(x, cache=cache, mask=mask)
-    with pytest.raises(ValueError, match="capacity ≥ 1"):
+    with pytest.raises(ValueError, match="capacity must be an integer ≥ 1, got 0"):
         StaticKVCache(1, 0)
     t5_like = Backbone(BackboneConfig(d_model=16, n_layers=1, n_heads=2, causal=True, relative_buckets=8)).eval()
     with pytest.raises(ValueError, match="relative position bias"):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
+from tokenizers_mm.checks import check_int
 from unitok.layers.activations import Activation, make_activation
 
 
@@ -30,8 +31,7 @@ class ClassificationHead(nn.Module):
 
     def __init__(self, d_model: int, num_labels: int, dropout: float = 0.1, device=None, dtype=None) -> None:
         super().__init__()
-        if num_labels < 1:
-            raise ValueError(f"a classification head needs num_labels ≥ 1, got {num_labels}")
+        check_int("num_labels", num_labels)
         self.drop = nn.Dropout(dropout)
         self.out = nn.Linear(d_model, num_labels, device=device, dtype=dtype)
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from tokenizers_mm.checks import check_int
+
 
 class KVCache:
     """Per-layer keys and values kept in buffers that grow geometrically.
@@ -106,8 +108,7 @@ class StaticKVCache:
     """
 
     def __init__(self, n_layers: int, capacity: int) -> None:
-        if capacity < 1:
-            raise ValueError(f"a static cache needs a capacity ≥ 1, got {capacity}")
+        check_int("capacity", capacity)
         self.n_layers = n_layers
         self.capacity = capacity
         self.index: Tensor | None = None

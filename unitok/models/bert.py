@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from tokenizers_mm import Tokens
+from tokenizers_mm.checks import check_int
 from unitok.backbone import Backbone, BackboneConfig, init_weights
 from unitok.checks import deferred_checks, host_values
 from unitok.config import Config
@@ -441,14 +442,14 @@ class BERT(PretrainedModel):
                                     classifier_dropout: float | None = None, dropout: float | None = None) -> BERT:
         """[CLS] -> pooler -> dropout -> K scores (K = 1: regression). Sentence pairs go in as
         one sequence with segment ids. A body without a pooler (ELECTRA) gets a new one."""
-        _check_num_labels(num_labels)
+        check_int("num_labels", num_labels, note="(1 = regression)")
         return bert.with_heads(("pooler", "classifier"), num_labels, freeze_backbone, classifier_dropout, dropout)
 
     @classmethod
     def for_token_classification(cls, bert: BERT, num_labels: int, freeze_backbone: bool = False,
                                  classifier_dropout: float | None = None, dropout: float | None = None) -> BERT:
         """K scores for every token (word labels go on each word's first sub-token)."""
-        _check_num_labels(num_labels)
+        check_int("num_labels", num_labels, note="(1 = regression)")
         return bert.with_heads(("token_classifier",), num_labels, freeze_backbone, classifier_dropout, dropout)
 
     @classmethod
@@ -471,11 +472,6 @@ class BERT(PretrainedModel):
         for part in getattr(self, "_frozen_parts", ()):
             part.eval()
         return self
-
-
-def _check_num_labels(num_labels: int) -> None:
-    if not isinstance(num_labels, int) or num_labels < 1:
-        raise ValueError(f"num_labels must be an int ≥ 1 (1 = regression), got {num_labels!r}")
 
 
 def span_from_logits(start_logits: Tensor, end_logits: Tensor, allowed: Tensor | None = None,

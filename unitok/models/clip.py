@@ -111,8 +111,6 @@ class CLIPAudioConfig(Config):
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "spectrogram", dict(self.spectrogram))
-        if self.pool not in ("mean", "cls"):
-            raise ValueError(f"audio pool must be 'mean' or 'cls', got {self.pool!r}")
         if self.spectrogram.get("n_mels", self.n_mels) != self.n_mels:
             raise ValueError(f"spectrogram n_mels={self.spectrogram['n_mels']} differs from n_mels={self.n_mels}")
         self.backbone_config()

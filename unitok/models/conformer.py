@@ -73,8 +73,6 @@ class ConformerConfig(Config):
     def __post_init__(self) -> None:
         object.__setattr__(self, "vocabulary", tuple(self.vocabulary))
         object.__setattr__(self, "spectrogram", dict(self.spectrogram))
-        if self.subsampling not in ("conv2d4", "none"):
-            raise ValueError(f"subsampling must be 'conv2d4' or 'none', got {self.subsampling!r}")
         if self.subsampling == "none" and self.n_mels != self.d_model:
             raise ValueError(f"subsampling='none' reads frames as they are: n_mels ({self.n_mels}) must equal "
                              f"d_model ({self.d_model})")

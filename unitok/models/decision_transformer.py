@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from tokenizers_mm.checks import check_int
 from tokenizers_mm.processor import Processor
 from tokenizers_mm.trajectory import TOKENIZER_FIELDS, TrajectoryTokenizer, TrajectoryWindows
 from unitok.backbone import Backbone, BackboneConfig, init_weights
@@ -95,8 +96,7 @@ class DecisionTransformerConfig(Config):
     def __post_init__(self) -> None:
         for name in ("state_dim", "act_dim", "context_length", "max_ep_len"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+            check_int(name, value)
         if self.discrete and self.act_dim < 2:
             raise ValueError(f"a discrete action space needs act_dim ≥ 2 actions, got {self.act_dim}")
         self.tokenizer()  # validates the statistics against the dimensions

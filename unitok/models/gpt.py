@@ -14,6 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from tokenizers_mm import Tokens
+from tokenizers_mm.checks import check_int
 from unitok.backbone import Backbone, BackboneConfig, init_weights
 from unitok.checks import deferred_checks
 from unitok.compile import loss_backend
@@ -80,9 +81,7 @@ class GPTConfig(Config):
             raise ValueError(f"vocab_size must be ≥ 1, got {self.vocab_size}")
         if self.context_length < 1:
             raise ValueError(f"context_length must be ≥ 1, got {self.context_length}")
-        if self.positions not in ("learned", "sinusoidal"):
-            raise ValueError(f"positions must be 'learned' or 'sinusoidal', got {self.positions!r}")
-        if not isinstance(self.num_labels, int) or self.num_labels < 0:
+        if self.num_labels < 0:
             raise ValueError(f"num_labels must be an int ≥ 0 (0: no classifier), got {self.num_labels!r}")
         for name in ("eos_token_id", "pad_token_id"):
             value = getattr(self, name)
@@ -236,8 +235,7 @@ class GPT(PretrainedModel):
         of ``num_labels`` on the last real token (GPT-1); ``dropout`` replaces the body's when
         given. The LM head stays, for GPT-1's auxiliary language-modelling loss. ``gpt`` is left
         as it is; the new model is in ``gpt``'s mode (eval for a loaded one)."""
-        if not isinstance(num_labels, int) or num_labels < 1:
-            raise ValueError(f"num_labels must be an int ≥ 1, got {num_labels!r}")
+        check_int("num_labels", num_labels)
         changes = {"num_labels": num_labels} | ({} if dropout is None else {"dropout": dropout})
         ref = gpt.tok_embed.weight
         model = cls(gpt.config.replace(**changes)).to(device=ref.device, dtype=ref.dtype)

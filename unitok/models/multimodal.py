@@ -23,6 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from tokenizers_mm import ImagePreprocessConfig, Processor, SpectrogramConfig, Tokens, patchify
+from tokenizers_mm.checks import check_int
 from tokenizers_mm.trajectory import TOKENIZER_FIELDS, TrajectoryTokenizer, TrajectoryWindows
 from unitok.backbone import Backbone, BackboneConfig, init_weights
 from unitok.checks import check_dtype, check_finite, deferred_checks
@@ -148,8 +149,7 @@ class TrajectoryModality(Config):
                 object.__setattr__(self, name, tuple(float(v) for v in value))
         for name in ("state_dim", "act_dim", "context_length", "max_ep_len"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+            check_int(name, value)
         self.tokenizer()  # validates the statistics against the dimensions
 
     @property

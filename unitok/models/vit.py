@@ -84,10 +84,6 @@ class ViTConfig(ImageConfig):
             raise ValueError("pool='cls' needs class_token=True")
         if self.distill_token and not self.class_token:
             raise ValueError("a distillation token goes with a class token")
-        if self.positions not in ("learned", "sincos", "none"):
-            raise ValueError(f"positions must be 'learned', 'sincos' or 'none', got {self.positions!r}")
-        if self.pool not in ("cls", "avg"):
-            raise ValueError(f"pool must be 'cls' or 'avg', got {self.pool!r}")
         self.backbone_config()
 
     @property
