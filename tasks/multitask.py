@@ -68,6 +68,8 @@ class MultiTaskTask(L.LightningModule):
             raise ValueError(f"tasks_per_step must be 'all' or 'one', got {tasks_per_step!r}")
         if tasks_per_step == "one" and not any(o.sampling_weight > 0 for o in objectives.values()):
             raise ValueError("every sampling_weight is 0: no task could be drawn")
+        if not any(o.loss_weight > 0 for o in objectives.values()):
+            raise ValueError("every loss_weight is 0: no task's loss would train the model")
         if preset not in MultimodalConfig.presets:  # fail here, not at setup
             MultimodalConfig.from_name(preset)
         self.objectives = dict(objectives)

@@ -12,6 +12,7 @@ Axis legend: B batch, N frames / tokens, K classes or steps, V vocabulary.
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any
 
 import numpy as np
@@ -26,6 +27,7 @@ from tasks.ctc_asr import ctc_log_likelihood, ctc_loss
 from tasks.decision_transformer import action_loss, action_records
 from tasks.predictions import Record, class_records, records
 from tokenizers_mm import CharacterVocabulary, Tokens, TrajectoryWindows
+from tokenizers_mm.checks import check_int
 from unitok.ctc import ctc_greedy_decode
 from unitok.models import (
     ActionHeadConfig,
@@ -56,8 +58,9 @@ class Objective:
     higher_is_better: bool = True
 
     def __init__(self, loss_weight: float = 1.0, sampling_weight: float = 1.0) -> None:
-        if loss_weight < 0 or sampling_weight < 0:
-            raise ValueError(f"loss_weight and sampling_weight must be ≥ 0, got {loss_weight}, {sampling_weight}")
+        for name, weight in (("loss_weight", loss_weight), ("sampling_weight", sampling_weight)):
+            if isinstance(weight, bool) or not isinstance(weight, numbers.Real) or not math.isfinite(weight) or weight < 0:
+                raise ValueError(f"{name} must be a finite number ≥ 0, got {weight!r}")
         self.loss_weight, self.sampling_weight = float(loss_weight), float(sampling_weight)
         self.name = ""
         self.head = ""
@@ -213,8 +216,7 @@ class LanguageModelling(Objective):
     def __init__(self, segment: str = "text", loss_weight: float = 1.0, sampling_weight: float = 1.0,
                  predict_tokens: int = 16) -> None:
         super().__init__(loss_weight, sampling_weight)
-        if predict_tokens < 1:
-            raise ValueError(f"predict_tokens must be ≥ 1, got {predict_tokens}")
+        check_int("predict_tokens", predict_tokens)
         self.segment, self.predict_tokens = segment, predict_tokens
 
     def bind(self, name: str, data: Any) -> None:

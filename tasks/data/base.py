@@ -13,7 +13,7 @@ checkpoint says where training stood, so a resumed run reads on from that batch.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -31,6 +31,7 @@ from tasks.data.sampling import (
     training_position,
 )
 from tokenizers_mm import BPETokenizer, CLIPTokenizer, Processor, WordPieceTokenizer
+from tokenizers_mm.checks import check_int
 
 Split = Literal["train", "val", "test"]
 
@@ -48,16 +49,37 @@ def default_cache_dir() -> Path:
 T = TypeVar("T")
 
 
-def hold_out(items: Sequence[T], fraction: float, seed: int) -> tuple[list[T], list[T]]:
+def hold_out(items: Sequence[T], fraction: float, seed: int, key: Callable[[T], Hashable] | None = None,
+             what: str = "pairs") -> tuple[list[T], list[T]]:
     """Split users' items into (train, val) at random (seeded), ``fraction`` of them held out;
-    both keep the items' order. Errors when the fraction or the items cannot give both splits."""
+    both keep the items' order. ``key``: items with the same key (captions of one image) go to
+    the same split, ``fraction`` of the keys held out (``what`` names them in errors). Errors
+    when the fraction or the items cannot give both splits."""
     if not 0.0 < fraction < 1.0:
         raise ValueError(f"val_fraction must be in (0, 1), got {fraction}")
-    order = np.random.default_rng(seed).permutation(len(items))
+    keys = list(dict.fromkeys(key(item) for item in items)) if key is not None else range(len(items))
+    order = np.random.default_rng(seed).permutation(len(keys))
     n_val = max(1, round(fraction * len(order)))
     if n_val >= len(order):
-        raise ValueError(f"only {len(order)} pairs: too few to hold out a validation split")
-    return [items[i] for i in sorted(order[n_val:])], [items[i] for i in sorted(order[:n_val])]
+        raise ValueError(f"only {len(order)} {what}: too few to hold out a validation split")
+    if key is None:
+        return [items[i] for i in sorted(order[n_val:])], [items[i] for i in sorted(order[:n_val])]
+    held = {keys[i] for i in order[:n_val]}
+    return [x for x in items if key(x) not in held], [x for x in items if key(x) in held]
+
+
+def check_disjoint(splits: Mapping[str, Sequence[T] | None], key: Callable[[T], Hashable], what: str) -> None:
+    """Refuse data whose splits share a ``what`` (an image, an audio file): held-out data must share
+    nothing with training, nor validation with test. ``splits``: each split's items by the
+    name the user gave them (None: not given)."""
+    seen: list[tuple[str, set[Hashable]]] = []
+    for name, items in splits.items():
+        keys = {key(x) for x in items or ()}
+        for other, earlier in seen:
+            if shared := keys & earlier:
+                raise ValueError(f"{len(shared)} {what}(s) of {name} are also in {other} (e.g. "
+                                 f"{min(map(str, shared))}): splits must share nothing (give files that do not overlap)")
+        seen.append((name, keys))
 
 
 class SplitDataModule(L.LightningDataModule):
@@ -75,8 +97,8 @@ class SplitDataModule(L.LightningDataModule):
 
     def __init__(self, batch_size: int, num_workers: int = 0) -> None:
         super().__init__()
-        if batch_size < 1 or num_workers < 0:
-            raise ValueError(f"need batch_size ≥ 1 and num_workers ≥ 0, got {batch_size}, {num_workers}")
+        check_int("batch_size", batch_size)
+        check_int("num_workers", num_workers, at_least=0)
         self.batch_size, self.num_workers = batch_size, num_workers
         self.train_set: Dataset | None = None
         self.val_set: Dataset | None = None

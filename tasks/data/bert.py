@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from tasks.data.base import Split, SplitDataModule, default_cache_dir
 from tasks.data.text import (
+    check_train_samples,
     read_texts,
     split_test_files,
     text_file_paths,
@@ -31,6 +32,7 @@ from tasks.data.text import (
 )
 from tasks.predictions import prompt_loader
 from tokenizers_mm import WordPieceTokenizer, encode_pair_ids, pad_pairs
+from tokenizers_mm.checks import check_int
 from tokenizers_mm.pairs import pair_lengths
 
 IGNORE = -100
@@ -317,7 +319,8 @@ class BERTDataModule(SplitDataModule):
         random_next: share of pairs whose B is a random other document's text.
         mlm_probability / mask_ratio / random_ratio: masking rates (15 %, 80 %, 10 %).
         whole_word_masking: select whole words (all their "##" pieces) together.
-        batch_size / num_workers / train_samples / val_samples: loading and epoch sizes.
+        batch_size / num_workers / train_samples / val_samples: loading and epoch sizes
+            (``train_samples`` ≥ ``batch_size``: the last partial training batch is dropped).
         val_fraction: the last documents held out for validation.
         test_fraction / test_files: the test documents, whole files outside the training and
             validation ones (see `tasks.data.text.split_test_files`; 0: no test split, test =
@@ -360,8 +363,8 @@ class BERTDataModule(SplitDataModule):
             raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
         if not 0.0 <= test_fraction < 1.0:
             raise ValueError(f"test_fraction must be in [0, 1), got {test_fraction}")
-        if train_samples < 1 or val_samples < 1:
-            raise ValueError(f"train_samples and val_samples must be ≥ 1, got {train_samples}, {val_samples}")
+        check_train_samples(train_samples, batch_size, self.drop_last_train)
+        check_int("val_samples", val_samples)
         if files is not None and len(files) == 0:
             raise ValueError("files is an empty list; leave it unset to use the built-in corpus")
         self.files, self.test_files = text_file_paths(files, test_files)

@@ -21,7 +21,7 @@ from torch import Tensor
 from torch.utils.data import Dataset
 from torchvision.transforms import InterpolationMode, v2
 
-from tasks.data.base import SplitDataModule, hold_out
+from tasks.data.base import SplitDataModule, check_disjoint, hold_out
 from tasks.data.image import (
     IMAGE_SUFFIXES,
     DigitsDataModule,
@@ -62,11 +62,14 @@ class Captioned(Dataset):
     ``captions[i]`` is a fixed caption, or ``(label, templates)`` to draw a template at random
     each time the image is read (so every epoch pairs the image with new wording); the class is
     then written as ``class_numerals[label]`` with probability ``numerals``, else as its name.
+    The draws come from Python's global generator, which the training loader seeds for each
+    batch (`tasks.data.sampling.SeededFetch`): a batch's captions depend on (seed, epoch, batch)
+    alone, in any worker and in a resumed run.
     """
 
     def __init__(self, images: Tensor | Sequence[Path], captions: Sequence[Any], labels: Sequence[int],
                  transform: Callable[[Tensor], Tensor], class_names: Sequence[str] = (), mode: str = "RGB",
-                 seed: int = 0, class_numerals: Sequence[str] = (), numerals: float = 0.0) -> None:
+                 class_numerals: Sequence[str] = (), numerals: float = 0.0) -> None:
         if len(images) != len(captions) or len(captions) != len(labels):
             raise ValueError(f"got {len(images)} images, {len(captions)} captions, {len(labels)} labels")
         if numerals and len(class_numerals) != len(class_names):
@@ -74,7 +77,6 @@ class Captioned(Dataset):
         self.images, self.captions, self.labels = images, list(captions), torch.as_tensor(list(labels))
         self.transform, self.class_names, self.mode = transform, list(class_names), mode
         self.class_numerals, self.numerals = list(class_numerals), numerals
-        self.rng = random.Random(seed)
 
     def __len__(self) -> int:
         return len(self.captions)
@@ -89,8 +91,8 @@ class Captioned(Dataset):
         if isinstance(caption, str):
             return caption
         label, templates = caption
-        template = self.rng.choice(templates)
-        numeral = self.numerals > 0 and self.rng.random() < self.numerals
+        template = random.choice(templates)
+        numeral = self.numerals > 0 and random.random() < self.numerals
         return template.format(self.class_numerals[label] if numeral else self.class_names[label])
 
     def __getitem__(self, index: int) -> dict[str, Any]:
@@ -191,6 +193,8 @@ class CaptionedDigitsDataModule(CaptionDataModule):
                 raise ValueError(f"template {t!r} has no '{{}}' for the class name")
         if not templates or not held_out_templates:
             raise ValueError("need at least one training and one held-out template")
+        if shared := sorted(set(templates) & set(held_out_templates)):
+            raise ValueError(f"held-out templates are never captions (zero-shot prompts): {shared} are in both")
         if len(class_names) != 10 or len(class_numerals) != 10:
             raise ValueError(f"class_names and class_numerals need 10 entries (digits 0–9), got "
                              f"{len(class_names)}, {len(class_numerals)}")
@@ -217,7 +221,7 @@ class CaptionedDigitsDataModule(CaptionDataModule):
                            if self.digits.augment else normalize)
         train_labels = labels[torch.from_numpy(train)].tolist()
         self.train_set = Captioned(images[torch.from_numpy(train)], [(y, self.templates) for y in train_labels],
-                                   train_labels, train_transform, self.class_names, seed=self.split_seed,
+                                   train_labels, train_transform, self.class_names,
                                    class_numerals=self.class_numerals, numerals=self.numerals)
         # Held-out captions are fixed (template i mod T; numeral every other one when numerals are
         # used), so validation and test losses are deterministic.
@@ -336,8 +340,8 @@ class ImageCaptionDataModule(CaptionDataModule):
         if channels not in (1, 3):
             raise ValueError(f"channels must be 1 (grey) or 3 (RGB), got {channels}")
         self.image_size, self.channels = _square(image_size), channels
-        if mean is None or std is None:  # CLIP's (OpenAI's) statistics for RGB, 0.5 for grey
-            mean, std = (OPENAI_MEAN, OPENAI_STD) if channels == 3 else (0.5, 0.5)
+        default_mean, default_std = (OPENAI_MEAN, OPENAI_STD) if channels == 3 else (0.5, 0.5)  # CLIP's for RGB
+        mean, std = default_mean if mean is None else mean, default_std if std is None else std
         self.mean, self.std = _stats(mean, channels, "mean"), _stats(std, channels, "std")
         self.interpolation = interpolation
 
@@ -346,11 +350,16 @@ class ImageCaptionDataModule(CaptionDataModule):
                 return read_pairs(Path(file), image_key, caption_key)
             return folder_pairs(Path(folder)) if folder is not None else None
 
+        def image(pair: tuple[Path, str]) -> Path:
+            return pair[0].resolve()
+
         self.train_pairs = load(train_file, train_folder)
         self.val_pairs = load(val_file, val_folder)
-        if self.val_pairs is None:
-            self.train_pairs, self.val_pairs = hold_out(self.train_pairs, val_fraction, split_seed)
         self.test_pairs = load(test_file, test_folder)
+        if self.val_pairs is None:  # an image's captions stay together (COCO has five an image)
+            self.train_pairs, self.val_pairs = hold_out(self.train_pairs, val_fraction, split_seed, image, "images")
+        check_disjoint({"the training pairs": self.train_pairs, "the validation pairs": self.val_pairs,
+                        "the test pairs": self.test_pairs}, image, "image")
         for pairs in (self.train_pairs, self.val_pairs, self.test_pairs or []):  # fail now, not in a worker mid-epoch
             for _, caption in pairs:
                 self.tokenizer.encode(caption)

@@ -43,10 +43,15 @@ class MultiTaskDataModule(L.LightningDataModule):
         reads one text vocabulary, so two tasks with different tokenizers are an error."""
         texts = {name: p.text for name, d in self.tasks.items()
                  if (p := getattr(d, "processor", lambda: None)()) is not None and p.text is not None}
-        kinds = {type(t).__name__ for t in texts.values()}
-        if len(kinds) > 1:
-            raise ValueError(f"the tasks' text tokenizers differ ({texts}); a model saves one")
-        return Processor(text=next(iter(texts.values()))) if texts else None
+        if not texts:
+            return None
+        (first, text), *others = texts.items()
+        differ = [name for name, other in others if other != text]
+        if differ:
+            raise ValueError(f"tasks {differ} read text with another tokenizer than task {first!r} "
+                             f"({', '.join(f'{n}: {type(t).__name__} of {t.vocab_size} tokens' for n, t in texts.items())}); "
+                             "one model reads one vocabulary: give every task the same tokenizer")
+        return Processor(text=text)
 
     def __str__(self) -> str:  # Lightning's would build every loader to describe them
         return f"MultiTaskDataModule({', '.join(f'{n}: {type(d).__name__}' for n, d in self.tasks.items())})"
@@ -67,7 +72,12 @@ class MultiTaskDataModule(L.LightningDataModule):
         for i, data in enumerate(self.tasks.values()):
             if hasattr(data, "shuffle_seed") and data.shuffle_seed is None:
                 data.shuffle_seed = mix_seed(seed, i)
-        return CombinedLoader({name: data.train_dataloader() for name, data in self.tasks.items()}, self.mode)
+        loaders = {name: data.train_dataloader() for name, data in self.tasks.items()}
+        for name, loader in loaders.items():  # else "max_size_cycle" and "min_size" train nothing, "max_size" skips it
+            if hasattr(loader, "__len__") and len(loader) == 0:
+                raise ValueError(f"task {name!r} has no training batch: {len(loader.dataset)} items for batch_size "
+                                 f"{loader.batch_sampler.batch_size} (the last partial batch is dropped)")
+        return CombinedLoader(loaders, self.mode)
 
     def state_dict(self) -> dict[str, Any]:
         """Every task's data state (training seed and position) for checkpoints."""

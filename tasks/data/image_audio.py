@@ -29,7 +29,7 @@ from torch import Tensor
 from torch.utils.data import Dataset
 from torchvision.transforms import v2
 
-from tasks.data.base import SplitDataModule, hold_out
+from tasks.data.base import SplitDataModule, check_disjoint, hold_out
 from tasks.data.captions import read_rows, row_file
 from tasks.data.image import DigitsDataModule, _square, _stats, augmentation
 from tasks.data.speech import (
@@ -187,7 +187,7 @@ class ImageAudioPairsDataModule(SplitDataModule):
         val, test = [], []
         for d in range(10):
             rows = [i for i, digit in enumerate(digits) if digit == d]
-            for i, validates in zip(rows, validation_rows(len(rows), self.val_share)):
+            for i, validates in zip(rows, validation_rows([d] * len(rows), self.val_share)):
                 (val if validates else test).append(i)
         return sorted(val), sorted(test)
 
@@ -295,10 +295,15 @@ class AudioImageManifestDataModule(SplitDataModule):
         self.train_pairs = read_audio_image_pairs(Path(train_manifest), audio_key, image_key)
         if val_manifest is not None:
             self.val_pairs = read_audio_image_pairs(Path(val_manifest), audio_key, image_key)
-        else:
-            self.train_pairs, self.val_pairs = hold_out(self.train_pairs, val_fraction, split_seed)
+        else:  # an image's clips stay together
+            self.train_pairs, self.val_pairs = hold_out(self.train_pairs, val_fraction, split_seed,
+                                                        lambda pair: pair[1].resolve(), "images")
         self.test_pairs = (read_audio_image_pairs(Path(test_manifest), audio_key, image_key)
                            if test_manifest is not None else None)
+        splits = {"the training pairs": self.train_pairs, "the validation pairs": self.val_pairs,
+                  "the test pairs": self.test_pairs}
+        check_disjoint(splits, lambda pair: pair[1].resolve(), "image")
+        check_disjoint(splits, lambda pair: pair[0].resolve(), "audio file")
 
     def _dataset(self, pairs: Sequence[tuple[Path, Path]]) -> AudioImageFiles:
         transform = v2.Compose([v2.Resize(min(self.image_size), antialias=True), v2.CenterCrop(self.image_size),

@@ -39,9 +39,11 @@ from tasks.data.bert import prepare_wordpiece_corpus
 from tasks.data.docstrings import Docstring, docstring_key, extract_docstrings
 from tasks.data.text import stdlib_package_files
 from tokenizers_mm import BPETokenizer, WordPieceTokenizer, align_word_labels, pad_pairs
+from tokenizers_mm.checks import check_int
 
 DEFAULT_PACKAGES = ("asyncio", "email", "logging", "tkinter")
 TOKEN_CLASSES = ("keyword", "builtin", "name", "operator", "number", "string", "comment")
+SPLITS = ("train", "val", "test")
 
 
 def distinct_docstrings(docs: Sequence[Docstring]) -> list[Docstring]:
@@ -96,12 +98,10 @@ class _LabelledTextModule(SplitDataModule):
                  num_workers: int, train_per_class: int | None, val_per_class: int, seed: int,
                  cache_dir: str | None, test_per_class: int | None = None) -> None:
         super().__init__(batch_size, num_workers)
-        if context_length < 8 or val_per_class < 1:
-            raise ValueError(f"need context_length ≥ 8 and val_per_class ≥ 1; got {context_length}, {val_per_class}")
-        if train_per_class is not None and train_per_class < 1:
-            raise ValueError(f"train_per_class must be ≥ 1 or None (all), got {train_per_class}")
-        if test_per_class is not None and test_per_class < 0:
-            raise ValueError(f"test_per_class must be ≥ 0 or None (as many as val_per_class), got {test_per_class}")
+        check_int("context_length", context_length, at_least=8)
+        check_int("val_per_class", val_per_class)
+        check_int("train_per_class", train_per_class, or_none=True, note="(None: all)")
+        check_int("test_per_class", test_per_class, at_least=0, or_none=True, note="(None: as many as val_per_class)")
         self.tokenizer_path, self.requested_vocab_size = tokenizer, vocab_size
         self.context_length = context_length
         self.train_per_class, self.val_per_class, self.seed = train_per_class, val_per_class, seed
@@ -121,6 +121,15 @@ class _LabelledTextModule(SplitDataModule):
 
     def _source_files(self) -> list[Path]:
         raise NotImplementedError
+
+    def _complete(self, split: Split, examples: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """``split``'s examples as trained on, made from that split's drawn ``examples`` only
+        (default: as they are)."""
+        return examples
+
+    def _stratum(self, label: int) -> str:
+        """How errors name the examples of one ``label`` (a class, by default)."""
+        return f"class {self.label_names[label]!r}"
 
     @property
     def num_labels(self) -> int:
@@ -157,7 +166,8 @@ class _LabelledTextModule(SplitDataModule):
         neither validation nor the budget took (fewer when a class runs short). The training
         examples are the same with or without a test split, unless ``train_per_class`` is None;
         the test examples are the same whatever the budget, while the class has room. No test
-        example at all (``test_per_class=0``): no "test" split (the test loader serves "val")."""
+        example at all (``test_per_class=0``): no "test" split (the test loader serves "val").
+        Each split is then completed from its own examples only (`_complete`)."""
         if self._splits is None:
             examples = self._examples()
             by_class: dict[int, list[dict[str, Any]]] = {}
@@ -170,10 +180,10 @@ class _LabelledTextModule(SplitDataModule):
                 group = by_class[label]
                 order = rng.permutation(len(group))
                 if self.train_per_class is None and len(group) <= n_val + n_test:
-                    raise ValueError(f"class {self.label_names[label]!r} has {len(group)} examples, not more than "
+                    raise ValueError(f"{self._stratum(label)}: {len(group)} examples, not more than "
                                      f"val_per_class={n_val} + test_per_class={n_test}")
                 if len(group) <= n_val:
-                    raise ValueError(f"class {self.label_names[label]!r} has {len(group)} examples, not more than "
+                    raise ValueError(f"{self._stratum(label)}: {len(group)} examples, not more than "
                                      f"val_per_class={n_val}")
                 val += [group[i] for i in order[:n_val]]
                 rest = order[n_val:]
@@ -183,9 +193,9 @@ class _LabelledTextModule(SplitDataModule):
                     kept, left = rest[: self.train_per_class], rest[self.train_per_class:]
                 train += [group[i] for i in kept]
                 test += [group[i] for i in left[len(left) - min(n_test, len(left)):]]
-            self._splits = {"train": train, "val": val}
-            if test:
-                self._splits["test"] = test
+            drawn = {"train": train, "val": val, "test": test}
+            self._splits = {name: self._complete(name, rows) for name, rows in drawn.items()  # type: ignore[arg-type]
+                            if rows or name != "test"}
         return self._splits
 
     def collate(self, items: Sequence[dict[str, Any]]) -> dict[str, Tensor]:
@@ -241,7 +251,10 @@ class DocstringDataModule(_LabelledTextModule):
             ``val_per_class``; 0: no test split.
 
     Each docstring text is used once (`distinct_docstrings`: repeats dropped, whitespace, case
-    and punctuation aside), so no text is in two splits.
+    and punctuation aside), so no text is in two splits. For "match" the splits are drawn from
+    the docstrings, every other one a negative, and a negative's docstring is drawn afterwards
+    from its own split's (`_complete`): a docstring is one definition's positive and another's
+    negative within one split only.
     """
 
     reads_bpe = True
@@ -281,23 +294,35 @@ class DocstringDataModule(_LabelledTextModule):
         return distinct_docstrings([Docstring(**row) for row in rows])
 
     def _examples(self) -> list[dict[str, Any]]:
+        """"package": the docstrings, labelled. "match": one per docstring, every other one a
+        negative, still without its ``pair`` (`_complete` draws it within the split)."""
         docs = self.docstrings()
         if self.task == "package":
             return [{"text": d.text, "label": self.packages.index(d.package)} for d in docs]
-        rng = np.random.default_rng(self.seed + 7)
-        by_package: dict[str, list[Docstring]] = {}
-        for d in docs:
-            by_package.setdefault(d.package, []).append(d)
-        examples = []
-        for i, d in enumerate(docs):
-            if i % 2 == 0:
-                examples.append({"text": d.signature, "pair": d.text, "label": 1})
-            else:  # another definition's docstring from the same package
-                pool = by_package[d.package]
-                other = pool[int(rng.integers(len(pool)))]
-                if other.name != d.name:
-                    examples.append({"text": d.signature, "pair": other.text, "label": 0})
-        return examples
+        return [{"text": d.signature, "docstring": d.text, "package": d.package, "name": d.name, "label": 1 - i % 2}
+                for i, d in enumerate(docs)]
+
+    def _complete(self, split: Split, examples: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """"match": a positive reads its own docstring, a negative another definition's of the
+        same package drawn from this split's docstrings (seeded per split; dropped when the
+        split has none), so no docstring is read in two splits."""
+        if self.task != "match":
+            return examples
+        rng = np.random.default_rng([self.seed, 7, SPLITS.index(split)])
+        by_package: dict[str, list[dict[str, Any]]] = {}
+        for ex in examples:
+            by_package.setdefault(ex["package"], []).append(ex)
+        completed = []
+        for ex in examples:
+            if ex["label"] == 1:
+                pair = ex["docstring"]
+            else:
+                others = [o["docstring"] for o in by_package[ex["package"]] if o["name"] != ex["name"]]
+                if not others:
+                    continue
+                pair = others[int(rng.integers(len(others)))]
+            completed.append({"text": ex["text"], "pair": pair, "label": ex["label"]})
+        return completed
 
     def _encode(self, example: dict[str, Any]) -> dict[str, Any]:
         tok = self.tokenizer
@@ -348,7 +373,9 @@ class CodeTokensDataModule(_LabelledTextModule):
     WordPiece sub-tokens; each word's label sits on its first sub-token, the rest are -100.
 
     ``train_per_class`` / ``val_per_class`` / ``test_per_class`` count lines here (one "class"
-    holds them all; the splits as in `DocstringDataModule`); ``packages`` choose the source files.
+    holds them all; the splits as in `DocstringDataModule`); ``packages`` choose the source files,
+    of which the first ``max_lines`` tagged lines are read. A line repeated in the source
+    (``def __repr__(self):``) is one example, so no line is in two splits.
     """
 
     def __init__(
@@ -368,7 +395,7 @@ class CodeTokensDataModule(_LabelledTextModule):
     ) -> None:
         super().__init__(tokenizer, vocab_size, context_length, batch_size, num_workers, train_per_class,
                          val_per_class, seed, cache_dir, test_per_class)
-        self.packages, self.max_lines = tuple(packages), max_lines
+        self.packages, self.max_lines = tuple(packages), check_int("max_lines", max_lines)
         self.label_names = TOKEN_CLASSES
 
     def _source_files(self) -> list[Path]:
@@ -378,7 +405,16 @@ class CodeTokensDataModule(_LabelledTextModule):
         files = self._source_files()
         rows = _cached(self.cache_dir, "tagged-lines", _files_key(files) + f"|{self.max_lines}",
                        lambda: tagged_lines(files, max_lines=self.max_lines))
-        return [{**row, "label": 0} for row in rows]  # one stratum: lines are split, not classes
+        seen: set[tuple[str, ...]] = set()
+        examples = []
+        for row in rows:  # each distinct line once: its words are what the model reads
+            if tuple(row["words"]) not in seen:
+                seen.add(tuple(row["words"]))
+                examples.append({**row, "label": 0})  # one stratum: lines are split, not classes
+        return examples
+
+    def _stratum(self, label: int) -> str:
+        return f"the distinct source lines of the first max_lines={self.max_lines}"
 
     @property
     def num_labels(self) -> int:
@@ -396,7 +432,8 @@ class DocstringQADataModule(_LabelledTextModule):
     same module. Labels are token positions (``start_positions``, ``end_positions``);
     ``labels`` holds the index of the right candidate. ``train_per_class`` /
     ``val_per_class`` / ``test_per_class`` count questions (one "class"; the splits as in
-    `DocstringDataModule`)."""
+    `DocstringDataModule`). Each docstring asks one question (`distinct_docstrings`), so no
+    question is in two splits."""
 
     def __init__(
         self,
@@ -433,7 +470,7 @@ class DocstringQADataModule(_LabelledTextModule):
             by_module.setdefault(d.module, []).append(d)
         rng = np.random.default_rng(self.seed + 11)
         examples = []
-        for d in docs:
+        for d in distinct_docstrings(docs):  # questions: each text once; candidates: any definition
             others = [o for o in by_module[d.module] if o.name != d.name]
             if len(others) < self.n_candidates - 1:
                 continue
@@ -445,6 +482,9 @@ class DocstringQADataModule(_LabelledTextModule):
             examples.append({"question": d.text, "signatures": signatures, "answer": answer, "name": d.name,
                              "label": 0})
         return examples
+
+    def _stratum(self, label: int) -> str:
+        return "the questions (distinct docstrings)"
 
     def _encode(self, example: dict[str, Any]) -> dict[str, Any]:
         # The context is given as words: each signature's, "(" split off so a name is a word.

@@ -17,7 +17,7 @@ import math
 import os
 import random
 import shutil
-from collections.abc import Iterator, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -43,6 +43,7 @@ from tokenizers_mm import (
     SpectrogramTokenizer,
     WaveAugment,
 )
+from tokenizers_mm.checks import check_int
 
 DIGIT_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 # espeak-ng voices are "<accent>+<variant>" ("en" is British English). Training uses five accents
@@ -240,8 +241,7 @@ class BucketBatchSampler(ResumableBatchSampler):
                  lengths: Sequence[float], pool_batches: int = 32, shuffle: bool = True, seed: int = 0,
                  resume: ResumePoint | None = None) -> None:
         super().__init__(sampler, batch_size, drop_last, seed, resume)
-        if pool_batches < 1:
-            raise ValueError(f"pool_batches must be ≥ 1, got {pool_batches}")
+        check_int("pool_batches", pool_batches)
         self.lengths, self.pool_batches, self.shuffle = list(lengths), pool_batches, shuffle
 
     def pass_batches(self, generator: torch.Generator) -> Iterator[list[int]]:
@@ -339,7 +339,9 @@ class SpeechDataModule(SplitDataModule):
         """Batches of utterances of similar duration (`BucketBatchSampler`) unless ``bucketing`` is off."""
         if not self.bucketing:
             return super().loader(split)
-        dataset = self.dataset(split) or self.dataset("val")
+        dataset = self.dataset(split)
+        if dataset is None:  # no test rows: the held-out "val" split is the test set too
+            dataset = self.dataset("val")
         lengths = dataset.durations  # type: ignore[union-attr]
         if split == "train":
             seed = self.train_seed()
@@ -434,6 +436,9 @@ class ManifestDataModule(SpeechDataModule):
             order = list(range(len(train)))
             random.Random(self.split_seed).shuffle(order)
             n_val = max(1, round(self.val_fraction * len(train)))
+            if n_val >= len(train):
+                raise ValueError(f"val_fraction={self.val_fraction} holds out all {len(train)} utterances of "
+                                 f"{self.train_manifest}, leaving none to train on (lower it, or give val_manifest)")
             val, train = [train[i] for i in sorted(order[:n_val])], [train[i] for i in sorted(order[n_val:])]
         if self.max_duration is not None:
             kept = [u for u in train if u.duration <= self.max_duration]
@@ -462,13 +467,23 @@ class ManifestDataModule(SpeechDataModule):
 # ---------------------------------------------------------------------------- spoken digits
 
 
-def validation_rows(count: int, val_share: float) -> list[bool]:
-    """Which of ``count`` held-out rows validate (True) and which are test rows (False): row k
-    validates when it brings the running count of validation rows up to ⌈(k + 1)·val_share⌉ —
-    alternate rows, starting with a validation row, for 0.5; every row for 1.0."""
+def validation_rows(groups: Sequence[Hashable], val_share: float) -> list[bool]:
+    """Which held-out rows validate (True) and which are test rows (False), given each row's group
+    in order (its voice, its digit). Each group's rows are cut on their own, so every group of
+    two rows or more is in both parts: a group's j-th row validates when it brings the running
+    count up to ⌈(j + s + 1)·val_share⌉, staggered by the group's order of appearance s — with 0.5
+    its rows alternate, and round-robin voices of an odd count cut exactly as alternate rows; 1.0:
+    every row."""
     def quota(k: int) -> int:
         return math.ceil(k * val_share - 1e-9)
-    return [quota(k + 1) > quota(k) for k in range(count)]
+    order: dict[Hashable, int] = {}
+    seen: dict[Hashable, int] = {}
+    validates = []
+    for group in groups:
+        s = order.setdefault(group, len(order))
+        j = seen[group] = seen.get(group, -1) + 1
+        validates.append(quota(j + s + 1) > quota(j + s))
+    return validates
 
 
 def spoken_digits_dir(cache_dir: str | Path | None = None) -> Path:
@@ -653,8 +668,8 @@ class SpokenDigitsDataModule(SpeechDataModule):
     Training voices are five English accents × seven voice variants (``voices="every"``: eight
     accents × every variant espeak-ng ships); the held-out utterances are spoken by voices whose
     variants never occur in training, so CER on them measures recognition of unseen speakers.
-    They are cut into validation and test rows (alternate rows
-    of ``held_out.jsonl`` by default: 100 + 100, every held-out voice in both), so
+    They are cut into validation and test rows (each voice's rows
+    alternate by default, `validation_rows`: 100 + 100, every held-out voice in both), so
     ``unitok test`` scores utterances that checkpoint selection never heard; the corpus itself
     (and its cache) is the same whatever the cut. The vocabulary is the characters of the ten
     digit words and the space.
@@ -665,8 +680,8 @@ class SpokenDigitsDataModule(SpeechDataModule):
         train_utterances / held_out_utterances: corpus size. min_digits / max_digits: digits per
             utterance. speeds / pitches: espeak-ng ranges. max_word_gap: pauses (10 ms units).
         train_voices / held_out_voices: espeak-ng voices ("en-us+m3"). seed: the corpus draw.
-        val_share: the share of the held-out utterances that validate (`validation_rows`: 0.5
-            alternates rows); the rest are the test set. 1.0: all validate, and the test loader
+        val_share: the share of each held-out voice's utterances that validate (`validation_rows`:
+            0.5 alternates them); the rest are the test set. 1.0: all validate, and the test loader
             serves them again (no third split).
         spectrogram / batch_size / num_workers / bucketing / pool_batches / augment / freq_masks /
             freq_width / time_masks / time_width: as in `ManifestDataModule`.
@@ -747,7 +762,8 @@ class SpokenDigitsDataModule(SpeechDataModule):
         self.corpus = spoken_digits_corpus(self.spec, self.cache_dir)
         self.train_utterances = read_manifest(self.corpus / "train.jsonl")
         held = read_manifest(self.corpus / "held_out.jsonl")
-        validates = validation_rows(len(held), self.val_share)
+        voices = [row["voice"] for row in self.spec.rows() if row["split"] == "held_out"]  # held_out.jsonl's order
+        validates = validation_rows(voices, self.val_share)
         self.val_utterances = [u for u, v in zip(held, validates) if v]
         self.test_utterances = [u for u, v in zip(held, validates) if not v] or None
         self._finish_setup()

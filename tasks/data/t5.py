@@ -49,6 +49,7 @@ from tasks.data.span_corruption import (
 from tasks.data.text import TextDataModule, read_texts, stdlib_source_files, stdlib_test_files
 from tasks.predictions import prompt_loader
 from tokenizers_mm import BPETokenizer, collate
+from tokenizers_mm.checks import check_int
 
 PAD_TOKEN = "<pad>"
 EOS_TOKEN = "</s>"
@@ -336,6 +337,38 @@ def load_jsonl_examples(paths: Sequence[str | Path]) -> list[Example]:
     return examples
 
 
+def refuse_shared_jsonl(files: dict[str, Sequence[str | Path]]) -> None:
+    """A ValueError naming a JSONL file given twice among ``files`` (argument name → paths,
+    compared resolved): for two splits, or twice for one."""
+    given: dict[Path, str] = {}
+    for name, paths in files.items():
+        for path in paths:
+            resolved = Path(path).resolve()
+            if resolved in given:
+                where = f"twice in {name}" if given[resolved] == name else f"in both {given[resolved]} and {name}"
+                raise ValueError(f"{path} is given {where}; give each file once, for one split")
+            given[resolved] = name
+
+
+def check_disjoint_inputs(splits: dict[str, list[Example]]) -> None:
+    """A ValueError, with a count and an example, when a user's example (not a built-in one)
+    has an input that another split holds too: the model would be scored on what it trained or
+    was selected on. The same input twice within one split is fine."""
+    where: dict[str, dict[str, str]] = {}  # input -> split -> the first example's source there
+    users: set[str] = set()
+    for split, rows in splits.items():
+        for ex in rows:
+            where.setdefault(ex["input"], {}).setdefault(split, ex["source"])
+            if not ex["builtin"]:
+                users.add(ex["input"])
+    shared = [(text, places) for text, places in where.items() if len(places) > 1 and text in users]
+    if shared:
+        text, places = shared[0]
+        found = ", ".join(f"{split} ({source})" for split, source in places.items())
+        raise ValueError(f"{len(shared)} input(s) of users' examples are in more than one split, e.g. {text[:80]!r} "
+                         f"in {found}; keep each input in one of jsonl, val_jsonl and test_jsonl")
+
+
 def _json_cache(folder: Path, name: str, build: Callable[[], Any]) -> Any:
     file = folder / f"{name}.json"
     if file.is_file():
@@ -372,8 +405,11 @@ class TextToTextDataModule(SplitDataModule):
         tasks: built-in tasks to mix (``name``, ``identifiers``, ``params``, ``statement``); None = all,
             or none when ``jsonl`` is given.
         jsonl / val_jsonl: users' JSONL files (``{"input": …, "target": …}`` per line); without
-            ``val_jsonl`` a ``val_fraction`` of them is held out by a hash of the input.
-        test_jsonl: users' test examples (same format), scored by ``unitok test``.
+            ``val_jsonl`` a ``val_fraction`` of them is held out by a hash of the input (rows
+            with the same input stay together).
+        test_jsonl: users' test examples (same format), scored by ``unitok test``. A file given
+            twice (for two splits, or twice for one) is an error, and so is a user's input that
+            is in two splits (`check_disjoint_inputs`): no example is tested on what trained it.
         test_fraction: built-in test examples come from the standard-library files after
             ``builtin_max_bytes``, ``test_fraction`` of that many bytes (0, or
             ``builtin_max_bytes`` None: none). Without any test example ``unitok test``
@@ -385,7 +421,7 @@ class TextToTextDataModule(SplitDataModule):
         vocab_size / num_sentinels: for that tokenizer.
         max_input_length / max_target_length: tokens, EOS included. A user's example that is
             longer is an error naming it unless ``truncation``; built-in ones are left out.
-        max_chars: longest built-in input text (characters).
+        max_chars: longest built-in input text (characters, ≥ 1).
         train_per_task / val_per_task: examples per task after a seeded shuffle (None = all);
             the test split takes ``val_per_task`` too.
         predict_inputs: inputs answered by ``unitok predict``.
@@ -443,8 +479,9 @@ class TextToTextDataModule(SplitDataModule):
         if not 0.0 <= test_fraction < 1.0:
             raise ValueError(f"test_fraction must be in [0, 1), got {test_fraction}")
         for name, value in (("train_per_task", train_per_task), ("val_per_task", val_per_task)):
-            if value is not None and value < 1:
-                raise ValueError(f"{name} must be ≥ 1 or None (all), got {value}")
+            check_int(name, value, or_none=True, note="(None: all)")
+        check_int("max_chars", max_chars)
+        refuse_shared_jsonl({"jsonl": jsonl or [], "val_jsonl": val_jsonl or [], "test_jsonl": test_jsonl or []})
         self.tasks, self.jsonl, self.val_jsonl = list(tasks), list(jsonl or []), list(val_jsonl or [])
         self.test_jsonl, self.test_fraction = list(test_jsonl or []), test_fraction
         self.allowed_prefixes = list(allowed_prefixes) if allowed_prefixes is not None else None
@@ -526,6 +563,7 @@ class TextToTextDataModule(SplitDataModule):
                     for ex in users:
                         splits["val" if _hash_unit(ex["input"]) < self.val_fraction else "train"].append(ex)
             splits["test"] += load_jsonl_examples(self.test_jsonl)
+            check_disjoint_inputs(splits)
             for split in splits:
                 for ex in splits[split]:
                     self.check_prefix(ex["input"], f"example {ex['source']}")
@@ -617,5 +655,6 @@ def encode_inputs(tokenizer: BPETokenizer, texts: Sequence[str]) -> dict[str, Te
 
 
 __all__ = ["BUILTIN_TASKS", "SpanCorruptionDataModule", "TextToTextCollator", "TextToTextDataModule",
-           "builtin_text_to_text_examples", "cached_t5_tokenizer", "encode_inputs", "held_out_files", "load_jsonl_examples",
-           "prefix_of", "t5_special_tokens", "train_t5_tokenizer"]
+           "builtin_text_to_text_examples", "cached_t5_tokenizer", "check_disjoint_inputs", "encode_inputs",
+           "held_out_files", "load_jsonl_examples", "prefix_of", "refuse_shared_jsonl", "t5_special_tokens",
+           "train_t5_tokenizer"]

@@ -18,6 +18,7 @@ from tasks.data.base import Split, SplitDataModule, default_cache_dir
 from tasks.data.docstrings import docstring_key, extract_docstrings, package_of, without_docstrings
 from tasks.predictions import prompt_loader
 from tokenizers_mm import BPETokenizer
+from tokenizers_mm.checks import check_int
 
 # Parts of the standard library that are tests, vendored code or generated tables, not prose-like code.
 _SKIP_PARTS = {"site-packages", "dist-packages", "test", "tests", "idlelib", "lib2to3", "__pycache__", "encodings"}
@@ -100,6 +101,17 @@ def _labelled_keys(packages: tuple[str, ...]) -> frozenset[str]:
     return frozenset(docstring_key(d.text) for d in extract_docstrings(stdlib_package_files(packages)))
 
 
+def refuse_repeated_files(files: Sequence[str | Path], name: str = "files") -> None:
+    """A ValueError naming the first file that ``files`` list twice (as resolved paths: ``a.txt``
+    and ``./a.txt`` are one file) — a repeat would be read twice, or end up in two splits."""
+    seen: set[Path] = set()
+    for f in files:
+        path = Path(f).resolve()
+        if path in seen:
+            raise ValueError(f"{name} lists {f} twice; give each file once")
+        seen.add(path)
+
+
 def split_test_files(
     files: Sequence[Path] | None, builtin_max_bytes: int | None, test_fraction: float,
     test_files: Sequence[Path] | None = None, builtin_first: Sequence[str] = (),
@@ -112,10 +124,13 @@ def split_test_files(
     training and validation text is the same with or without them.
     Users' ``files``: the last of them, as many as hold at most ``test_fraction`` of the bytes
     (none when even the last file holds more, and never all of them). An empty test list means
-    no test split (``unitok test`` then scores the validation split).
+    no test split (``unitok test`` then scores the validation split). A file listed twice is
+    an error (`refuse_repeated_files`).
     """
     if not 0.0 <= test_fraction < 1.0:
         raise ValueError(f"test_fraction must be in [0, 1), got {test_fraction}")
+    refuse_repeated_files(files or [])
+    refuse_repeated_files(test_files or [], "test_files")
     if files is None:
         source = stdlib_source_files(builtin_max_bytes, builtin_first)
         if test_files is None:
@@ -138,7 +153,8 @@ def split_test_files(
 
 def text_file_paths(files: Sequence[str | Path] | None,
                     test_files: Sequence[str | Path] | None) -> tuple[list[Path] | None, list[Path] | None]:
-    """``files`` and ``test_files`` as paths (None stays None), every one an existing file."""
+    """``files`` and ``test_files`` as paths (None stays None), every one an existing file,
+    none listed twice."""
     paths = [Path(f) for f in files] if files is not None else None
     tests = [Path(f) for f in test_files] if test_files is not None else None
     missing = [str(f) for f in paths or [] if not f.is_file()]
@@ -148,11 +164,23 @@ def text_file_paths(files: Sequence[str | Path] | None,
     if missing or tests == []:
         raise FileNotFoundError(f"test files not found: {missing[:5]}" if missing else
                                 "test_files is an empty list; leave it unset for the default test split")
+    refuse_repeated_files(paths or [])
+    refuse_repeated_files(tests or [], "test_files")
     return paths, tests
 
 
 def read_texts(files: Sequence[Path]) -> list[str]:
     return [p.read_text(encoding="utf-8", errors="replace") for p in files]
+
+
+def check_train_samples(train_samples: int, batch_size: int, drop_last: bool) -> None:
+    """``train_samples`` a whole number ≥ 1, and where the training loader drops its last partial
+    batch, ≥ ``batch_size``: fewer would make epochs of no batch at all."""
+    check_int("train_samples", train_samples)
+    if drop_last and train_samples < batch_size:
+        raise ValueError(f"train_samples={train_samples} is fewer than batch_size={batch_size}: the training "
+                         "loader drops the last partial batch, so an epoch would have no batch; raise "
+                         "train_samples or lower batch_size")
 
 
 class TokenWindows(Dataset):
@@ -221,7 +249,8 @@ class TextDataModule(SplitDataModule):
         val_fraction: the tail of the token stream held out for validation.
         test_fraction: the test files' share (see `split_test_files`; 0: no test split, test =
             validation). test_files: users' test files instead (then ``files`` stay whole).
-        train_samples: random windows per training epoch.
+        train_samples: random windows per training epoch, at least ``batch_size`` (the last
+            partial training batch is dropped).
         cache_dir: where tokenizer and token files are kept. seed: window sampling seed.
         predict_prompts: prompts continued by ``unitok predict``.
         predict_file: a text file whose non-empty lines are the prompts instead (ids ``file:line``).
@@ -252,8 +281,8 @@ class TextDataModule(SplitDataModule):
             raise ValueError(f"test_fraction must be in [0, 1), got {test_fraction}")
         if not 0.0 < val_fraction < 1.0:
             raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
-        if context_length < 1:
-            raise ValueError(f"context_length must be ≥ 1, got {context_length}")
+        check_int("context_length", context_length)
+        check_train_samples(train_samples, batch_size, self.drop_last_train)
         if files is not None and len(files) == 0:
             raise ValueError("files is an empty list; leave it unset to use the built-in corpus")
         self.files, self.test_files = text_file_paths(files, test_files)

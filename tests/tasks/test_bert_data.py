@@ -236,3 +236,20 @@ def test_qa_answer_span_is_the_documented_name(cache):
     assert 0 < start <= end and encoded["segment_ids"][start] == 1
     answer = dm.tokenizer.decode(encoded["input_ids"][start:end + 1]).replace(" ", "")
     assert answer == example["name"]
+
+
+def test_code_tokens_refuse_a_line_count_below_one_and_name_lines_when_short(cache):
+    for bad in (0, -5, 2.5):
+        with pytest.raises(ValueError, match="max_lines must be an integer ≥ 1"):
+            CodeTokensDataModule(packages=["json"], max_lines=bad, cache_dir=cache)
+    dm = CodeTokensDataModule(packages=["json"], max_lines=30, val_per_class=200, cache_dir=cache)
+    with pytest.raises(ValueError, match=r"the distinct source lines of the first max_lines=30: \d+ examples"):
+        dm.splits()
+
+
+def test_bert_train_samples_fill_at_least_one_training_batch(tmp_path):
+    for bad in (0, -3):
+        with pytest.raises(ValueError, match="train_samples must be an integer ≥ 1"):
+            BERTDataModule(train_samples=bad, cache_dir=str(tmp_path))
+    with pytest.raises(ValueError, match="train_samples=10 is fewer than batch_size=32"):
+        BERTDataModule(train_samples=10, batch_size=32, cache_dir=str(tmp_path))

@@ -130,6 +130,28 @@ def test_users_audio_image_manifest(tmp_path):
         AudioImageManifestDataModule(str(tmp_path / "keys.jsonl"))
 
 
+def test_users_audio_image_splits_share_no_image_and_no_audio_file(tmp_path):
+    rng = np.random.default_rng(0)
+    for i in range(6):
+        soundfile.write(tmp_path / f"{i}.wav", (0.1 * rng.standard_normal(8000)).astype("float32"), 16000)
+        Image.fromarray(rng.integers(0, 255, (20, 24, 3), dtype=np.uint8)).save(tmp_path / f"{i}.png")
+    def manifest(name, rows):
+        (tmp_path / name).write_text("".join(json.dumps({"audio": f"{a}.wav", "image": f"{b}.png"}) + "\n"
+                                             for a, b in rows))
+        return str(tmp_path / name)
+    # three images with two clips each: a held-out image takes both of its clips along
+    data = AudioImageManifestDataModule(manifest("pairs.jsonl", [(0, 0), (1, 0), (2, 1), (3, 1), (4, 2), (5, 2)]),
+                                        val_fraction=0.34, batch_size=2)
+    assert len(data.val_pairs) == 2 and len({image for _, image in data.val_pairs}) == 1
+    assert {image for _, image in data.train_pairs}.isdisjoint(image for _, image in data.val_pairs)
+    train = manifest("train.jsonl", [(0, 0), (1, 1), (2, 2), (3, 3)])
+    with pytest.raises(ValueError, match=r"1 image\(s\) of the validation pairs are also in the training pairs"):
+        AudioImageManifestDataModule(train, val_manifest=manifest("val.jsonl", [(4, 3), (5, 4)]), batch_size=2)
+    with pytest.raises(ValueError, match=r"1 audio file\(s\) of the test pairs are also in the training pairs"):
+        AudioImageManifestDataModule(train, val_manifest=manifest("val.jsonl", [(4, 4)]),
+                                     test_manifest=manifest("test.jsonl", [(0, 5)]), batch_size=2)
+
+
 def test_bind_recipe_fits_exports_and_tests(tmp_path, monkeypatch, cache, capsys):
     from pathlib import Path
 

@@ -12,10 +12,13 @@ from PIL import Image
 
 from tasks.data.captions import (
     HELD_OUT_TEMPLATES,
+    OPENAI_MEAN,
+    OPENAI_STD,
     TRAIN_TEMPLATES,
     CaptionedDigitsDataModule,
     ImageCaptionDataModule,
 )
+from tasks.data.sampling import ResumePoint
 from tokenizers_mm import CLIPTokenizer
 
 
@@ -61,6 +64,8 @@ def test_batches_hold_normalised_pixels_tokenized_captions_and_labels():
 def test_digit_templates_must_have_a_slot():
     with pytest.raises(ValueError, match="no '\\{\\}'"):
         CaptionedDigitsDataModule(templates=("a digit",))
+    with pytest.raises(ValueError, match=r"held-out templates are never captions .*\['a photo of a \{\}.'\] are in both"):
+        CaptionedDigitsDataModule(templates=("a photo of a {}.", "a {}"), held_out_templates=("a photo of a {}.",))
     with pytest.raises(ValueError, match="batch_size ≥ 2"):
         CaptionedDigitsDataModule(batch_size=1)
 
@@ -113,3 +118,57 @@ def test_bad_pair_files_are_clear_errors(tmp_path):
     (tmp_path / "images" / "img0.txt").unlink(missing_ok=True)
     with pytest.raises(FileNotFoundError, match="no caption file img0.txt"):
         ImageCaptionDataModule(train_folder=str(tmp_path / "images"))
+
+
+def _first_words(data, n, **loader):
+    words = []
+    for i, batch in enumerate(data.train_dataloader()):
+        words.append([data.tokenizer.decode(ids).split()[0] for ids in batch["input_ids"]])
+        if i + 1 == n:
+            return words
+    return words
+
+
+def test_a_batchs_caption_templates_depend_on_its_seed_alone(monkeypatch):
+    # each template starts with its own word, so a caption's first word names the template drawn
+    monkeypatch.setenv("PL_GLOBAL_SEED", "0")
+    templates = tuple(f"{w} {{}}" for w in "alpha bravo charlie delta echo foxtrot golf hotel india juliet".split())
+
+    def data(**kwargs):
+        module = CaptionedDigitsDataModule(templates=templates, numerals=0.0, batch_size=8, **kwargs)
+        module.setup("fit")
+        return module
+
+    full = _first_words(data(), 4)
+    resumed = data()
+    resumed.resume_point = ResumePoint(epoch=0, batches=2)
+    assert _first_words(resumed, 2) == full[2:]  # a resumed run reads the captions it would have read
+    workers = _first_words(data(num_workers=2), 4)
+    assert workers == full  # two workers: the same captions, not each worker's copy of one sequence
+    assert workers[0] != workers[1]
+
+
+def test_a_missing_mean_or_std_alone_takes_the_default(tmp_path):
+    paths = _images(tmp_path / "images", n=4)
+    (tmp_path / "pairs.jsonl").write_text("\n".join(json.dumps({"image": f"images/{p.name}", "caption": f"picture {i}"})
+                                                    for i, p in enumerate(paths)))
+    data = ImageCaptionDataModule(train_file=str(tmp_path / "pairs.jsonl"), mean=0.2, val_fraction=0.25)
+    assert data.mean == (0.2, 0.2, 0.2) and data.std == tuple(OPENAI_STD)
+    data = ImageCaptionDataModule(train_file=str(tmp_path / "pairs.jsonl"), std=0.9, val_fraction=0.25)
+    assert data.mean == tuple(OPENAI_MEAN) and data.std == (0.9, 0.9, 0.9)
+
+
+def test_an_images_captions_are_held_out_together_and_given_splits_share_no_image(tmp_path):
+    paths = _images(tmp_path / "images", n=10)
+    rows = [{"image": f"images/{p.name}", "caption": f"caption {j} of image {i}"} for i, p in enumerate(paths)
+            for j in range(5)]  # COCO's five captions an image
+    (tmp_path / "coco.jsonl").write_text("\n".join(json.dumps(r) for r in rows + rows[:1]))  # and a repeated row
+    data = ImageCaptionDataModule(train_file=str(tmp_path / "coco.jsonl"), val_fraction=0.2)
+    train, val = {p for p, _ in data.train_pairs}, {p for p, _ in data.val_pairs}
+    assert len(val) == 2 and len(train) == 8 and train.isdisjoint(val)
+    (tmp_path / "val.jsonl").write_text("\n".join(json.dumps(r) for r in rows[:5]))
+    with pytest.raises(ValueError, match=r"1 image\(s\) of the validation pairs are also in the training pairs .*img0.png"):
+        ImageCaptionDataModule(train_file=str(tmp_path / "coco.jsonl"), val_file=str(tmp_path / "val.jsonl"))
+    with pytest.raises(ValueError, match=r"8 image\(s\) of the test pairs are also in the training pairs"):
+        ImageCaptionDataModule(train_file=str(tmp_path / "coco.jsonl"), val_fraction=0.2,
+                               test_file=str(tmp_path / "coco.jsonl"))

@@ -108,3 +108,31 @@ def test_the_fine_tuning_recipes_are_low_resource(tmp_path):
                              cache_dir=str(tmp_path))
     labels = [e["label"] for e in dm.splits()["train"]]
     assert sorted(labels) == sorted(list(range(len(data["packages"]))) * data["train_per_class"])
+
+
+def test_docstring_match_pairs_read_each_docstring_in_one_split_only(tmp_path):
+    dm = DocstringDataModule(task="match", cache_dir=str(tmp_path))
+    splits = dm.splits()
+    read = {name: {docstring_key(e["pair"]) for e in split} for name, split in splits.items()}
+    assert not read["train"] & read["val"] and not read["train"] & read["test"] and not read["val"] & read["test"]
+    for split in ("val", "test"):  # negatives drawn within the split, the classes still balanced
+        assert sorted(e["label"] for e in splits[split]) == [0] * 50 + [1] * 50
+    # A negative's docstring is a positive's of the same split, or another negative's own.
+    positives = {docstring_key(e["pair"]) for e in splits["train"] if e["label"] == 1}
+    assert any(docstring_key(e["pair"]) in positives for e in splits["train"] if e["label"] == 0)
+    again = DocstringDataModule(task="match", cache_dir=str(tmp_path)).splits()
+    other = DocstringDataModule(task="match", seed=1, cache_dir=str(tmp_path)).splits()
+    assert again == splits and other["train"] != splits["train"]  # seeded
+
+
+def test_qa_questions_and_code_lines_are_each_in_one_split(tmp_path):
+    from tasks.data.labelled_text import CodeTokensDataModule, DocstringQADataModule
+
+    qa = DocstringQADataModule(cache_dir=str(tmp_path)).splits()
+    asked = {name: [docstring_key(e["question"]) for e in split] for name, split in qa.items()}
+    every = asked["train"] + asked["val"] + asked["test"]
+    assert len(set(every)) == len(every)
+    code = CodeTokensDataModule(cache_dir=str(tmp_path)).splits()
+    lines = {name: [tuple(e["words"]) for e in split] for name, split in code.items()}
+    every = lines["train"] + lines["val"] + lines["test"]
+    assert len(every) == 2000 + 200 + 200 and len(set(every)) == len(every)

@@ -97,6 +97,18 @@ def test_one_task_per_step_follows_the_sampling_weights_the_same_on_every_run():
         MultiTaskTask({"a": ImageClassification(sampling_weight=0.0)}, tasks_per_step="one")
 
 
+@pytest.mark.parametrize("name", ["loss_weight", "sampling_weight"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -1.0, "1"])
+def test_a_weight_that_is_not_a_finite_number_at_least_0_is_refused(name, bad):
+    with pytest.raises(ValueError, match=f"{name} must be a finite number ≥ 0, got {bad!r}"):
+        ImageClassification(**{name: bad})
+
+
+def test_weights_that_would_train_nothing_are_refused():
+    with pytest.raises(ValueError, match="every loss_weight is 0"):
+        MultiTaskTask({"a": ImageClassification(loss_weight=0.0), "b": ImageClassification(loss_weight=0.0)})
+
+
 def test_tasks_that_share_a_segment_share_its_embedder_and_must_agree_on_it(caches):
     data = MultiTaskDataModule({"digits": DigitsDataModule(batch_size=8),
                                 "match": ImageAudioPairsDataModule(cache_dir=caches["speech"], **PAIRS)})
@@ -129,6 +141,27 @@ def test_names_must_match_and_the_data_must_be_combined():
     with pytest.raises(ValueError, match="tasks_per_step='one' draws a task each step, which a 'max_size' data mode"):
         trainer(1).fit(MultiTaskTask({"digits": ImageClassification()}, preset="mm-tiny", tasks_per_step="one"),
                        datamodule=ended)
+
+
+def test_a_task_without_a_training_batch_is_named_before_training(monkeypatch):
+    # "max_size_cycle" would end at once (the empty loader is the longest's equal), "max_size" skip the task
+    monkeypatch.setenv("PL_GLOBAL_SEED", "0")
+    data = MultiTaskDataModule({"many": DigitsDataModule(batch_size=8),
+                                "few": DigitsDataModule(batch_size=8)})
+    data.tasks["few"].setup("fit")
+    data.tasks["few"].train_set = torch.utils.data.Subset(data.tasks["few"].train_set, range(5))
+    with pytest.raises(ValueError, match=r"task 'few' has no training batch: 5 items for batch_size 8"):
+        data.train_dataloader()
+
+
+def test_tasks_must_read_text_with_the_same_tokenizer(caches):
+    def text(vocab_size):
+        return TextDataModule(builtin_max_bytes=60_000, vocab_size=vocab_size, context_length=16, batch_size=4,
+                              cache_dir=caches["text"])
+    assert MultiTaskDataModule({"a": text(300), "b": text(300)}).processor().text == text(300).tokenizer
+    with pytest.raises(ValueError, match=r"tasks \['b'\] read text with another tokenizer than task 'a' "
+                                         r"\(a: BPETokenizer of 300 tokens, b: BPETokenizer of 320 tokens\)"):
+        MultiTaskDataModule({"a": text(300), "b": text(320)}).processor()
 
 
 def test_the_checkpoint_rebuilds_the_model_without_the_data(caches, tmp_path):

@@ -1,7 +1,8 @@
 """T5 data: the tokenizer's special tokens, span-corruption batches from the built-in corpus,
 the built-in text-to-text tasks (right answers, held out by file, a test split from files
 outside the corpus), users' JSONL, and clear
-errors for unknown prefixes, targets that are too long and tokenizers without sentinels."""
+errors for unknown prefixes, targets that are too long, tokenizers without sentinels, and a
+JSONL file or a user's input in two splits."""
 
 from __future__ import annotations
 
@@ -213,10 +214,11 @@ def test_a_target_longer_than_max_target_length_is_an_error_naming_the_example(t
     rows = [{"input": "spell: short", "target": "s h o r t"}] * 10
     rows.append({"input": "spell: long", "target": " ".join("a very long answer indeed " * 4)})
     path = write_jsonl(tmp_path / "t.jsonl", rows)
-    dm = TextToTextDataModule(jsonl=[path], val_jsonl=[path], max_target_length=20, **SMALL, cache_dir=cache)
+    val = write_jsonl(tmp_path / "v.jsonl", [{"input": "spell: tiny", "target": "t i n y"}])
+    dm = TextToTextDataModule(jsonl=[path], val_jsonl=[val], max_target_length=20, **SMALL, cache_dir=cache)
     with pytest.raises(ValueError, match=r"example .*t.jsonl:11: the target has \d+ tokens .*max_target_length=20"):
         dm.prepare_data()
-    dm = TextToTextDataModule(jsonl=[path], val_jsonl=[path], max_target_length=20, truncation=True, **SMALL,
+    dm = TextToTextDataModule(jsonl=[path], val_jsonl=[val], max_target_length=20, truncation=True, **SMALL,
                               cache_dir=cache)
     longest = max(dm.encoded("train"), key=lambda ex: len(ex["labels"]))
     assert len(longest["labels"]) == 20 and longest["labels"][-1] == dm.eos_token_id
@@ -234,3 +236,33 @@ def test_prefixes_and_encoder_inputs(cache):
                                           {"input_ids": [5, 1], "labels": [7, 8, 9, 1], "prefix": None}])
     assert batch["labels"].tolist() == [[7, 1, -100, -100], [7, 8, 9, 1]]
     assert batch["input_ids"].tolist() == [[5, 6, 1], [5, 1, 0]] and batch["prefix"] == ["a", ""]
+
+
+def test_a_jsonl_file_given_twice_is_refused_naming_it(tmp_path, cache):
+    path = write_jsonl(tmp_path / "t.jsonl", [{"input": f"upper: word{i}", "target": f"WORD{i}"} for i in range(20)])
+    with pytest.raises(ValueError, match=r"t.jsonl is given in both jsonl and val_jsonl"):
+        TextToTextDataModule(jsonl=[path], val_jsonl=[path], cache_dir=cache)
+    with pytest.raises(ValueError, match=r"t.jsonl is given in both jsonl and test_jsonl"):
+        TextToTextDataModule(jsonl=[path], test_jsonl=[str(tmp_path / "." / "t.jsonl")], cache_dir=cache)
+    with pytest.raises(ValueError, match=r"t.jsonl is given twice in jsonl"):
+        TextToTextDataModule(jsonl=[path, path], cache_dir=cache)
+
+
+def test_a_users_input_in_two_splits_is_refused_with_a_count_and_an_example(tmp_path, cache):
+    rows = [{"input": f"upper: word{i}", "target": f"WORD{i}"} for i in range(200)]
+    train = write_jsonl(tmp_path / "train.jsonl", rows)
+    test = write_jsonl(tmp_path / "test.jsonl", rows[:3] + [{"input": "upper: other", "target": "OTHER"}])
+    dm = TextToTextDataModule(jsonl=[train], test_jsonl=[test], **SMALL, cache_dir=cache)
+    with pytest.raises(ValueError, match=r"3 input\(s\) of users' examples are in more than one split, "
+                                         r"e.g. 'upper: word[012]' in (train|val) \(.*train.jsonl:[123]\), test \(.*test.jsonl:[123]\)"):
+        dm.examples()
+    # The hold-out from one file keeps every row of one input in one split (a hash of the input).
+    repeated = write_jsonl(tmp_path / "repeated.jsonl", rows + [{**row, "target": row["target"].lower()} for row in rows])
+    examples = TextToTextDataModule(jsonl=[repeated], **SMALL, cache_dir=cache, val_per_task=None).examples()
+    assert examples["val"] and not {e["input"] for e in examples["train"]} & {e["input"] for e in examples["val"]}
+
+
+def test_max_chars_below_one_is_refused_at_construction(cache):
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match="max_chars must be an integer ≥ 1"):
+            TextToTextDataModule(max_chars=bad, cache_dir=cache)

@@ -163,3 +163,32 @@ def test_bad_data_arguments_are_named(tmp_path):
     dm = TextDataModule(files=[str(tiny)], vocab_size=270, context_length=64, cache_dir=str(tmp_path / "c"))
     with pytest.raises(ValueError, match="fewer than context_length"):
         dm.train_dataset()
+
+
+def test_a_file_listed_twice_is_refused_naming_it(tmp_path, corpus, monkeypatch):
+    small = tmp_path / "small.txt"
+    small.write_text(corpus.read_text()[:15_000])
+    monkeypatch.chdir(tmp_path)
+    for files in ([corpus, small, small], [corpus, small, Path("small.txt")]):  # as resolved paths
+        with pytest.raises(ValueError, match="files lists .*small.txt twice"):
+            TextDataModule(files=list(map(str, files)), cache_dir=str(tmp_path / "cache"))
+        with pytest.raises(ValueError, match="files lists .*small.txt twice"):
+            BERTDataModule(files=list(map(str, files)), cache_dir=str(tmp_path / "cache"))
+        with pytest.raises(ValueError, match="files lists .*small.txt twice"):
+            split_test_files(files, None, 0.1)  # else the repeat would be a test file and a training one
+    with pytest.raises(ValueError, match="test_files lists .*small.txt twice"):
+        TextDataModule(files=[str(corpus)], test_files=[str(small), str(small)], cache_dir=str(tmp_path / "cache"))
+
+
+def test_train_samples_fill_at_least_one_training_batch(tmp_path, corpus):
+    from tasks.data.t5 import SpanCorruptionDataModule
+
+    for module in (TextDataModule, SpanCorruptionDataModule):
+        for bad in (0, -3, 2.5):
+            with pytest.raises(ValueError, match="train_samples must be an integer ≥ 1"):
+                module(files=[str(corpus)], train_samples=bad, cache_dir=str(tmp_path))
+        with pytest.raises(ValueError, match="train_samples=10 is fewer than batch_size=32"):
+            module(files=[str(corpus)], train_samples=10, batch_size=32, cache_dir=str(tmp_path))
+    dm = TextDataModule(files=[str(corpus)], vocab_size=300, context_length=16, batch_size=4, train_samples=4,
+                        cache_dir=str(tmp_path))
+    assert len(dm.train_dataloader()) == 1  # one full batch: the least an epoch holds
