@@ -39,6 +39,7 @@ from tasks.callbacks import (
     StopOnSignal,
 )
 from tasks.data.base import CACHE_ENV
+from tasks.optim import check_optimizer_settings
 from tasks.resume import ResumableRNG, resume_callbacks
 from tasks.run_folder import (
     RECIPES,
@@ -148,11 +149,20 @@ class UnitokCLI(LightningCLI):
         any of the Union subtypes"."""
         try:
             super().instantiate_classes()
+            if hasattr(getattr(self.model, "hparams", None), "learning_rate"):  # before the data is built
+                check_optimizer_settings(self.model.hparams)
         except Exception as error:
             refusal = _own_refusal(error)
             if refusal is None:
                 raise
             self.parser.error(str(refusal))
+
+    def _set_seed(self) -> None:
+        """``--seed_everything`` outside numpy's range (a negative seed) is refused as a misspelt option is."""
+        try:
+            super()._set_seed()
+        except ValueError as error:
+            self.parser.error(f"--seed_everything: {error}")
 
     def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
         """The trainer, writing into ``<root>/version_N``: CSV and TensorBoard logs, checkpoints

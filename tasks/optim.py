@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -55,6 +56,29 @@ def fused_supported(params: Iterable[Tensor]) -> bool:
             and all(p.dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16) for p in params))
 
 
+def check_optimizer_settings(hparams: Any) -> None:
+    """Refuse optimiser settings AdamW and the schedule would misread (a negative or NaN learning
+    rate, betas outside [0, 1)), naming the task's option — before a run builds its data."""
+    def number(name: str, value: Any, low: float, high: float = math.inf, *, closed_high: bool = False) -> None:
+        ok = (not isinstance(value, bool) and isinstance(value, numbers.Real) and math.isfinite(value)
+              and low <= value and (value <= high if closed_high else value < high))
+        if not ok:
+            bounds = f"in [{low:g}, {high:g}{']' if closed_high else ')'}" if math.isfinite(high) else f"≥ {low:g}"
+            raise ValueError(f"{name} must be a finite number {bounds}, got {value!r}")
+
+    rate = getattr(hparams, "learning_rate", None)
+    if isinstance(rate, bool) or not isinstance(rate, numbers.Real) or not math.isfinite(rate) or rate <= 0:
+        raise ValueError(f"learning_rate must be a finite number > 0, got {rate!r}")
+    number("weight_decay", getattr(hparams, "weight_decay", 0.0), 0.0)
+    betas = getattr(hparams, "betas", (0.9, 0.999))
+    if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+        raise ValueError(f"betas must be two numbers in [0, 1), got {betas!r}")
+    for beta in betas:
+        number("betas", beta, 0.0, 1.0)
+    check_int("warmup_steps", getattr(hparams, "warmup_steps", 0), at_least=0)
+    number("min_lr_ratio", getattr(hparams, "min_lr_ratio", 0.0), 0.0, 1.0, closed_high=True)
+
+
 def adamw_warmup_cosine(module: nn.Module, trainer: Any, hparams: Any) -> dict[str, Any]:
     """The optimiser every task uses, as Lightning's ``configure_optimizers`` returns it: AdamW
     over `weight_decay_groups` of ``module`` with a per-step `warmup_cosine` schedule to the
@@ -62,6 +86,7 @@ def adamw_warmup_cosine(module: nn.Module, trainer: Any, hparams: Any) -> dict[s
     warmup_steps and min_lr_ratio. The update is PyTorch's fused AdamW kernel (one pass over
     each parameter, several times faster than the per-tensor loop) wherever it runs: float
     parameters on the CPU or a CUDA device, unless a mixed-precision run clips gradients."""
+    check_optimizer_settings(hparams)
     groups = weight_decay_groups(module, hparams.weight_decay)
     if not any(group["params"] for group in groups):
         raise ValueError("nothing to train: every parameter is frozen")

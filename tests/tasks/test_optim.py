@@ -111,3 +111,25 @@ def test_counts_given_as_floats_are_refused_where_they_were_read_before():
         SplitDataModule(batch_size=2, num_workers=-1)
     with pytest.raises(ValueError, match="warmup_steps must be an integer ≥ 0, got 1.5"):
         warmup_cosine(1.5, 10)
+
+
+@pytest.mark.parametrize(("name", "bad", "message"), [
+    ("learning_rate", -1e-3, "learning_rate must be a finite number > 0, got -0.001"),
+    ("learning_rate", float("nan"), "learning_rate must be a finite number > 0, got nan"),
+    ("weight_decay", -0.1, r"weight_decay must be a finite number ≥ 0, got -0.1"),
+    ("betas", (0.9, 1.0), r"betas must be a finite number in \[0, 1\), got 1.0"),
+    ("betas", (0.9,), r"betas must be two numbers in \[0, 1\), got \(0.9,\)"),
+    ("warmup_steps", 2.5, "warmup_steps must be an integer ≥ 0, got 2.5"),
+    ("min_lr_ratio", 1.5, r"min_lr_ratio must be a finite number in \[0, 1\], got 1.5"),
+])
+def test_optimizer_settings_adamw_would_misread_are_refused_by_name(name, bad, message):
+    from types import SimpleNamespace
+
+    from torch import nn
+
+    from tasks.optim import adamw_warmup_cosine
+
+    hparams = dict(learning_rate=1e-3, weight_decay=0.1, betas=(0.9, 0.95), warmup_steps=0, min_lr_ratio=0.1)
+    with pytest.raises(ValueError, match=message):
+        adamw_warmup_cosine(nn.Linear(4, 4), SimpleNamespace(estimated_stepping_batches=10),
+                            SimpleNamespace(**{**hparams, name: bad}))
