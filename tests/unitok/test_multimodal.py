@@ -314,6 +314,10 @@ def test_bad_input_is_a_clear_error():
         model({"image": image(B=3), "text": text(B=2)})
     with pytest.raises(ValueError, match="text segment of 17 tokens is longer than its 16 positions"):
         model({"text": text(n=17)})
+    ids = text(n=3).ids
+    for positions, shown in (([[0, 1, 16]] * 2, "0..16"), ([[-1, 0, 1]] * 2, "-1..1")):  # -1 would read the last row
+        with pytest.raises(ValueError, match=f"text positions must lie in 0..15 .*, got {shown}"):
+            model({"text": Tokens(ids=ids, positions=torch.tensor(positions))})
     with pytest.raises(ValueError, match="more than the 32 configured"):
         model({"audio": audio(lengths=(200, 200))})
     with pytest.raises(ValueError, match="head 'ctc' reads segment 'audio', which this batch does not have"):

@@ -43,8 +43,9 @@ class TextEmbedder(nn.Module):
             return x + self.pos_embed.span(0, n)  # (n, D) broadcast over the batch
         if positions is None:  # counted from each row's first real token, so left padding does not shift them
             positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
-        if positions.numel() and int(positions.max()) >= self.max_positions:
-            raise ValueError(f"text positions reach {int(positions.max())}, beyond the {self.max_positions} configured")
+        if positions.numel() and not 0 <= int(positions.min()) <= int(positions.max()) < self.max_positions:
+            raise ValueError(f"text positions must lie in 0..{self.max_positions - 1} (the positions configured), "
+                             f"got {int(positions.min())}..{int(positions.max())}")
         return x + self.pos_embed(positions)
 
 
