@@ -14,6 +14,7 @@ import difflib
 import importlib
 import inspect
 import linecache
+import logging
 import os
 import re
 import signal
@@ -285,6 +286,19 @@ def resolve_recipes(args: list[str]) -> list[str]:
     return resolved
 
 
+class _NoCloudLoggerTip(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("💡 Tip:")
+
+
+def _drop_cloud_logger_tip() -> None:
+    """Lightning prints a tip to install its cloud logger on every run that does not use it: an
+    advert in each run's output (and no network here), dropped once."""
+    logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    if not any(isinstance(f, _NoCloudLoggerTip) for f in logger.filters):
+        logger.addFilter(_NoCloudLoggerTip())
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = resolve_recipes(list(sys.argv[1:] if argv is None else argv))
     if argv is None:
@@ -292,6 +306,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     keep_freed_memory_unless_opted_out()  # no page faults for each step's big CPU buffers
     # Lightning's own call of a pytree API torch deprecated: nothing a user of the CLI can act on.
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
+    _drop_cloud_logger_tip()
     if args and args[0] == "sample":
         from tasks.sample import main as sample_main
 

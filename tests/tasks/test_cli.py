@@ -129,6 +129,8 @@ def test_fit_subprocess_then_predict_test_and_sample(tmp_path, monkeypatch, caps
                "--trainer.val_check_interval", "5", "--model.generate_max_new_tokens", "5", *QUICK]
     run = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
+    assert "litlogger" not in run.stdout + run.stderr  # Lightning's advert for its cloud logger is dropped
+    assert "GPU available" in run.stdout + run.stderr  # its other lines are not
     checkpoints = tmp_path / "runs" / "gpt_tiny" / "latest" / "checkpoints"
     assert (checkpoints / "last.ckpt").is_file()
     pretrained = tmp_path / "runs" / "gpt_tiny" / "latest" / "pretrained"
