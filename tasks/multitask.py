@@ -36,7 +36,10 @@ class MultiTaskTask(L.LightningModule):
             override it. modality_embedding: add a learned vector per modality.
         tasks_per_step: "all" (every step trains every task on its batch) or "one" (each step
             trains one task, drawn with probability ∝ its sampling_weight, the same draw on
-            every device; under DDP use ``strategy: ddp_find_unused_parameters_true``).
+            every device; under DDP use ``strategy: ddp_find_unused_parameters_true``). The
+            combined loader serves every task's batch each step either way: with "one" the
+            undrawn tasks' batches are set aside, so each task trains on about its weight's
+            share of its batches.
         sampling_seed: seed of the "one" draws.
         model_config: the full model config (recorded once built, so checkpoints rebuild it).
         learning_rate / weight_decay / betas / warmup_steps / min_lr_ratio: AdamW, warm-up + cosine.
