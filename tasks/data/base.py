@@ -68,6 +68,20 @@ def hold_out(items: Sequence[T], fraction: float, seed: int, key: Callable[[T], 
     return [x for x in items if key(x) not in held], [x for x in items if key(x) in held]
 
 
+def refuse_repeated_files(files: Mapping[str, Sequence[str | Path]]) -> None:
+    """A ValueError naming a file listed twice in ``files`` (argument name → paths, compared
+    resolved: ``a.txt`` and ``./a.txt`` are one file): in two of the arguments, or twice in one —
+    it would be read twice, or land in two splits."""
+    given: dict[Path, str] = {}
+    for name, paths in files.items():
+        for path in paths:
+            resolved = Path(path).resolve()
+            if resolved in given:
+                where = f"twice in {name}" if given[resolved] == name else f"in both {given[resolved]} and {name}"
+                raise ValueError(f"{path} is given {where}; give each file once, for one split")
+            given[resolved] = name
+
+
 def check_disjoint(splits: Mapping[str, Sequence[T] | None], key: Callable[[T], Hashable], what: str) -> None:
     """Refuse data whose splits share a ``what`` (an image, an audio file): held-out data must share
     nothing with training, nor validation with test. ``splits``: each split's items by the

@@ -37,7 +37,7 @@ import numpy as np
 from torch import Tensor
 from torch.utils.data import DataLoader
 
-from tasks.data.base import Split, SplitDataModule, default_cache_dir
+from tasks.data.base import Split, SplitDataModule, default_cache_dir, refuse_repeated_files
 from tasks.data.span_corruption import (
     IGNORE,
     SpanCorruptionCollator,
@@ -337,19 +337,6 @@ def load_jsonl_examples(paths: Sequence[str | Path]) -> list[Example]:
     return examples
 
 
-def refuse_shared_jsonl(files: dict[str, Sequence[str | Path]]) -> None:
-    """A ValueError naming a JSONL file given twice among ``files`` (argument name → paths,
-    compared resolved): for two splits, or twice for one."""
-    given: dict[Path, str] = {}
-    for name, paths in files.items():
-        for path in paths:
-            resolved = Path(path).resolve()
-            if resolved in given:
-                where = f"twice in {name}" if given[resolved] == name else f"in both {given[resolved]} and {name}"
-                raise ValueError(f"{path} is given {where}; give each file once, for one split")
-            given[resolved] = name
-
-
 def check_disjoint_inputs(splits: dict[str, list[Example]]) -> None:
     """A ValueError, with a count and an example, when a user's example (not a built-in one)
     has an input that another split holds too: the model would be scored on what it trained or
@@ -481,7 +468,7 @@ class TextToTextDataModule(SplitDataModule):
         for name, value in (("train_per_task", train_per_task), ("val_per_task", val_per_task)):
             check_int(name, value, or_none=True, note="(None: all)")
         check_int("max_chars", max_chars)
-        refuse_shared_jsonl({"jsonl": jsonl or [], "val_jsonl": val_jsonl or [], "test_jsonl": test_jsonl or []})
+        refuse_repeated_files({"jsonl": jsonl or [], "val_jsonl": val_jsonl or [], "test_jsonl": test_jsonl or []})
         self.tasks, self.jsonl, self.val_jsonl = list(tasks), list(jsonl or []), list(val_jsonl or [])
         self.test_jsonl, self.test_fraction = list(test_jsonl or []), test_fraction
         self.allowed_prefixes = list(allowed_prefixes) if allowed_prefixes is not None else None
@@ -656,5 +643,5 @@ def encode_inputs(tokenizer: BPETokenizer, texts: Sequence[str]) -> dict[str, Te
 
 __all__ = ["BUILTIN_TASKS", "SpanCorruptionDataModule", "TextToTextCollator", "TextToTextDataModule",
            "builtin_text_to_text_examples", "cached_t5_tokenizer", "check_disjoint_inputs", "encode_inputs",
-           "held_out_files", "load_jsonl_examples", "prefix_of", "refuse_shared_jsonl", "t5_special_tokens",
+           "held_out_files", "load_jsonl_examples", "prefix_of", "t5_special_tokens",
            "train_t5_tokenizer"]

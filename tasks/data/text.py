@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from tasks.data.base import Split, SplitDataModule, default_cache_dir
+from tasks.data.base import Split, SplitDataModule, default_cache_dir, refuse_repeated_files
 from tasks.data.docstrings import docstring_key, extract_docstrings, package_of, without_docstrings
 from tasks.predictions import prompt_loader
 from tokenizers_mm import BPETokenizer
@@ -101,17 +101,6 @@ def _labelled_keys(packages: tuple[str, ...]) -> frozenset[str]:
     return frozenset(docstring_key(d.text) for d in extract_docstrings(stdlib_package_files(packages)))
 
 
-def refuse_repeated_files(files: Sequence[str | Path], name: str = "files") -> None:
-    """A ValueError naming the first file that ``files`` list twice (as resolved paths: ``a.txt``
-    and ``./a.txt`` are one file) — a repeat would be read twice, or end up in two splits."""
-    seen: set[Path] = set()
-    for f in files:
-        path = Path(f).resolve()
-        if path in seen:
-            raise ValueError(f"{name} lists {f} twice; give each file once")
-        seen.add(path)
-
-
 def split_test_files(
     files: Sequence[Path] | None, builtin_max_bytes: int | None, test_fraction: float,
     test_files: Sequence[Path] | None = None, builtin_first: Sequence[str] = (),
@@ -129,8 +118,8 @@ def split_test_files(
     """
     if not 0.0 <= test_fraction < 1.0:
         raise ValueError(f"test_fraction must be in [0, 1), got {test_fraction}")
-    refuse_repeated_files(files or [])
-    refuse_repeated_files(test_files or [], "test_files")
+    refuse_repeated_files({"files": files or []})
+    refuse_repeated_files({"test_files": test_files or []})
     if files is None:
         source = stdlib_source_files(builtin_max_bytes, builtin_first)
         if test_files is None:
@@ -164,8 +153,8 @@ def text_file_paths(files: Sequence[str | Path] | None,
     if missing or tests == []:
         raise FileNotFoundError(f"test files not found: {missing[:5]}" if missing else
                                 "test_files is an empty list; leave it unset for the default test split")
-    refuse_repeated_files(paths or [])
-    refuse_repeated_files(tests or [], "test_files")
+    refuse_repeated_files({"files": paths or []})
+    refuse_repeated_files({"test_files": tests or []})
     return paths, tests
 
 
