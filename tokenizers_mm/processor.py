@@ -113,10 +113,14 @@ class Processor:
         first = raw[0] if isinstance(raw, (list, tuple)) and raw else raw
         if isinstance(first, (str, Path)):
             suffix = Path(str(first)).suffix.lower()
-            if "image" in own and suffix in IMAGE_SUFFIXES and Path(str(first)).is_file():
-                return "image"
-            if "audio" in own and suffix in AUDIO_SUFFIXES and Path(str(first)).is_file():
-                return "audio"
+            for kind, suffixes in (("image", IMAGE_SUFFIXES), ("audio", AUDIO_SUFFIXES)):
+                if kind in own and suffix in suffixes:
+                    if Path(str(first)).is_file():
+                        return kind
+                    if isinstance(first, Path) or "text" not in own or " " not in str(first).strip():
+                        # a mistyped path is not a caption: say so rather than read "cat.png" as text
+                        raise FileNotFoundError(f"{first} looks like an {kind} file but does not exist; pass "
+                                                "modality='text' to read it as text")
             if "text" in own:
                 return "text"
         dim = getattr(first, "ndim", None)

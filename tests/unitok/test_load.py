@@ -229,6 +229,14 @@ def test_families_whose_config_knows_their_input_need_nothing_else(tmp_path):
     assert clip.processor("a handwritten seven").modality == "text"
     assert clip.processor(torch.rand(1, 32, 32)).modality == "image"
     assert clip.processor(np.zeros(4000, dtype=np.float32), sample_rate=16000).modality == "audio"
+    # a path to a file that is not there is a mistyped path, not a caption
+    with pytest.raises(FileNotFoundError, match=r"cat.pgn.png looks like an image file but does not exist; pass "
+                                                r"modality='text'"):
+        clip.processor("cat.pgn.png")
+    with pytest.raises(FileNotFoundError, match="looks like an audio file"):
+        clip.processor(["missing/clip.wav"])
+    assert clip.processor("a photo of cat.png").modality == "text"  # words around a file name: a caption
+    assert clip.processor("cat.png", modality="text").modality == "text"
     clip.save_pretrained(tmp_path)
     assert unitok.load(tmp_path).processor.text.context_length == clip.config.text.context_length
 
