@@ -46,7 +46,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: find timing.py
-from timing import add_side_by_side_options, alternate, autocast, positive_int, prepare_process  # noqa: E402
+from timing import (  # noqa: E402
+    add_side_by_side_options,
+    alternate,
+    autocast,
+    device_name,
+    non_negative_int,
+    positive_int,
+    prepare_process,
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -57,14 +65,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--n-layers", type=int, default=4)
     p.add_argument("--n-heads", type=int, default=4)
     p.add_argument("--vocab-size", type=int, default=8192)
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--batch-size", type=positive_int, default=8)
+    p.add_argument("--seq-len", type=positive_int, default=128)
     p.add_argument("--dropout", type=float, default=0.1, help="hidden and attention dropout (BERT's 0.1)")
     p.add_argument("--train-steps", type=positive_int, default=2, help="optimizer steps per repetition")
     p.add_argument("--repeats", type=positive_int, default=5, help="timed repetitions per library")
-    p.add_argument("--warmup", type=int, default=1, help="untimed repetitions per library")
-    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
-    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--warmup", type=non_negative_int, default=1, help="untimed repetitions per library")
+    p.add_argument("--threads", type=positive_int, default=None, help="torch.set_num_threads (default: torch's choice)")
+    p.add_argument("--device", type=device_name, default="cpu", help="cpu or cuda")
     add_side_by_side_options(p)
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)

@@ -30,7 +30,15 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: find the benchmarks
 import gpt_vs_hf  # noqa: E402
 import vision_vs_timm  # noqa: E402
-from timing import add_malloc_option, alternate, autocast, positive_int, prepare_process  # noqa: E402
+from timing import (  # noqa: E402
+    add_malloc_option,
+    alternate,
+    autocast,
+    device_name,
+    non_negative_int,
+    positive_int,
+    prepare_process,
+)
 
 MODELS = ("gpt", "vit")
 
@@ -40,9 +48,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
     p.add_argument("--repeats", type=positive_int, default=5)
-    p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--warmup", type=non_negative_int, default=1)
+    p.add_argument("--threads", type=positive_int, default=None)
+    p.add_argument("--device", type=device_name, default="cpu")
     add_malloc_option(p)
     return p.parse_args(argv)
 

@@ -13,12 +13,13 @@ import contextlib
 import math
 import os
 import statistics
+import sys
 import tempfile
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
@@ -149,3 +150,17 @@ def finite(values: dict[str, float]) -> dict[str, float]:
     if bad:
         raise RuntimeError(f"non-finite metrics {bad}")
     return values
+
+
+def not_a_script(claims: Sequence[Claim] = ()) -> NoReturn:
+    """What a claim module does when run as a script (it has no command line): one line pointing at
+    `benchmarks/claims.py` with its claims' letter, and exit status 2, argparse's for a bad call."""
+    letters = " ".join(dict.fromkeys(c.key.split("-")[0] for c in claims))
+    how = f"--claims {letters}" if letters else "--list"
+    print(f"{Path(sys.argv[0]).name} is a part of claims.py, not a script: run "
+          f"`python benchmarks/claims.py {how}`", file=sys.stderr)
+    raise SystemExit(2)
+
+
+if __name__ == "__main__":
+    not_a_script()

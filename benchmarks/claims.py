@@ -30,6 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: find claim.py
 from claim import ROOT, Claim, gap, mean_std, scratch_runs, verdict  # noqa: E402
+from timing import positive_int, seed_int  # noqa: E402
 
 # One module per lecture claim, in the table's order; a module's claims share its runs.
 MODULES = ("claims_pretraining", "claims_distillation", "claims_decoding", "claims_zero_shot", "claims_speech",
@@ -49,16 +50,54 @@ def load_claims(modules: Sequence[str] = MODULES) -> dict[str, tuple[str, Claim]
 
 
 def select(claims: dict[str, tuple[str, Claim]], wanted: Sequence[str] | None) -> list[str]:
-    """Claim keys to run: all, or those named (a key, or a prefix such as "a" for a-mlm and a-lm)."""
+    """Claim keys to run: all, or those named (a key, or a prefix such as "a" for a-mlm and a-lm);
+    ValueError for a name that is neither."""
     if not wanted:
         return list(claims)
     keys = []
     for w in wanted:
         hits = [k for k in claims if k == w or k.startswith(f"{w}-")]
         if not hits:
-            raise SystemExit(f"unknown claim {w!r}; known: {', '.join(claims)}")
+            raise ValueError(f"unknown claim {w!r}; known: {', '.join(claims)}")
         keys += [k for k in hits if k not in keys]
     return keys
+
+
+def add_claim_options(p: argparse.ArgumentParser, claims: str = "all") -> None:
+    """The options every way of running claims takes alike: ``--claims``, ``--seeds``, ``--threads``."""
+    p.add_argument("--claims", nargs="*", default=None, help=f"claim keys or prefixes (default: {claims})")
+    p.add_argument("--seeds", nargs="+", type=seed_int, default=[0, 1, 2],
+                   help="seeds, each once, 0 to 2**32 - 1 (numpy's range)")
+    p.add_argument("--threads", type=positive_int, default=1, help="torch threads of each process that runs claims")
+
+
+def parse_claim_args(p: argparse.ArgumentParser, argv: list[str] | None,
+                     claims: dict[str, tuple[str, Claim]]) -> argparse.Namespace:
+    """Parse ``argv`` with `add_claim_options`' options checked: no seed twice, every ``--claims``
+    name a key or prefix of ``claims``; ``.keys``: the claim keys to run. Errors exit as argparse's (2)."""
+    args = p.parse_args(argv)
+    if len(args.seeds) != len(set(args.seeds)):
+        p.error(f"--seeds repeats a seed: {args.seeds}")
+    try:
+        args.keys = select(claims, args.claims)
+    except ValueError as e:
+        p.error(f"--claims: {e}")
+    return args
+
+
+def check_out(p: argparse.ArgumentParser, out: Path) -> None:
+    """Refuse an ``--out`` the run could not write at its end: not a .md file (its JSON goes
+    next to it, ``.json``), a folder, or under a file."""
+    if out.suffix != ".md":
+        p.error(f"--out must name a .md file (the JSON is written next to it), got {str(out)!r}")
+    for path in (out, out.with_suffix(".json")):
+        if path.is_dir():
+            p.error(f"--out: {str(path)!r} is a folder")
+    folder = out.parent
+    while not folder.exists():
+        folder = folder.parent
+    if not folder.is_dir():
+        p.error(f"--out: {str(folder)!r} is a file, not a folder")
 
 
 def run_unit(module: str, keys: Sequence[str], seed: int, threads: int) -> tuple[int, dict[str, dict[str, float]],
@@ -123,17 +162,12 @@ def table(claims: dict[str, tuple[str, Claim]], results: dict[str, list[dict[str
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--claims", nargs="*", default=None, help="claim keys or prefixes (default: all)")
-    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    p.add_argument("--jobs", type=int, default=2, help="worker processes side by side")
-    p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
+    add_claim_options(p)
+    p.add_argument("--jobs", type=positive_int, default=2, help="worker processes side by side")
     p.add_argument("--out", type=Path, default=OUT, help="the Markdown table (JSON next to it)")
     p.add_argument("--list", action="store_true", help="list the claims and exit")
-    args = p.parse_args(argv)
-    if len(args.seeds) != len(set(args.seeds)):
-        p.error(f"--seeds repeats a seed: {args.seeds}")
-    if args.jobs < 1 or args.threads < 1:
-        p.error(f"--jobs and --threads must be ≥ 1, got {args.jobs} and {args.threads}")
+    args = parse_claim_args(p, argv, load_claims())
+    check_out(p, args.out)
     return args
 
 
@@ -144,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         for key, (module, claim) in claims.items():
             print(f"{key:8} {claim.title} — {claim.metric} ({module})")
         return 0
-    keys = select(claims, args.claims)
+    keys = args.keys
     units: dict[str, list[str]] = {}
     for key in keys:
         units.setdefault(claims[key][0], []).append(key)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
-from claim import Claim, finite, fit_recipe
+from claim import Claim, finite, fit_recipe, not_a_script
 
 RECIPE = "dt/cartpole"
 TARGETS = (100, 200, 300, 400)
@@ -62,3 +62,7 @@ CLAIMS = [
           extra=("sampled actions", "achieved (argmax)", "achieved (sampled)"))
     for target in TARGETS
 ]
+
+
+if __name__ == "__main__":
+    not_a_script(CLAIMS)

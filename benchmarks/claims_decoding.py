@@ -21,7 +21,7 @@ with models the recipes train, at a small budget:
 from __future__ import annotations
 
 import torch
-from claim import Claim, finite, fit_recipe
+from claim import Claim, finite, fit_recipe, not_a_script
 from torch import Tensor
 
 NUM_BEAMS = 4
@@ -109,3 +109,7 @@ CLAIMS = [
                f"{T5_STEPS} steps of configs/t5/text_to_text.yaml from scratch",
           extra=("greedy log-likelihood", "beam log-likelihood", "beam less likely (%)")),
 ]
+
+
+if __name__ == "__main__":
+    not_a_script(CLAIMS)

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from claim import Claim, finite, fit_recipe
+from claim import Claim, finite, fit_recipe, not_a_script
 from torch.utils.data import DataLoader
 
 RECIPE = "deit/digits_few"
@@ -66,3 +66,7 @@ CLAIMS = [
           data="configs/deit/digits_few.yaml: the same scans of each digit for training in every run, the "
                "CNN teacher trained on those only; 180 test scans no step trained on"),
 ]
+
+
+if __name__ == "__main__":
+    not_a_script(CLAIMS)

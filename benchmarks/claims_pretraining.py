@@ -90,14 +90,13 @@ CLAIMS = [
 
 def main(argv: list[str] | None = None) -> None:
     import torch
+    from claims import add_claim_options, parse_claim_args  # claims.py's checks, alike here
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    p.add_argument("--claims", nargs="*", default=None, help="keys (default: both)")
-    p.add_argument("--threads", type=int, default=1)
-    args = p.parse_args(argv)
+    add_claim_options(p, claims="both")
+    args = parse_claim_args(p, argv, {c.key: ("claims_pretraining", c) for c in CLAIMS})
     torch.set_num_threads(args.threads)
-    claims = [c for c in CLAIMS if not args.claims or c.key in args.claims]
+    claims = [c for c in CLAIMS if c.key in args.keys]
     results: dict[str, list[dict[str, float]]] = {c.key: [] for c in claims}
     for seed in args.seeds:
         for claim in claims:

@@ -31,7 +31,7 @@ import time
 from typing import Any
 
 import torch
-from claim import Claim, finite, fit_recipe
+from claim import Claim, finite, fit_recipe, not_a_script
 
 RECIPE = "conformer/spoken_digits"
 NOISE_SEED = 1234  # the conditions' own seed: every run hears the same noisy audio
@@ -162,3 +162,7 @@ try:  # the second-engine test set needs SVOX Pico (not a dependency: it builds 
                                          "voices at 5 speed/pitch settings"))
 except ImportError:
     pass
+
+
+if __name__ == "__main__":
+    not_a_script(CLAIMS)

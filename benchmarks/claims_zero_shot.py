@@ -10,7 +10,7 @@ printed beside it, to show how much the unseen wording costs.
 
 from __future__ import annotations
 
-from claim import Claim, finite, fit_recipe
+from claim import Claim, finite, fit_recipe, not_a_script
 
 RECIPE = "clip/digits"
 
@@ -33,3 +33,7 @@ CLAIMS = [
           data="180 test scans no step trained on; 8 prompt templates that are never captions "
                "(chance 10 %); 1,500 steps of configs/clip/digits.yaml"),
 ]
+
+
+if __name__ == "__main__":
+    not_a_script(CLAIMS)

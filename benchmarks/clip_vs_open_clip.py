@@ -50,6 +50,8 @@ from timing import (  # noqa: E402
     add_side_by_side_options,
     alternate,
     autocast,
+    device_name,
+    non_negative_int,
     positive_int,
     prepare_process,
     timed,
@@ -64,16 +66,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--layers", type=int, default=4, help="layers per tower of the custom model")
     p.add_argument("--img-size", type=int, default=64)
     p.add_argument("--patch-size", type=int, default=16)
-    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--batch-size", type=positive_int, default=32)
     p.add_argument("--train-steps", type=positive_int, default=2, help="optimizer steps per repetition")
-    p.add_argument("--classes", type=int, default=1000, help="ImageNet classes in the zero-shot classifier")
-    p.add_argument("--templates", type=int, default=80, help="OpenAI ImageNet templates per class")
-    p.add_argument("--text-batch", type=int, default=1000, help="prompts per text forward when building")
+    p.add_argument("--classes", type=positive_int, default=1000, help="ImageNet classes in the zero-shot classifier")
+    p.add_argument("--templates", type=positive_int, default=80, help="OpenAI ImageNet templates per class")
+    p.add_argument("--text-batch", type=positive_int, default=1000, help="prompts per text forward when building")
     p.add_argument("--repeats", type=positive_int, default=3)
-    p.add_argument("--zero-shot-repeats", type=int, default=1)
-    p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--zero-shot-repeats", type=positive_int, default=1)
+    p.add_argument("--warmup", type=non_negative_int, default=1)
+    p.add_argument("--threads", type=positive_int, default=None, help="torch.set_num_threads (default: torch's choice)")
+    p.add_argument("--device", type=device_name, default="cpu")
     add_side_by_side_options(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip-train", action="store_true")

@@ -27,7 +27,15 @@ import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: find timing.py
-from timing import add_side_by_side_options, alternate, autocast, positive_int, prepare_process  # noqa: E402
+from timing import (  # noqa: E402
+    add_side_by_side_options,
+    alternate,
+    autocast,
+    device_name,
+    non_negative_int,
+    positive_int,
+    prepare_process,
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -38,13 +46,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--kernel", type=int, default=31)
     p.add_argument("--vocab", type=int, default=32)
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--frames", type=int, default=200, help="frames per utterance (after any subsampling)")
+    p.add_argument("--batch-size", type=positive_int, default=8)
+    p.add_argument("--frames", type=positive_int, default=200, help="frames per utterance (after any subsampling)")
     p.add_argument("--train-steps", type=positive_int, default=2)
     p.add_argument("--repeats", type=positive_int, default=5)
-    p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--warmup", type=non_negative_int, default=1)
+    p.add_argument("--threads", type=positive_int, default=None)
+    p.add_argument("--device", type=device_name, default="cpu")
     add_side_by_side_options(p)
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)

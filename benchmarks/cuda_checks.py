@@ -27,6 +27,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +35,9 @@ import torch.nn.functional as F
 from unitok.compile import compile_backbones
 from unitok.losses import linear_cross_entropy
 from unitok.models import GPT, T5, GPTConfig, T5Config, ViT, ViTConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: find timing.py
+from timing import device_name  # noqa: E402
 
 RESULTS: list[tuple[str, bool, str]] = []
 ONLY: list[str] = []  # --only: run just the checks whose names contain one of these
@@ -258,7 +262,7 @@ def compiled_decoding_as_eager(gpt: GPT, device: str, graph: bool, prompt: torch
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--device", default="cuda", help="cuda, or cpu for a dry run of the script")
+    p.add_argument("--device", type=device_name, default="cuda", help="cuda, or cpu for a dry run of the script")
     p.add_argument("--only", nargs="+", default=[], metavar="TEXT",
                    help="run just the checks whose names contain one of these texts")
     args = p.parse_args(argv)

@@ -61,7 +61,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: find timing.py
-from timing import add_side_by_side_options, alternate, autocast, positive_int, prepare_process  # noqa: E402
+from timing import (  # noqa: E402
+    add_side_by_side_options,
+    alternate,
+    autocast,
+    device_name,
+    non_negative_int,
+    positive_int,
+    prepare_process,
+)
 
 from unitok.models import GPT  # noqa: E402
 
@@ -75,22 +83,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--n-heads", type=int, default=4)
     p.add_argument("--vocab-size", type=int, default=8192)
     p.add_argument("--context-length", type=int, default=256)
-    p.add_argument("--batch-size", type=int, default=8, help="training batch")
-    p.add_argument("--seq-len", type=int, default=128, help="training sequence length")
+    p.add_argument("--batch-size", type=positive_int, default=8, help="training batch")
+    p.add_argument("--seq-len", type=positive_int, default=128, help="training sequence length")
     p.add_argument("--train-steps", type=positive_int, default=2, help="optimizer steps per repetition")
-    p.add_argument("--prompt-len", type=int, default=16)
-    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--prompt-len", type=positive_int, default=16)
+    p.add_argument("--new-tokens", type=positive_int, default=64)
     p.add_argument("--repeats", type=positive_int, default=5, help="timed repetitions per library")
-    p.add_argument("--warmup", type=int, default=1, help="untimed repetitions per library")
-    p.add_argument("--threads", type=int, default=None,
+    p.add_argument("--warmup", type=non_negative_int, default=1, help="untimed repetitions per library")
+    p.add_argument("--threads", type=positive_int, default=None,
                    help="torch.set_num_threads (default: torch's choice)")
-    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--device", type=device_name, default="cpu", help="cpu or cuda")
     add_side_by_side_options(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip-train", action="store_true")
     p.add_argument("--skip-infer", action="store_true")
     p.add_argument("--skip-generate", action="store_true")
-    p.add_argument("--beams", type=int, default=4, help="beam-search width timed too (1: not timed)")
+    p.add_argument("--beams", type=positive_int, default=4, help="beam-search width timed too (1: not timed)")
     p.add_argument("--peak-tflops", type=float, default=None,
                    help="the device's dense peak at --precision, for MFU (default: known GPUs by name)")
     p.add_argument("--compile", action="store_true",
@@ -104,7 +112,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fused-adamw", action="store_true",
                    help="the same-loss rows step PyTorch's fused AdamW on both sides too (the labels= rows, "
                         "each library's default path, always do)")
-    p.add_argument("--profile", type=int, default=0, metavar="ROWS",
+    p.add_argument("--profile", type=non_negative_int, default=0, metavar="ROWS",
                    help="after training, profile three steps of each side's default path (labels=) and print "
                         "the ROWS operators with the most self time on the device (0: no profile)")
     p.add_argument("--compile-decode", action="store_true",

@@ -48,9 +48,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--config", type=Path, default=RECIPE)
-    p.add_argument("--max-steps", type=int, default=None, help="override the recipe's max_steps")
+    p.add_argument("--max-steps", type=positive_int, default=None, help="override the recipe's max_steps")
     p.add_argument("--tasks", nargs="*", default=None, help="a subset of the recipe's tasks")
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=positive_int, default=2)
     p.add_argument("--seed", type=int, default=None, help="override the recipe's seed_everything")
     p.add_argument("--speed-only", action="store_true", help="only the step-cost comparison")
     p.add_argument("--skip-speed", action="store_true", help="only the held-out metrics")

@@ -80,8 +80,8 @@ def fmt(value: float) -> str:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--only", nargs="+", choices=BENCHMARKS, default=list(BENCHMARKS))
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=timing.positive_int, default=1)
+    p.add_argument("--device", type=timing.device_name, default="cpu")
     timing.add_side_by_side_options(p)
     args = p.parse_args(argv)
     start = time.perf_counter()

@@ -20,16 +20,46 @@ PRECISIONS = ("fp32", "bf16")
 MALLOC_CHOICES = ("default", "keep")
 
 
-def positive_int(text: str) -> int:
-    """An argparse type for counts (repetitions, steps): an integer ≥ 1, else a clear error (zero
-    repetitions would leave nothing to divide by)."""
+def _int_in_range(text: str, low: int, high: int | None = None) -> int:
+    """``text`` as an integer in ``low`` … ``high`` (no upper end when None), else an argparse error
+    that argparse prefixes with the flag ("argument --threads: expected …")."""
+    expected = f"an integer >= {low}" if high is None else f"an integer from {low} to {high}"
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+    if value < low or (high is not None and value > high):
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {value}")
     return value
+
+
+def positive_int(text: str) -> int:
+    """An argparse type for counts (repetitions, steps, threads, batch sizes): an integer ≥ 1, else
+    a clear error (zero repetitions would leave nothing to divide by)."""
+    return _int_in_range(text, 1)
+
+
+def non_negative_int(text: str) -> int:
+    """An argparse type for counts that may be zero (untimed warm-up repetitions, profile rows)."""
+    return _int_in_range(text, 0)
+
+
+SEED_MAX = 2**32 - 1  # numpy's seeds (and so Lightning's seed_everything) run from 0 to this
+
+
+def seed_int(text: str) -> int:
+    """An argparse type for seeds: an integer numpy accepts, 0 … 2**32 − 1."""
+    return _int_in_range(text, 0, SEED_MAX)
+
+
+def device_name(text: str) -> str:
+    """An argparse type for ``--device``: a name torch reads as a device ("cpu", "cuda", "cuda:1"),
+    returned as given; whether CUDA is there is `prepare_process`'s check."""
+    try:
+        torch.device(text)
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(f"expected a torch device such as cpu or cuda, got {text!r}") from None
+    return text
 
 
 def add_side_by_side_options(parser: argparse.ArgumentParser) -> None:

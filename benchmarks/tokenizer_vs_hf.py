@@ -44,13 +44,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--vocab-size", type=int, default=8192)
-    p.add_argument("--train-bytes", type=int, default=2_000_000, help="stdlib source the BPE learns from")
+    p.add_argument("--train-bytes", type=positive_int, default=2_000_000, help="stdlib source the BPE learns from")
     p.add_argument("--unit", choices=("lines", "files"), default="lines",
                    help="what one encode call gets: a line of source, or a whole file")
-    p.add_argument("--lines", type=int, default=5000, help="non-empty lines (or files) encoded per repetition")
-    p.add_argument("--batch", type=int, default=128, help="lines (or files) per batch_encode call")
+    p.add_argument("--lines", type=positive_int, default=5000, help="non-empty lines (or files) encoded per repetition")
+    p.add_argument("--batch", type=positive_int, default=128, help="lines (or files) per batch_encode call")
     p.add_argument("--repeats", type=positive_int, default=7)
-    p.add_argument("--threads", type=int, default=None,
+    p.add_argument("--threads", type=positive_int, default=None,
                    help="threads of the Rust engine (RAYON_NUM_THREADS) and torch")
     return p.parse_args(argv)
 

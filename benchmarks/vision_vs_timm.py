@@ -53,6 +53,8 @@ from timing import (  # noqa: E402
     add_side_by_side_options,
     alternate,
     autocast,
+    device_name,
+    non_negative_int,
     positive_int,
     prepare_process,
     sync,
@@ -74,17 +76,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--vit-dim", type=int, default=192, help="ViT / DeiT width (192: Tiny)")
     p.add_argument("--vit-heads", type=int, default=3)
     p.add_argument("--mixer-dim", type=int, default=512, help="MLP-Mixer width (512: S/16)")
-    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--batch-size", type=positive_int, default=8)
     p.add_argument("--train-steps", type=positive_int, default=2, help="optimizer steps per repetition")
-    p.add_argument("--infer-batches", type=int, default=2, help="forward passes per repetition")
+    p.add_argument("--infer-batches", type=positive_int, default=2, help="forward passes per repetition")
     p.add_argument("--repeats", type=positive_int, default=5, help="timed repetitions per library")
-    p.add_argument("--warmup", type=int, default=1, help="untimed repetitions per library")
-    p.add_argument("--threads", type=int, default=None,
+    p.add_argument("--warmup", type=non_negative_int, default=1, help="untimed repetitions per library")
+    p.add_argument("--threads", type=positive_int, default=None,
                    help="torch.set_num_threads (default: torch's choice)")
-    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--device", type=device_name, default="cpu", help="cpu or cuda")
     add_side_by_side_options(p)
     p.add_argument("--atol", type=float, default=1e-4, help="tolerance of the equal-output check")
-    p.add_argument("--profile", type=int, default=0, metavar="ROWS",
+    p.add_argument("--profile", type=non_negative_int, default=0, metavar="ROWS",
                    help="after timing, profile a training and an inference repetition of unitok's default path "
                         "and timm's: wall, device busy time and kernels, then the ROWS busiest operators by device "
                         "and by host time (0: none)")

@@ -203,3 +203,151 @@ def test_claim_runs_made_in_a_scratch_folder_are_removed_with_it():
         assert outside.parent == Path(tempfile.gettempdir())
     finally:
         outside.rmdir()
+
+
+SIDE_BY_SIDE = ("gpt_vs_hf", "bert_vs_hf", "t5_vs_hf", "vision_vs_timm", "clip_vs_open_clip",
+                "conformer_vs_torchaudio", "dt_vs_hf", "bf16_vs_fp32")
+
+
+def refused(parse, argv, capsys) -> str:
+    """argparse's error for ``argv`` (exit status 2, before any work), as printed."""
+    with pytest.raises(SystemExit) as exit_:
+        parse(argv)
+    assert exit_.value.code == 2
+    return capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", SIDE_BY_SIDE)
+def test_side_by_side_benchmarks_refuse_bad_threads_warmup_and_device_while_parsing(name, capsys):
+    import importlib
+
+    parse = importlib.import_module(name).parse_args
+    args = parse(["--threads", "1", "--warmup", "0", "--device", "cuda:1"])  # parsed, nothing prepared yet
+    assert (args.threads, args.warmup, args.device) == (1, 0, "cuda:1")
+    assert "argument --threads: expected an integer >= 1, got 0" in refused(parse, ["--threads", "0"], capsys)
+    assert "argument --threads: expected an integer >= 1, got -3" in refused(parse, ["--threads", "-3"], capsys)
+    assert "argument --warmup: expected an integer >= 0, got -1" in refused(parse, ["--warmup", "-1"], capsys)
+    assert "argument --device: expected a torch device such as cpu or cuda, got 'foo'" in refused(
+        parse, ["--device", "foo"], capsys)
+
+
+@pytest.mark.parametrize("name, argv", [
+    ("tokenizer_vs_hf", ["--threads", "0"]), ("tokenizer_vs_hf", ["--batch", "0"]),
+    ("tokenizer_vs_hf", ["--lines", "0"]), ("gpt_vs_hf", ["--batch-size", "0"]), ("gpt_vs_hf", ["--beams", "0"]),
+    ("t5_vs_hf", ["--new-tokens", "0"]), ("vision_vs_timm", ["--infer-batches", "0"]),
+    ("clip_vs_open_clip", ["--zero-shot-repeats", "0"]), ("multitask", ["--threads", "0"]),
+    ("multitask", ["--max-steps", "0"]),
+])
+def test_benchmark_counts_below_one_are_refused_while_parsing(name, argv, capsys):
+    import importlib
+
+    parse = importlib.import_module(name).parse_args
+    assert f"argument {argv[0]}: expected an integer >= 1, got 0" in refused(parse, argv, capsys)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--threads", "0"], "argument --threads: expected an integer >= 1, got 0"),
+    (["--threads", "-3"], "argument --threads: expected an integer >= 1, got -3"),
+    (["--device", "foo"], "argument --device: expected a torch device such as cpu or cuda, got 'foo'"),
+])
+def test_the_summary_refuses_bad_threads_and_device_before_running_a_benchmark(argv, message, monkeypatch, capsys):
+    monkeypatch.setattr(summary.importlib, "import_module", lambda name: pytest.fail(f"{name} was run"))
+    assert message in refused(summary.main, argv, capsys)
+
+
+def test_the_cuda_checks_refuse_an_unknown_device_while_parsing(capsys):
+    import cuda_checks
+
+    message = "argument --device: expected a torch device such as cpu or cuda, got 'gpu'"
+    assert message in refused(cuda_checks.main, ["--device", "gpu"], capsys)
+
+
+def test_claims_accept_a_markdown_out_in_a_folder_still_to_make_and_seeds_in_numpys_range(tmp_path):
+    import claims
+
+    args = claims.parse_args(["--out", str(tmp_path / "new" / "claims.md"), "--seeds", "0", str(2**32 - 1),
+                              "--claims", "a", "d"])
+    assert args.seeds == [0, 2**32 - 1] and args.keys == ["a-mlm", "a-lm", "d"]
+
+
+def test_claims_refuse_an_out_they_could_not_write_at_the_end(tmp_path, capsys):
+    import claims
+
+    (tmp_path / "file").write_text("")
+    (tmp_path / "folder.md").mkdir()
+    (tmp_path / "table.json").mkdir()
+    for out, message in ((tmp_path / "x.json", "--out must name a .md file"),  # the JSON would overwrite it
+                         (tmp_path, "--out must name a .md file"),
+                         (tmp_path / "folder.md", "is a folder"),
+                         (tmp_path / "table.md", f"{str(tmp_path / 'table.json')!r} is a folder"),
+                         (tmp_path / "file" / "claims.md", f"{str(tmp_path / 'file')!r} is a file, not a folder"),
+                         (tmp_path / "file" / "deeper" / "claims.md", "is a file, not a folder")):
+        assert message in refused(claims.parse_args, ["--out", str(out)], capsys)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--seeds", "-1"], "argument --seeds: expected an integer from 0 to 4294967295, got -1"),
+    (["--seeds", "0", "1", str(2**32)], f"argument --seeds: expected an integer from 0 to 4294967295, got {2**32}"),
+    (["--seeds", "0", "0"], "--seeds repeats a seed: [0, 0]"),
+    (["--claims", "zzz"], "--claims: unknown claim 'zzz'; known: a-mlm, a-lm, b"),
+    (["--jobs", "0"], "argument --jobs: expected an integer >= 1, got 0"),
+    (["--threads", "0"], "argument --threads: expected an integer >= 1, got 0"),
+])
+def test_claims_refuse_bad_seeds_claims_jobs_and_threads_while_parsing(argv, message, capsys):
+    import claims
+
+    assert message in refused(claims.parse_args, argv, capsys)
+
+
+@pytest.fixture
+def pretraining_claims(monkeypatch):
+    """claims_pretraining with its two claims' runs replaced by stubs that record (key, seed)."""
+    import dataclasses
+
+    import claims_pretraining
+
+    ran = []
+    stubs = [dataclasses.replace(c, run=lambda seed, key=c.key: ran.append((key, seed)) or
+                                 {"pretrained": 60.0, "scratch": 50.0})
+             for c in claims_pretraining.CLAIMS]
+    monkeypatch.setattr(claims_pretraining, "CLAIMS", stubs)
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)  # this process's threads stay as they are
+    return claims_pretraining.main, ran
+
+
+def test_the_pretraining_claims_alone_take_a_prefix_as_claims_py_does(pretraining_claims):
+    main, ran = pretraining_claims
+    main(["--claims", "a", "--seeds", "0"])
+    assert ran == [("a-mlm", 0), ("a-lm", 0)]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--claims", "zzz"], "--claims: unknown claim 'zzz'; known: a-mlm, a-lm"),
+    (["--threads", "0"], "argument --threads: expected an integer >= 1, got 0"),
+    (["--seeds", "0", "0"], "--seeds repeats a seed: [0, 0]"),
+    (["--seeds", "-1"], "argument --seeds: expected an integer from 0 to 4294967295, got -1"),
+])
+def test_the_pretraining_claims_alone_refuse_what_claims_py_refuses_before_running(argv, message, pretraining_claims,
+                                                                                     capsys):
+    main, ran = pretraining_claims
+    assert message in refused(main, argv, capsys)
+    assert ran == []
+
+
+@pytest.mark.parametrize("name, pointer", [
+    ("claim", "python benchmarks/claims.py --list"), ("claims_control", "python benchmarks/claims.py --claims f"),
+    ("claims_decoding", "python benchmarks/claims.py --claims c"),
+    ("claims_distillation", "python benchmarks/claims.py --claims b"),
+    ("claims_speech", "python benchmarks/claims.py --claims e"),
+    ("claims_zero_shot", "python benchmarks/claims.py --claims d"),
+])
+def test_a_claim_module_run_as_a_script_points_at_claims_py_and_exits_2(name, pointer, monkeypatch, capsys):
+    import runpy
+
+    path = Path(claim.__file__).with_name(f"{name}.py")
+    monkeypatch.setattr(sys, "argv", [str(path), "--help"])
+    with pytest.raises(SystemExit) as exit_:
+        runpy.run_path(str(path), run_name="__main__")
+    assert exit_.value.code == 2
+    out = capsys.readouterr()
+    assert out.out == "" and out.err == f"{name}.py is a part of claims.py, not a script: run `{pointer}`\n"
