@@ -201,7 +201,7 @@ class TrajectoryWindows:
 
     states: Tensor
     actions: Tensor
-    returns_to_go: Tensor
+    returns_to_go: Tensor | None
     timesteps: Tensor
     attention_mask: Tensor
     rewards: Tensor
@@ -211,6 +211,8 @@ class TrajectoryWindows:
     def __post_init__(self) -> None:
         W, K = self.states.shape[:2]
         for name in ("actions", "returns_to_go", "timesteps", "attention_mask", "rewards", "terminals"):
+            if name == "returns_to_go" and self.returns_to_go is None:  # a segment not conditioned on returns
+                continue
             if tuple(getattr(self, name).shape[:2]) != (W, K):
                 raise ValueError(f"TrajectoryWindows.{name} must start with (windows, steps) = {(W, K)}, "
                                  f"got {tuple(getattr(self, name).shape)}")
@@ -236,7 +238,7 @@ class TrajectoryWindows:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "modality"}
 
     def to(self, device: torch.device | str) -> TrajectoryWindows:
-        return replace(self, **{k: v.to(device) for k, v in self.as_dict().items()})
+        return replace(self, **{k: v.to(device) for k, v in self.as_dict().items() if v is not None})
 
 
 # --------------------------------------------------------------------------- tokenizer

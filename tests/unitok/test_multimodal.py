@@ -291,6 +291,7 @@ def test_left_padded_audio_is_refused_not_read_as_right_padded():
     ("audio", AudioModality(n_mels=16, max_frames=32)),
     ("text", TextModality(vocab_size=V, max_positions=16)),  # causal: its first token sees only itself
     ("image", ImageModality(class_token=False)),
+    ("image", ImageModality(causal=True)),  # a class token first in a causal segment sees only itself
 ])
 def test_a_classifier_reading_a_first_token_that_summarises_nothing_is_refused(segment, modality):
     with pytest.raises(ValueError, match=f"head 'c' pools segment '{segment}' by its first token .pool='cls'."):
@@ -345,3 +346,70 @@ def test_bad_input_is_a_clear_error():
         model({"image": torch.randn(2, 3, 32, 32)})
     with pytest.raises(ValueError, match="non-empty mapping"):
         model({})
+
+
+def test_an_action_head_needs_a_causal_trajectory_segment():
+    # bidirectional, each step's state token would read the action it is asked to predict
+    with pytest.raises(ValueError, match="action head 'act' .* segment 'trajectory' must be causal"):
+        MultimodalConfig(modalities={"trajectory": TrajectoryModality(causal=False)},
+                         heads={"act": ActionHeadConfig(segment="trajectory")})
+
+
+def bidirectional_text_classifier() -> MultimodalTransformer:
+    torch.manual_seed(0)
+    config = MultimodalConfig(modalities={"text": TextModality(vocab_size=V, max_positions=8, causal=False)},
+                              heads={"cls": ClassifierHeadConfig(segment="text", num_classes=3),
+                                     "embed": ProjectionHeadConfig(segment="text", embed_dim=4, pool="cls")},
+                              d_model=32, n_layers=2, n_heads=4)
+    return MultimodalTransformer(config).eval()
+
+
+def test_a_rows_outputs_do_not_depend_on_its_padding_or_its_batch():
+    # a row alone, right-padded beside a longer row, or left-padded even past max_positions (its
+    # real tokens fit): the same class scores and embeddings, read from its own [CLS]
+    model = bidirectional_text_classifier()
+    row = torch.randint(0, V, (1, 5), generator=torch.Generator().manual_seed(4))
+    longer = torch.randint(0, V, (1, 8), generator=torch.Generator().manual_seed(5))
+    pad = torch.zeros(1, 3, dtype=torch.long)
+    right = Tokens(ids=torch.cat([torch.cat([row, pad], 1), longer]),
+                   attention_mask=torch.tensor([[1] * 5 + [0] * 3, [1] * 8]))
+    left = Tokens(ids=torch.cat([torch.zeros(1, 7, dtype=torch.long), row], 1), attention_mask=torch.tensor([[0] * 7 + [1] * 5]))
+    with torch.no_grad():
+        alone = model({"text": row}).heads
+        for batch in (model({"text": right}).heads, model({"text": left}).heads):
+            for head in ("cls", "embed"):
+                torch.testing.assert_close(batch[head][:1], alone[head], atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="a text segment of 9 tokens is longer than its 8 positions"):
+        model({"text": Tokens(ids=torch.zeros(1, 9, dtype=torch.long), attention_mask=torch.ones(1, 9))})
+
+
+def test_trajectory_actions_of_the_wrong_kind_are_refused_by_segment():
+    model = four_modalities()
+    windows = trajectory()
+    with pytest.raises(ValueError, match=r"segment 'trajectory' reads discrete action ids of shape \(B, K\) = \(2, 6\), "
+                                         r"got \(2, 6, 1\)"):
+        model({"trajectory": TrajectoryWindows(**{**windows.as_dict(), "actions": windows.actions[..., None]})})
+    continuous = MultimodalTransformer(MultimodalConfig(
+        modalities={"trajectory": TrajectoryModality(state_dim=STATE, act_dim=ACTIONS, discrete=False, context_length=K)},
+        heads={"act": ActionHeadConfig(segment="trajectory")}, d_model=32, n_layers=1, n_heads=4))
+    with pytest.raises(TypeError, match=r"segment 'trajectory' has continuous actions: floats of shape \(B, K, 3\), "
+                                        r"got torch.int64"):
+        continuous({"trajectory": windows})
+    with pytest.raises(ValueError, match=r"segment 'trajectory': states have 5 dimensions, the trajectory embedder 4"):
+        model({"trajectory": TrajectoryWindows(**{**windows.as_dict(), "states": torch.randn(2, K, 5)})})
+
+
+def test_a_too_short_utterance_is_named_by_segment_row_and_frames():
+    with pytest.raises(ValueError, match=r"segment 'audio': row 1 has 5 frames, too short for the ×4 subsampling"):
+        four_modalities()({"audio": audio(lengths=(60, 5))})
+
+
+def test_a_segment_without_return_tokens_reads_windows_without_returns():
+    torch.manual_seed(0)
+    model = MultimodalTransformer(MultimodalConfig(
+        modalities={"trajectory": TrajectoryModality(state_dim=STATE, act_dim=ACTIONS, context_length=K,
+                                                     condition_on_returns=False)},
+        heads={"act": ActionHeadConfig(segment="trajectory")}, d_model=32, n_layers=1, n_heads=4)).eval()
+    windows = trajectory()
+    without = TrajectoryWindows(**{**windows.as_dict(), "returns_to_go": None})
+    torch.testing.assert_close(model({"trajectory": without}).heads["act"], model({"trajectory": windows}).heads["act"])

@@ -34,8 +34,9 @@ class TextEmbedder(nn.Module):
 
     def forward(self, ids: Tensor, mask: Tensor | None = None, positions: Tensor | None = None) -> Tensor:
         n = ids.shape[1]
-        if n > self.max_positions:
-            raise ValueError(f"a text segment of {n} tokens is longer than its {self.max_positions} positions")
+        longest = n if mask is None or not mask.numel() else int(mask.long().sum(-1).max())  # real tokens, not padding
+        if longest > self.max_positions:
+            raise ValueError(f"a text segment of {longest} tokens is longer than its {self.max_positions} positions")
         x = self.tok_embed(ids)
         if self.pos_embed is None:
             return x

@@ -15,9 +15,13 @@ Pooling = Literal["cls", "mean", "last"]
 
 
 def pool_tokens(hidden: Tensor, mask: Tensor | None, how: Pooling) -> Tensor:
-    """(B, N, D) states and (B, N) mask (True/1: real) -> (B, D)."""
+    """(B, N, D) states and (B, N) mask (True/1: real) -> (B, D). "cls" reads each row's first
+    real token: left padding moves a text segment's [CLS] from position 0."""
     if how == "cls":
-        return hidden[:, 0]
+        if mask is None:
+            return hidden[:, 0]
+        first = mask.bool().long().argmax(dim=1)  # the first real position (0 for right padding)
+        return hidden[torch.arange(hidden.shape[0], device=hidden.device), first]
     if mask is None:
         return hidden.mean(dim=1) if how == "mean" else hidden[:, -1]
     real = mask.bool()

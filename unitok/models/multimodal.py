@@ -277,11 +277,12 @@ def _typed(value: Any, registry: dict[str, type[Config]], what: str, name: str) 
 
 
 def _has_first_token_summary(modality: Any) -> bool:
-    """Whether a segment's first token summarises it: an image's class token, or a bidirectional
-    text segment's first token (BERT's [CLS]); not audio, trajectories or causal text."""
-    if modality.kind == "image":
-        return bool(modality.class_token)
-    return modality.kind == "text" and not modality.causal
+    """Whether a segment's first token summarises it: a bidirectional image's class token, or a
+    bidirectional text segment's first token (BERT's [CLS]); not audio, trajectories, or a causal
+    segment, whose first token sees only itself."""
+    if modality.causal:
+        return False
+    return bool(modality.class_token) if modality.kind == "image" else modality.kind == "text"
 
 
 @dataclass(frozen=True)
@@ -340,6 +341,10 @@ class MultimodalConfig(Config):
                                      f"is {have}")
                 if head.kind == "lm" and not modalities[head.segment].causal:
                     raise ValueError(f"LM head {name!r} predicts next tokens: segment {head.segment!r} must be causal")
+                if head.kind == "action" and not modalities[head.segment].causal:
+                    # each step's state token would attend to the action it predicts
+                    raise ValueError(f"action head {name!r} predicts each step's action from what came before: "
+                                     f"segment {head.segment!r} must be causal")
                 if getattr(head, "pool", None) == "cls" and not _has_first_token_summary(modalities[head.segment]):
                     # "cls" reads the segment's first token: a summary only where it is a class token
                     # (an image's, a bidirectional text's [CLS]); elsewhere it would see one token
@@ -653,6 +658,11 @@ class MultimodalTransformer(PretrainedModel):
             if not bool((mask == right).all()):
                 raise ValueError(f"segment {name!r} must be right-padded (real frames first, as collate's default "
                                  "padding_side='right' gives them); got padding before real frames")
+        short = (lengths < 7).nonzero()
+        if len(short):
+            row = int(short[0, 0])
+            raise ValueError(f"segment {name!r}: row {row} has {int(lengths[row])} frames, too short for the ×4 "
+                             "subsampling (needs ≥ 7 frames, 70 ms)")
         x, lengths = embedder(frames, lengths)
         mask = torch.arange(x.shape[1], device=x.device)[None, :] < lengths[:, None]
         return x, mask
@@ -672,12 +682,22 @@ class MultimodalTransformer(PretrainedModel):
             raise TypeError(f"segment {name!r} timesteps must be integers, got {value.timesteps.dtype}")
         weight = next(embedder.parameters())
         check_dtype(value.states, weight, f"segment {name!r} states")
-        if value.actions.is_floating_point():
-            check_dtype(value.actions, weight, f"segment {name!r} actions")
-            check_finite(value.actions, f"segment {name!r} actions")
+        actions, (B, K) = value.actions, value.states.shape[:2]
+        if actions.is_floating_point():  # continuous actions, or discrete ones one-hot
+            check_dtype(actions, weight, f"segment {name!r} actions")
+            check_finite(actions, f"segment {name!r} actions")
+        elif not modality.discrete:
+            raise TypeError(f"segment {name!r} has continuous actions: floats of shape (B, K, {modality.act_dim}), "
+                            f"got {actions.dtype}")
+        elif tuple(actions.shape) != (B, K):
+            raise ValueError(f"segment {name!r} reads discrete action ids of shape (B, K) = {(B, K)}, got "
+                             f"{tuple(actions.shape)}")
         if value.returns_to_go is not None:
             check_finite(value.returns_to_go, f"segment {name!r} returns_to_go")
-        x = embedder(value.states, value.actions, value.returns_to_go, value.timesteps)
+        try:
+            x = embedder(value.states, actions, value.returns_to_go, value.timesteps)
+        except ValueError as error:
+            raise ValueError(f"segment {name!r}: {error}") from None
         mask = value.attention_mask.bool().repeat_interleave(embedder.tokens_per_step, dim=1)
         return x, mask
 
