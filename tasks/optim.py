@@ -66,9 +66,7 @@ def check_optimizer_settings(hparams: Any) -> None:
             bounds = f"in [{low:g}, {high:g}{']' if closed_high else ')'}" if math.isfinite(high) else f"≥ {low:g}"
             raise ValueError(f"{name} must be a finite number {bounds}, got {value!r}")
 
-    rate = getattr(hparams, "learning_rate", None)
-    if isinstance(rate, bool) or not isinstance(rate, numbers.Real) or not math.isfinite(rate) or rate <= 0:
-        raise ValueError(f"learning_rate must be a finite number > 0, got {rate!r}")
+    number("learning_rate", getattr(hparams, "learning_rate", None), 0.0)  # 0: a run that must not move the weights
     number("weight_decay", getattr(hparams, "weight_decay", 0.0), 0.0)
     betas = getattr(hparams, "betas", (0.9, 0.999))
     if not isinstance(betas, (tuple, list)) or len(betas) != 2:

@@ -59,7 +59,7 @@ VIT_QUICK = ["--trainer.max_steps", "2", "--trainer.limit_val_batches", "1", "--
     (["--ckpt_path", "last"], "has a last.ckpt yet; fit the recipe first"),  # nothing to resume yet
     (["--ckpt_path", "lats"], "--ckpt_path lats: no such checkpoint file ('last' or 'best' find the newest run's)"),
     (["--trainer.max_steps", "0"], "fit made no training step, so nothing was exported"),
-    (["--model.learning_rate", "-1"], "learning_rate must be a finite number > 0, got -1.0"),  # before the data
+    (["--model.learning_rate", "-1"], "learning_rate must be a finite number ≥ 0, got -1.0"),  # before the data
     (["--model.betas", "[0.9, 1.5]"], "betas must be a finite number in [0, 1), got 1.5"),
     (["--seed_everything", "-1"], "--seed_everything: -1 is not in bounds, numpy accepts from 0 to 4294967295"),
 ])

@@ -114,8 +114,8 @@ def test_counts_given_as_floats_are_refused_where_they_were_read_before():
 
 
 @pytest.mark.parametrize(("name", "bad", "message"), [
-    ("learning_rate", -1e-3, "learning_rate must be a finite number > 0, got -0.001"),
-    ("learning_rate", float("nan"), "learning_rate must be a finite number > 0, got nan"),
+    ("learning_rate", -1e-3, "learning_rate must be a finite number ≥ 0, got -0.001"),
+    ("learning_rate", float("nan"), "learning_rate must be a finite number ≥ 0, got nan"),
     ("weight_decay", -0.1, r"weight_decay must be a finite number ≥ 0, got -0.1"),
     ("betas", (0.9, 1.0), r"betas must be a finite number in \[0, 1\), got 1.0"),
     ("betas", (0.9,), r"betas must be two numbers in \[0, 1\), got \(0.9,\)"),
