@@ -15,6 +15,7 @@ Axis legend: B batch, E embedding width, K classes.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -70,8 +71,8 @@ class BindTask(ContrastiveTask):
                          learning_rate, weight_decay, betas, warmup_steps, min_lr_ratio, zero_shot_templates)
         if self.model.config.audio is None:
             raise ValueError(f"preset {preset!r} has no audio tower; use clip-digits-audio (or a CLIP with audio=...)")
-        if audio_weight < 0:
-            raise ValueError(f"audio_weight must be ≥ 0, got {audio_weight}")
+        if not (audio_weight >= 0 and math.isfinite(audio_weight)):  # NaN would make every loss NaN
+            raise ValueError(f"audio_weight must be a finite number ≥ 0, got {audio_weight}")
         self.classifiers: dict[str, ZeroShotClassifier] = {}
         self._held: dict[str, list[Tensor]] = {}
 

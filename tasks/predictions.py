@@ -235,9 +235,13 @@ class PredictionWriter(BasePredictionWriter):
         if not isinstance(prediction, list | tuple) or not all(isinstance(r, dict) for r in prediction):
             raise TypeError(f"{type(pl_module).__name__}.predict_step must return a list of records (dicts with "
                             f"'prediction' and 'score') for PredictionWriter, got {type(prediction).__name__}")
-        if batch_indices is None or len(batch_indices) != len(prediction):
+        if batch_indices is None:
             start = self._seen.get(dataloader_idx, 0)  # a loader Lightning cannot index: count
             batch_indices = list(range(start, start + len(prediction)))
+        elif len(batch_indices) != len(prediction):  # numbering by count would pin records on the wrong items
+            raise ValueError(f"{type(pl_module).__name__}.predict_step returned {len(prediction)} records for a batch "
+                             f"of {len(batch_indices)} items (dataloader {dataloader_idx}, batch {batch_idx}); "
+                             "PredictionWriter writes one record an item")
         self._seen[dataloader_idx] = self._seen.get(dataloader_idx, 0) + len(prediction)
         dataset = _dataset(trainer, dataloader_idx)
         name = getattr(dataset, "item_id", None)

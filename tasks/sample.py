@@ -3,12 +3,46 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 
 import torch
 
 from tokenizers_mm import BPETokenizer
+from tokenizers_mm.checks import check_int
 from unitok.models import GPT
+
+
+def _count(text: str) -> int:
+    """A whole number ≥ 1, for argparse (which names the flag with the message)."""
+    try:
+        return int(check_int("the value", int(text)))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number ≥ 1, got {text!r}") from None
+
+
+def _number(low: float = -math.inf, high: float = math.inf, *, low_open: bool = False) -> Callable[[str], float]:
+    """A finite float in [low, high] ((low, high] with ``low_open``), for argparse."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if math.isfinite(value) and (value > low if low_open else value >= low) and value <= high:
+            return value
+        if math.isinf(low):
+            bounds = ""
+        elif math.isinf(high):
+            bounds = f" {'>' if low_open else '≥'} {low:g}"
+        else:
+            bounds = f" in {'(' if low_open else '['}{low:g}, {high:g}]"
+        raise argparse.ArgumentTypeError(f"must be a finite number{bounds}, got {text!r}")
+    return parse
+
+
+# Options that only one strategy reads: given with another, they would be ignored without a word.
+STRATEGY_OPTIONS = {"num_beams": "beam", "length_penalty": "beam", "temperature": "sample", "top_k": "sample",
+                    "top_p": "sample"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -19,13 +53,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True, help="folder with model.safetensors + config.json (+ tokenizer.json)")
     p.add_argument("--tokenizer", default=None, help="tokenizer folder, if not the model folder")
     p.add_argument("--prompt", action="append", required=True, help="prompt text; repeat for a batch")
-    p.add_argument("--max_new_tokens", type=int, default=64)
+    p.add_argument("--max_new_tokens", type=_count, default=64,
+                   help="new tokens a prompt (prompt + new tokens must fit the model's context)")
     p.add_argument("--strategy", choices=["greedy", "sample", "beam"], default="greedy")
-    p.add_argument("--num_beams", type=int, default=4)
-    p.add_argument("--length_penalty", type=float, default=1.0)
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top_k", type=int, default=None)
-    p.add_argument("--top_p", type=float, default=None)
+    p.add_argument("--num_beams", type=_count, default=None, help="beam: beams (default 4)")
+    p.add_argument("--length_penalty", type=_number(), default=None,
+                   help="beam: scores divided by length ** length_penalty (default 1.0)")
+    p.add_argument("--temperature", type=_number(0.0, low_open=True), default=None, help="sample: (default 1.0)")
+    p.add_argument("--top_k", type=_count, default=None, help="sample: keep the k likeliest tokens")
+    p.add_argument("--top_p", type=_number(0.0, 1.0, low_open=True), default=None,
+                   help="sample: keep the smallest set of tokens whose probability reaches p")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu")
     p.add_argument("--compile", default=None, metavar="BACKEND",
@@ -34,26 +71,44 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> list[str]:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    for name, strategy in STRATEGY_OPTIONS.items():
+        if getattr(args, name) is not None and args.strategy != strategy:
+            parser.error(f"--{name} is read by --strategy {strategy}, not {args.strategy}")
+    try:
+        return generate_texts(args)
+    except ValueError as error:  # a refusal (a prompt too long, a mismatched tokenizer): one line, exit 2
+        parser.error(str(error))
+
+
+def generate_texts(args: argparse.Namespace) -> list[str]:
     tok = BPETokenizer.load(args.tokenizer or args.model)
     model = GPT.from_pretrained(args.model, map_location=args.device).eval()
     if tok.vocab_size > model.config.vocab_size:
         raise ValueError(f"tokenizer has {tok.vocab_size} tokens but the model only {model.config.vocab_size}")
     options: dict = {}
     if args.strategy == "beam":
-        options = {"num_beams": args.num_beams, "length_penalty": args.length_penalty}
+        options = {"num_beams": args.num_beams or 4,
+                   "length_penalty": 1.0 if args.length_penalty is None else args.length_penalty}
     elif args.strategy == "sample":
-        options = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p}
+        options = {"temperature": 1.0 if args.temperature is None else args.temperature,
+                   "top_k": args.top_k, "top_p": args.top_p}
     if args.compile:
         options["compile"] = args.compile
     generator = torch.Generator(device=args.device).manual_seed(args.seed)
+    context = model.config.context_length
+    prompts = [(prompt, tok.encode(prompt).ids[None].to(args.device)) for prompt in args.prompt]
+    for prompt, ids in prompts:  # every prompt checked before any is answered
+        if ids.shape[1] + args.max_new_tokens > context:
+            raise ValueError(f"prompt {prompt!r} ({ids.shape[1]} tokens) and --max_new_tokens {args.max_new_tokens} "
+                             f"exceed the model's context of {context} tokens: ask for at most "
+                             f"{context - ids.shape[1]} new tokens" if ids.shape[1] < context else
+                             f"prompt {prompt!r} ({ids.shape[1]} tokens) fills the model's context of {context}")
     texts = []
-    for prompt in args.prompt:
-        ids = tok.encode(prompt).ids[None].to(args.device)
-        budget = min(args.max_new_tokens, model.config.context_length - ids.shape[1])
-        if budget < 1:
-            raise ValueError(f"prompt of {ids.shape[1]} tokens leaves no room in context {model.config.context_length}")
-        out = model.generate(ids, max_new_tokens=budget, strategy=args.strategy, generator=generator, **options)
+    for _, ids in prompts:
+        out = model.generate(ids, max_new_tokens=args.max_new_tokens, strategy=args.strategy, generator=generator,
+                             **options)
         text = tok.decode(out[0], skip_special_tokens=True)
         texts.append(text)
         print(f"{text}\n{'-' * 40}")

@@ -9,6 +9,7 @@ Axis legend: B batch, S source tokens, N target tokens, V vocabulary.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import lightning as L
@@ -17,6 +18,7 @@ from torch import Tensor
 
 from tasks.optim import adamw_warmup_cosine
 from tasks.predictions import Record, mean_log_likelihood, records, until_eos
+from tokenizers_mm.checks import check_int
 from unitok.models import T5, T5Config
 
 IGNORE = -100
@@ -86,8 +88,10 @@ class Seq2SeqTask(L.LightningModule):
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
-        if eval_num_beams is not None and eval_num_beams < 2:
-            raise ValueError(f"eval_num_beams must be ≥ 2 (or None for greedy only), got {eval_num_beams}")
+        check_int("eval_num_beams", eval_num_beams, at_least=2, or_none=True, note="(None: greedy only)")
+        check_int("max_new_tokens", max_new_tokens)
+        if not math.isfinite(length_penalty):
+            raise ValueError(f"length_penalty must be a finite number, got {length_penalty}")
         if pretrained is not None:
             self.model = T5.from_pretrained(pretrained).train()  # loading gives eval mode; Lightning keeps it
             c = self.model.config
@@ -108,6 +112,10 @@ class Seq2SeqTask(L.LightningModule):
             config = T5Config.from_name(preset, vocab_size=vocab_size, pad_token_id=pad_token_id,
                                         decoder_start_token_id=pad_token_id, **eos, **overrides)
             self.model = T5(config)
+        limit = self.model.config.max_decoder_length - 1  # the decoder start token takes one position
+        if max_new_tokens > limit:
+            raise ValueError(f"max_new_tokens={max_new_tokens} is more than the decoder's max_decoder_length - 1 = "
+                             f"{limit} new tokens")
 
     def forward(self, input_ids: Tensor, **kwargs: Any):
         return self.model(input_ids, **kwargs)

@@ -182,7 +182,12 @@ def load_teacher(spec: str, channels: int, num_classes: int) -> nn.Module:
     """
     path = Path(spec)
     if path.is_dir():
-        return freeze(load_image_model(path))
+        model = load_image_model(path)
+        have = (model.config.channels, model.config.num_classes)
+        if have != (channels, num_classes):  # hard labels beyond the student's classes, or a shape error mid-step
+            raise ValueError(f"teacher {path} reads {have[0]} channels into {have[1]} classes; the student "
+                             f"{channels} channels into {num_classes} classes")
+        return freeze(model)
     if path.suffix == ".pt":
         if not path.is_file():
             raise FileNotFoundError(f"teacher state dict {path} does not exist")

@@ -14,6 +14,6 @@ def check_int(name: str, value: Any, at_least: int = 1, *, or_none: bool = False
     if value is None and or_none:
         return None
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < at_least:
-        expected = f"an integer ≥ {at_least}" + (f" {note}" if note else "") + (" or None" if or_none else "")
+        expected = f"an integer ≥ {at_least}" + (" or None" if or_none else "") + (f" {note}" if note else "")
         raise ValueError(f"{name} must be {expected}, got {value!r}")
     return int(value)

@@ -357,6 +357,23 @@ def test_a_predict_step_that_returns_no_records_is_a_clear_error(tmp_path):
         trainer.predict(Plain(), DataLoader(torch.arange(4), batch_size=2))
 
 
+def test_a_predict_step_that_returns_fewer_records_than_its_batch_is_refused(tmp_path):
+    # numbering its records by count would write input 14 as item 3 and lose three items
+    class Drop(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(1, 1)
+
+        def predict_step(self, batch, batch_idx):
+            return [{"prediction": int(x), "score": 1.0} for x in batch[:-1]]
+
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
+                        callbacks=[PredictionWriter(str(tmp_path / "p.jsonl"))])
+    with pytest.raises(ValueError, match=r"Drop.predict_step returned 3 records for a batch of 4 items "
+                                         r"\(dataloader 0, batch 0\)"):
+        trainer.predict(Drop(), DataLoader(torch.arange(10, 20), batch_size=4))
+
+
 def test_prompt_files_name_their_lines(tmp_path):
     from tasks.predictions import PromptSet
 

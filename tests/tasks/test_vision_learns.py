@@ -136,6 +136,12 @@ def test_teachers_load_from_a_cnn_state_dict_or_a_pretrained_folder(tmp_path):
     assert not any(p.requires_grad for p in loaded.parameters())
     with pytest.raises(ValueError, match="neither"):
         load_teacher("resnet", channels=1, num_classes=10)
+    # a teacher of other classes would hand the student labels it has no class for
+    with pytest.raises(ValueError, match=r"teacher .*vit reads 1 channels into 10 classes; the student 1 channels "
+                                         r"into 5 classes"):
+        load_teacher(str(tmp_path / "vit"), channels=1, num_classes=5)
+    with pytest.raises(ValueError, match="the student 3 channels into 10 classes"):
+        load_teacher(str(tmp_path / "vit"), channels=3, num_classes=10)
 
 
 def fit_with_a_trained_teacher(seed: int, tmp_path: Path) -> ImageClassificationTask:
