@@ -98,6 +98,8 @@ class SpectrogramConfig:
             raise ValueError(f"n_mels must be ≥ 1, got {self.n_mels}")
         if not 0 < self.hop_ms <= self.win_ms:
             raise ValueError(f"need 0 < hop_ms ≤ win_ms, got hop_ms={self.hop_ms}, win_ms={self.win_ms}")
+        if self.hop_length < 1:  # a window or hop that rounds to no sample
+            raise ValueError(f"hop_ms={self.hop_ms} is less than one sample at {self.sample_rate} Hz")
         if self.n_fft is not None and self.n_fft < self.win_length:
             raise ValueError(f"n_fft={self.n_fft} is shorter than the window ({self.win_length} samples)")
         nyquist = self.sample_rate / 2
@@ -206,7 +208,8 @@ class SpectrogramTokenizer:
                 f"a bare waveform ({kind} of shape {tuple(audio.shape)}) needs its sample rate: pass "
                 f"sample_rate= in Hz (e.g. sample_rate=16000); frames are computed at {self.config.sample_rate} Hz "
                 "and other rates are resampled, but no rate is assumed")
-        if isinstance(sample_rate, bool) or not float(sample_rate).is_integer() or not 1000 <= sample_rate <= 384_000:
+        if (isinstance(sample_rate, bool) or not isinstance(sample_rate, (int, float, np.integer, np.floating))
+                or not float(sample_rate).is_integer() or not 1000 <= sample_rate <= 384_000):
             raise ValueError(f"sample_rate must be a whole number of Hz between 1000 and 384000, got {sample_rate!r}")
         rate = int(sample_rate)
         wave = _to_float(audio, name)
@@ -231,9 +234,11 @@ class SpectrogramTokenizer:
                 raise ValueError(f"{name} is at {rate} Hz but the tokenizer expects {self.config.sample_rate} Hz; "
                                  f"resample it to {self.config.sample_rate} Hz or set resample=True")
             wave = resample(wave, rate, self.config.sample_rate)
-        if wave.numel() < self.config.win_length:
-            raise ValueError(f"{name} has {wave.numel()} samples at {self.config.sample_rate} Hz, shorter than one "
-                             f"{self.config.win_ms:g} ms window ({self.config.win_length} samples)")
+        # the STFT reflects fft_size // 2 samples at each end, which needs that many and one more
+        shortest = max(self.config.win_length, self.config.fft_size // 2 + 1)
+        if wave.numel() < shortest:
+            raise ValueError(f"{name} has {wave.numel()} samples at {self.config.sample_rate} Hz, fewer than the "
+                             f"{shortest} one {self.config.win_ms:g} ms window of a {self.config.fft_size}-point FFT needs")
         return wave
 
     # ------------------------------------------------------------------ frames

@@ -82,6 +82,8 @@ def colored_noise(num_samples: int, color: NoiseColor = "white", generator: torc
 def add_noise(wave: Tensor, snr_db: float, color: NoiseColor = "white", generator: torch.Generator | None = None,
               reference_power: float | None = None) -> Tensor:
     """``wave`` plus noise ``snr_db`` dB below ``reference_power`` (default: the wave's own power)."""
+    if not math.isfinite(snr_db):
+        raise ValueError(f"snr_db must be a finite number of decibels, got {snr_db}")
     signal = power(wave) if reference_power is None else reference_power
     scale = math.sqrt(signal / 10 ** (snr_db / 10))
     return wave + scale * colored_noise(wave.shape[0], color, generator).to(wave.dtype)
@@ -89,16 +91,17 @@ def add_noise(wave: Tensor, snr_db: float, color: NoiseColor = "white", generato
 
 def pad_silence(wave: Tensor, sample_rate: int, before: float, after: float) -> Tensor:
     """Digital silence (zeros): ``before`` seconds ahead of ``wave``, ``after`` seconds behind it."""
+    if not (before >= 0 and after >= 0 and math.isfinite(before + after)):  # a negative pad would cut the speech
+        raise ValueError(f"silence must be finite seconds ≥ 0, got before={before}, after={after}")
     return torch.nn.functional.pad(wave, (round(before * sample_rate), round(after * sample_rate)))
 
 
 def change_speed(wave: Tensor, factor: float) -> Tensor:
     """Play ``wave`` ``factor`` times faster (Kaldi-style speed perturbation: resampling, so
     the pitch and the formants move with the tempo); ``factor`` is rounded to 0.01."""
-    steps = round(factor * 100)
-    if not 50 <= steps <= 200:
+    if not (math.isfinite(factor) and 50 <= round(factor * 100) <= 200):
         raise ValueError(f"speed factor must be in [0.5, 2], got {factor}")
-    return resample(wave, steps, 100)
+    return resample(wave.float(), round(factor * 100), 100).to(wave.dtype)  # resample's kernel is float32
 
 
 def reverberate(wave: Tensor, sample_rate: int, rt60: float, direct_ratio_db: float = 0.0,
@@ -107,6 +110,8 @@ def reverberate(wave: Tensor, sample_rate: int, rt60: float, direct_ratio_db: fl
     exponentially decaying noise that falls 60 dB in ``rt60`` seconds, the direct path
     ``direct_ratio_db`` dB above the reverberant tail's energy. With ``keep_tail`` the result is
     longer by ``rt60`` (else it stops where the input does); its power is the input's."""
+    if not (math.isfinite(rt60) and rt60 > 0):
+        raise ValueError(f"rt60 must be a finite number of seconds > 0, got {rt60}")
     n = max(2, round(rt60 * sample_rate))
     t = torch.arange(n, dtype=torch.float32) / sample_rate
     tail = torch.randn(n, generator=generator) * torch.exp(-3 * math.log(10) * t / rt60)  # 60 dB in rt60
@@ -271,7 +276,8 @@ class WaveAugment:
     def batch(self, waves: Sequence[Tensor], sample_rate: int, generator: torch.Generator | None = None) -> list[Tensor]:
         """Utterances as `speaker` left them -> recordings of one common length: the longest,
         lengthened (chance ``silence_p``) by two draws from ``silence``; each utterance sits at
-        a random place in it."""
+        a random place in it. (The telephone channel's trip to 8 kHz and back may leave a
+        recording a few samples longer; `collate_speech` pads the batch after.)"""
         length = max(w.shape[0] for w in waves)
         if _chance(self.silence_p, generator):
             length += round((_uniform(*self.silence, generator) + _uniform(*self.silence, generator)) * sample_rate)

@@ -52,6 +52,8 @@ class Lexicon:
         words = list(words)
         if not all(isinstance(w, str) for w in words):
             raise TypeError(f"lexicon must be a list of words (strings), got {words!r}")
+        if not isinstance(delimiter, str) or len(delimiter) != 1:
+            raise ValueError(f"delimiter must be one character of the vocabulary, got {delimiter!r}")
         spaced = [w for w in words if delimiter in w]
         if spaced:
             raise ValueError(f"lexicon words must not contain the delimiter {delimiter!r}, got {spaced[:3]}")
@@ -90,9 +92,15 @@ def _check(log_probs: Tensor, lengths: Tensor | None, blank: int) -> Tensor:
     B, T, V = log_probs.shape
     if not 0 <= blank < V:
         raise ValueError(f"blank={blank} is not a label id in 0..{V - 1}")
+    bad = int((~torch.isfinite(log_probs) & (log_probs != NEG_INF)).sum())  # -inf: a label ruled out
+    if bad:
+        raise ValueError(f"log_probs contain {bad} NaN / +inf values")
     if lengths is None:
         return torch.full((B,), T, dtype=torch.long)
-    lengths = torch.as_tensor(lengths).long().cpu()
+    given = torch.as_tensor(lengths).cpu()
+    if given.is_floating_point() and not bool((given == given.round()).all()):
+        raise ValueError(f"lengths must be whole frame counts, got {given.tolist()}")
+    lengths = given.long()
     if lengths.shape != (B,) or bool((lengths < 0).any()) or bool((lengths > T).any()):
         raise ValueError(f"lengths must be (batch,) values in [0, {T}], got {lengths.tolist()}")
     return lengths
@@ -137,6 +145,15 @@ def ctc_prefix_beam_search(log_probs: Tensor, lengths: Tensor | None = None, bea
     """
     lengths = _check(log_probs, lengths, blank)
     check_int("beam_size", beam_size)
+    if prune is not None and not (math.isfinite(prune) and prune <= 0):
+        raise ValueError(f"prune must be a finite log-probability ≤ 0 (or None), got {prune}")
+    V = log_probs.shape[-1]
+    if lexicon is not None:
+        ids = {i for w in lexicon.words for i in w} | {lexicon.delimiter}
+        bad_ids = sorted(i for i in ids if not 0 <= i < V or i == blank)
+        if bad_ids:
+            raise ValueError(f"the lexicon spells with ids {bad_ids}, which are the blank ({blank}) or outside the "
+                             f"model's {V} labels")
     table = log_probs.detach().float().cpu()
     results = []
     for b in range(table.shape[0]):
@@ -144,7 +161,9 @@ def ctc_prefix_beam_search(log_probs: Tensor, lengths: Tensor | None = None, bea
         # prefix -> (log P(prefix, ending in blank), log P(prefix, ending in its last label))
         beams: dict[tuple[int, ...], tuple[float, float]] = {(): (0.0, NEG_INF)}
         for row in frames:
-            labels = range(len(row)) if prune is None else [v for v, p in enumerate(row) if p >= prune]
+            # a frame keeps its best label whatever the threshold: a prefix always has somewhere to go
+            labels = (range(len(row)) if prune is None else
+                      [v for v, p in enumerate(row) if p >= prune] or [max(range(len(row)), key=row.__getitem__)])
             nxt: dict[tuple[int, ...], list[float]] = defaultdict(lambda: [NEG_INF, NEG_INF])
             for prefix, (p_blank, p_label) in beams.items():
                 p_total = _logaddexp(p_blank, p_label)

@@ -58,6 +58,8 @@ class EvaluationResult:
 
 def check_target_returns(target_returns: Any) -> list[float]:
     """A number or a non-empty list of finite numbers, as floats; anything else is a clear error."""
+    if isinstance(target_returns, np.ndarray) and target_returns.ndim == 0:  # a number held in an array
+        target_returns = target_returns.item()
     values = [target_returns] if isinstance(target_returns, numbers.Number) else target_returns
     if isinstance(values, (str, bytes, dict)) or not isinstance(values, (Sequence, np.ndarray)):
         raise TypeError(f"target_returns must be a number or a list of numbers, got {type(target_returns).__name__} "
@@ -169,7 +171,9 @@ def evaluate_returns(
                     actions[rows, t] = chosen
                     env_actions = chosen.cpu().numpy()
                 else:
-                    chosen = pred.clamp(-1.0, 1.0)
+                    # [-1, 1] is the model's action range only with a tanh head or a stored range;
+                    # otherwise it predicts raw actions, which only the environment's bounds limit
+                    chosen = pred.clamp(-1.0, 1.0) if c.action_tanh or tok.action_low is not None else pred
                     actions[rows, t] = chosen
                     env_actions = np.clip(tok.unscale_actions(chosen.cpu().numpy()), low, high)
                 for j, i in enumerate(idx):

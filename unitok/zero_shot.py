@@ -11,6 +11,7 @@ Axis legend: B images or utterances, K classes, P prompts, E embedding width.
 
 from __future__ import annotations
 
+import string
 import warnings
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -36,28 +37,37 @@ def class_prompts(
     if isinstance(classnames, str) or len(classnames) == 0:
         raise ValueError(f"classnames must be a non-empty list of names, got {classnames!r}")
     duplicates = sorted(name for name, n in Counter(classnames).items() if n > 1)
-    if duplicates:  # ImageNet's usual class-name list repeats two names (two different classes)
+    by_position = prompts is not None and not isinstance(prompts, Mapping)  # each class its own list
+    if duplicates and not by_position:  # ImageNet's usual class-name list repeats two names (two different classes)
         warnings.warn(f"repeated class names {duplicates}: those classes get the same prompts and cannot "
-                      "be told apart", stacklevel=3)
+                      "be told apart (give prompts as a list, one prompt list a class, to tell them apart)",
+                      stacklevel=3)
     if templates is not None:
         if isinstance(templates, str) or len(templates) == 0:
             raise ValueError(f"templates must be a non-empty list, got {templates!r}")
         for t in templates:
-            if isinstance(t, str) and "{}" not in t:
-                raise ValueError(f"template {t!r} has no '{{}}' for the class name")
+            if isinstance(t, str) and [field for _, field, _, _ in string.Formatter().parse(t)
+                                       if field is not None] != [""]:
+                raise ValueError(f"template {t!r} needs exactly one '{{}}' for the class name (and no other "
+                                 "field; write a literal brace as '{{' or '}}')")
             if not isinstance(t, str) and not callable(t):
                 raise TypeError(f"templates are format strings with '{{}}' or callables, got {type(t).__name__}")
-    if prompts is not None and not isinstance(prompts, Mapping):
+    if by_position:
         if len(prompts) != len(classnames):
             raise ValueError(f"got {len(prompts)} prompt lists for {len(classnames)} classes")
-        prompts = dict(zip(classnames, prompts, strict=True))
-    own = dict(prompts or {})
+        listed = [list(p) for p in prompts]  # type: ignore[union-attr]
+    for name, texts in ([*zip(classnames, prompts)] if by_position else list((prompts or {}).items())):
+        if isinstance(texts, str):  # list("a photo") would be its characters
+            raise TypeError(f"class {name!r}'s prompts must be a list of strings, got the string {texts!r}")
+    own = dict(prompts or {}) if not by_position else {}
     unknown = sorted(set(own) - set(classnames))
     if unknown:
         raise ValueError(f"prompts given for unknown classes {unknown}; classes: {list(classnames)}")
     out = []
-    for name in classnames:
-        if name in own:
+    for i, name in enumerate(classnames):
+        if by_position:
+            texts = listed[i]
+        elif name in own:
             texts = list(own[name])
         elif templates is not None:
             texts = [t.format(name) if isinstance(t, str) else t(name) for t in templates]

@@ -273,8 +273,18 @@ def test_empty_audio_is_refused():
 
 
 def test_audio_shorter_than_one_window_is_refused():
-    with pytest.raises(ValueError, match="shorter than one 25 ms window"):
+    with pytest.raises(ValueError, match="100 samples at 16000 Hz, fewer than the 400 one 25 ms window of a 512-point FFT"):
         SpectrogramTokenizer().encode(torch.zeros(100), RATE)
+    # a long FFT reflects half its size at each end: 500 samples fill a window but not a 2,048-point FFT's padding
+    with pytest.raises(ValueError, match="fewer than the 1025 one 25 ms window of a 2048-point FFT needs"):
+        SpectrogramTokenizer(SpectrogramConfig(n_fft=2048)).features(torch.randn(500), RATE)
+
+
+def test_bad_settings_and_rates_are_refused_by_name():
+    with pytest.raises(ValueError, match="hop_ms=0.01 is less than one sample at 16000 Hz"):
+        SpectrogramConfig(hop_ms=0.01, win_ms=0.02)
+    with pytest.raises(ValueError, match="sample_rate must be a whole number of Hz .*got '16000'"):
+        SpectrogramTokenizer().encode(torch.randn(1600), "16000")
 
 
 def test_stereo_audio_is_refused_with_how_to_downmix(tmp_path):

@@ -172,3 +172,18 @@ def test_no_speech_clips_are_silence_or_noise_of_the_asked_duration():
 def test_bad_options_name_the_option(options, message):
     with pytest.raises(ValueError, match=message):
         WaveAugment(**options)
+
+
+def test_settings_that_would_cut_or_poison_the_speech_are_refused():
+    wave = tone(440, 0.5)
+    with pytest.raises(ValueError, match="silence must be finite seconds ≥ 0, got before=-0.1"):
+        pad_silence(wave, RATE, -0.1, 0.0)  # a negative pad crops the speech
+    with pytest.raises(ValueError, match="snr_db must be a finite number of decibels, got nan"):
+        add_noise(wave, float("nan"))  # NaN audio
+    with pytest.raises(ValueError, match="rt60 must be a finite number of seconds > 0, got -0.3"):
+        reverberate(wave, RATE, -0.3)
+    with pytest.raises(ValueError, match="speed factor must be in"):
+        change_speed(wave, float("nan"))
+    faster = change_speed(wave.double(), 1.1)  # float64 in, float64 out
+    assert faster.dtype == torch.float64
+    assert torch.allclose(faster.float(), change_speed(wave, 1.1), atol=1e-6)

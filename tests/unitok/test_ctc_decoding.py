@@ -209,3 +209,34 @@ def test_decoding_by_name_refuses_a_lexicon_without_beam_search():
         ctc_decode(heard, decoder="greedy", lexicon=lexicon())
     with pytest.raises(ValueError, match="decoder must be 'greedy' or 'beam'"):
         ctc_decode(heard, decoder="viterbi")  # type: ignore[arg-type]
+
+
+def test_nan_log_probs_fractional_lengths_bad_pruning_and_lexicon_ids_are_refused():
+    log_probs = torch.randn(1, 6, 4).log_softmax(-1)
+    broken = log_probs.clone()
+    broken[0, 2, 1] = float("nan")
+    for decode in (ctc_greedy_decode, ctc_prefix_beam_search):
+        with pytest.raises(ValueError, match="log_probs contain 1 NaN / \\+inf values"):
+            decode(broken)
+        with pytest.raises(ValueError, match="lengths must be whole frame counts, got \\[5.5\\]"):
+            decode(log_probs, torch.tensor([5.5]))  # it read 5 frames
+    ruled_out = log_probs.clone()
+    ruled_out[0, :, 3] = float("-inf")  # a label no frame allows is fine
+    assert ctc_greedy_decode(ruled_out) == ctc_greedy_decode(log_probs[..., :3])
+    for prune in (0.5, float("nan")):
+        with pytest.raises(ValueError, match="prune must be a finite log-probability ≤ 0"):
+            ctc_prefix_beam_search(log_probs, prune=prune)
+    # a threshold no label reaches keeps each frame's best label (it emptied the beam before)
+    assert ctc_prefix_beam_search(log_probs, prune=-1e-9, beam_size=1) == ctc_greedy_decode(log_probs)
+    for words, delimiter in (([[7]], 3), ([[1]], 0)):
+        with pytest.raises(ValueError, match="the blank \\(0\\) or outside the model's 4 labels"):
+            ctc_prefix_beam_search(log_probs, lexicon=Lexicon(words, delimiter))
+
+
+def test_a_lexicon_delimiter_is_one_character():
+    from tokenizers_mm import CharacterVocabulary
+
+    vocabulary = CharacterVocabulary.build(["ab ba"])
+    for delimiter in ("ab", ""):
+        with pytest.raises(ValueError, match=f"delimiter must be one character of the vocabulary, got {delimiter!r}"):
+            Lexicon.from_words(["ab"], vocabulary, delimiter=delimiter)

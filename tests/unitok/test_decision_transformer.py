@@ -310,3 +310,33 @@ def test_continuous_rollouts_act_within_the_action_space():
     assert result.lengths.tolist() == [[20], [20]] and (result.returns < 0).all()
     with pytest.raises(ValueError, match="sample=True draws discrete actions"):
         m.evaluate("Pendulum-v1", [-100.0], episodes=1, sample=True)
+
+
+def test_a_target_held_in_a_0_d_array_is_a_number():
+    from unitok.rollouts import check_target_returns
+
+    assert check_target_returns(np.array(5.0)) == [5.0] and check_target_returns(np.array([5, 6])) == [5.0, 6.0]
+
+
+def test_a_head_without_tanh_or_stored_range_acts_with_its_raw_actions(monkeypatch):
+    # [-1, 1] is its range only with a tanh head or a stored range: raw 1.8 used to reach Pendulum as 1.0
+    import gymnasium as gym
+
+    m = model(state_dim=3, act_dim=1, action_tanh=False)
+    sent = []
+    step = gym.wrappers.TimeLimit.step
+    monkeypatch.setattr(gym.wrappers.TimeLimit, "step", lambda env, a: (sent.append(float(np.ravel(a)[0])), step(env, a))[1])
+    forward = m.forward
+
+    def predicts(value):
+        def run(*args, **kwargs):
+            out = forward(*args, **kwargs)
+            out.action_preds.fill_(value)
+            return out
+        return run
+
+    monkeypatch.setattr(m, "forward", predicts(1.8))
+    m.evaluate("Pendulum-v1", [-100.0], episodes=1, max_steps=3)
+    monkeypatch.setattr(m, "forward", predicts(3.0))
+    m.evaluate("Pendulum-v1", [-100.0], episodes=1, max_steps=3)
+    assert sent == pytest.approx([1.8] * 3 + [2.0] * 3)  # beyond Pendulum's [-2, 2], the environment's bound

@@ -90,7 +90,7 @@ def test_wrong_image_size_is_an_error_unless_resizing(model):
 
 @pytest.mark.parametrize("classnames, templates, prompts, message", [
     ([], TEMPLATES, None, "non-empty list of names"),
-    (NAMES, ["a photo of a digit."], None, "has no '\\{\\}'"),
+    (NAMES, ["a photo of a digit."], None, "needs exactly one '\\{\\}'"),
     (NAMES, [], None, "non-empty list"),
     (NAMES, None, {"zero": ["0"]}, "class 'one' has no prompts"),
     (NAMES, TEMPLATES, {"seven": ["7"]}, "unknown classes \\['seven'\\]"),
@@ -122,3 +122,19 @@ def test_models_without_a_tokenizer_need_one():
     assert clf.predict(torch.randn(2, 3, 16, 16), normalized=True).shape == (2,)
     with pytest.raises(TypeError, match="no encode_image"):
         ZeroShotClassifier(torch.nn.Linear(2, 2), NAMES, TEMPLATES)
+
+
+def test_prompts_given_as_a_list_keep_each_class_its_own_even_under_a_repeated_name():
+    # ImageNet has two "crane" classes (a bird, a machine): per-class prompts exist to tell them apart
+    lists = class_prompts(["crane", "crane"], prompts=[["a photo of a crane, the bird"],
+                                                      ["a photo of a crane, the machine"]])
+    assert lists == [["a photo of a crane, the bird"], ["a photo of a crane, the machine"]]
+    with pytest.raises(TypeError, match="class 'a''s prompts must be a list of strings, got the string 'a photo'"):
+        class_prompts(["a"], prompts=["a photo"])
+
+
+@pytest.mark.parametrize("template", ["a {} of a {}", "a {} of a {name}", "a photo"])
+def test_a_template_needs_exactly_one_empty_field(template):
+    with pytest.raises(ValueError, match="needs exactly one '\\{\\}' for the class name"):
+        class_prompts(["cat"], [template])
+    assert class_prompts(["cat"], ["a {{literal}} {}"]) == [["a {literal} cat"]]
