@@ -87,6 +87,13 @@ def to_ours(rules: Iterable[KeyRule], theirs: Mapping[str, Tensor], ours: Mappin
     return out
 
 
+def unmapped(rules: Iterable[KeyRule], theirs: Mapping[str, Tensor]) -> list[str]:
+    """Reference keys no rule reads: a part of the reference the key map does not know (a gate,
+    a different attention), which `to_ours` would drop without a word."""
+    read = {key for rule in rules for key in rule.sources}
+    return sorted(key for key in theirs if key not in read)
+
+
 def to_theirs(rules: Iterable[KeyRule], ours: Mapping[str, Tensor], theirs: Mapping[str, Tensor]) -> dict[str, Tensor]:
     """A unitok state dict -> reference keys; ``theirs`` (the target's state dict) gives shapes."""
     out: dict[str, Tensor] = {}

@@ -21,6 +21,7 @@ from unitok.convert.keymap import (
     renames,
     to_ours,
     to_theirs,
+    unmapped,
 )
 from unitok.models.base import load_state_dict_strict
 from unitok.models.mixer import MixerConfig, MLPMixer
@@ -66,6 +67,8 @@ def _activation(mlp: nn.Module) -> str:
 def _preprocess(model: nn.Module, channels: int) -> dict[str, Any]:
     cfg = getattr(model, "pretrained_cfg", None) or {}
     out: dict[str, Any] = {}
+    if not ("mean" in cfg and "std" in cfg) and channels != 3:  # ImageNet's RGB statistics fit 3 channels only
+        out["mean"], out["std"] = (0.5,) * channels, (0.5,) * channels
     if "mean" in cfg and "std" in cfg:
         mean, std = tuple(cfg["mean"]), tuple(cfg["std"])
         if len(mean) != channels or len(std) != channels:
@@ -78,6 +81,15 @@ def _preprocess(model: nn.Module, channels: int) -> dict[str, Any]:
     if "crop_pct" in cfg:
         out["crop_pct"] = cfg["crop_pct"]
     return out
+
+
+def _state(rules: list[KeyRule], model: nn.Module, ours: nn.Module) -> dict[str, Any]:
+    """``model``'s state dict in unitok's keys; a reference tensor no rule reads is an option unitok
+    does not have, refused by name rather than dropped."""
+    theirs = model.state_dict()
+    left = unmapped(rules, theirs)
+    _require(not left, f"parameters unitok has no place for: {', '.join(left[:4])}{' …' if len(left) > 4 else ''}")
+    return to_ours(rules, theirs, ours.state_dict())
 
 
 def _check_patch_conv(conv: nn.Conv2d) -> None:
@@ -115,7 +127,12 @@ def _convert_vit(model: nn.Module) -> ViT:
     _require(_is_identity(getattr(pe, "norm", None)), "norm inside the patch embedding")
     _require(getattr(model, "attn_pool", None) is None, "attention pooling head (global_pool='map')")
     _require(model.global_pool in ("token", "avg"), f"global_pool={model.global_pool!r}")
+    _require(not getattr(model, "pool_include_prefix", False), "pool_include_prefix=True (averaging the class token)")
     block0 = model.blocks[0]
+    # the pre-norm block and plain attention unitok implements; others share their attribute names
+    _require(type(block0).__name__ == "Block", f"block type {type(block0).__name__}")
+    _require(type(block0.attn).__name__ == "Attention" and getattr(block0.attn, "gate", None) is None,
+             f"attention type {type(block0.attn).__name__}{' (gated)' if getattr(block0.attn, 'gate', None) else ''}")
     for part in ("ls1", "ls2"):
         _require(_is_identity(getattr(block0, part, None)), "layer scale (init_values)")
     for part in ("q_norm", "k_norm", "norm"):
@@ -123,9 +140,13 @@ def _convert_vit(model: nn.Module) -> ViT:
     _require(_is_identity(getattr(block0.mlp, "norm", None)), "norm inside the MLP")
     _require(type(block0.mlp).__name__ == "Mlp", f"MLP type {type(block0.mlp).__name__} (gated MLPs)")
     _require(isinstance(block0.norm1, nn.LayerNorm), f"norm layer {type(block0.norm1).__name__}")
-    linears = [block0.attn.qkv, block0.attn.proj, block0.mlp.fc1, block0.mlp.fc2]
-    _require(len({m.bias is not None for m in linears}) == 1 and block0.norm1.bias is not None,
-             "biases on some linear layers but not others (qkv_bias / proj_bias)")
+    linears = {"qkv_bias": block0.attn.qkv, "proj_bias": block0.attn.proj, "mlp fc1 bias": block0.mlp.fc1,
+               "mlp fc2 bias": block0.mlp.fc2}
+    without = [name for name, m in linears.items() if m.bias is None]
+    # unitok's `bias` switches every linear's and LayerNorm's bias together: all of them, or none
+    _require(not without if block0.norm1.bias is not None else len(without) == len(linears),
+             f"{' / '.join(without)}=False beside LayerNorms with biases" if without
+             else "linear biases beside LayerNorms without them")
     _require(not (_is_identity(model.norm) and _is_identity(model.fc_norm)), "final_norm=False")
     distilled = type(model).__name__ == "VisionTransformerDistilled"
     conv = pe.proj
@@ -148,7 +169,7 @@ def _convert_vit(model: nn.Module) -> ViT:
     )
     _check_patch_conv(conv)
     ours = (DeiT if distilled else ViT)(config)
-    load_state_dict_strict(ours, to_ours(vit_rules(config.n_layers), model.state_dict(), ours.state_dict()))
+    load_state_dict_strict(ours, _state(vit_rules(config.n_layers), model, ours))
     return ours
 
 
@@ -171,7 +192,7 @@ def _convert_mixer(model: nn.Module) -> MLPMixer:
     )
     _check_patch_conv(conv)
     ours = MLPMixer(config)
-    load_state_dict_strict(ours, to_ours(mixer_rules(config.n_layers), model.state_dict(), ours.state_dict()))
+    load_state_dict_strict(ours, _state(mixer_rules(config.n_layers), model, ours))
     return ours
 
 

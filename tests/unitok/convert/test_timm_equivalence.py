@@ -11,7 +11,7 @@ import timm
 import torch
 from timm.layers import GluMlp, SwiGLUPacked, resample_abs_pos_embed
 from timm.models.mlp_mixer import MlpMixer
-from timm.models.vision_transformer import checkpoint_filter_fn
+from timm.models.vision_transformer import ResPostBlock, VisionTransformer, checkpoint_filter_fn
 
 from tokenizers_mm import IMAGENET_MEAN, IMAGENET_STD
 from unitok.convert import from_timm
@@ -304,6 +304,15 @@ CANNOT_EXPRESS = {
     "swiglu-packed": (lambda: timm.create_model("vit_tiny_patch16_224", **SMALL, mlp_layer=SwiGLUPacked,
                                                 act_layer="silu"), "MLP type GluMlp"),
     "gated-mixer": (lambda: timm_mixer(mlp_layer=GluMlp, act_layer=torch.nn.SiLU), "gated MLPs"),
+    # options whose modules keep the attribute names unitok reads: converted, they gave other logits
+    "pool-include-prefix": (lambda: timm.create_model("vit_tiny_patch16_224", **SMALL, global_pool="avg",
+                                                      pool_include_prefix=True), "pool_include_prefix=True"),
+    "post-norm-block": (lambda: timm.create_model("vit_tiny_patch16_224", **SMALL, block_fn=ResPostBlock),
+                        "block type ResPostBlock"),
+    "diff-attention": (lambda: timm.create_model("vit_tiny_patch16_224", **SMALL, attn_layer="diff"),
+                       "attention type DiffAttention"),
+    "no-linear-biases": (lambda: timm.create_model("vit_tiny_patch16_224", **SMALL, qkv_bias=False, proj_bias=False),
+                         "qkv_bias / proj_bias.*=False beside LayerNorms with biases"),
 }
 
 
@@ -313,6 +322,18 @@ def test_options_unitok_cannot_express_are_refused_by_name(name):
     theirs = build()
     with pytest.raises(ValueError, match=f"not supported by unitok: .*{message}"):
         from_timm(theirs)
+
+
+def test_a_grey_vit_built_without_a_pretrained_config_converts_with_grey_statistics():
+    # ImageNet's three RGB values reached the one-channel config and were refused
+    torch.manual_seed(0)
+    theirs = VisionTransformer(img_size=SIZE, patch_size=16, in_chans=1, embed_dim=64, depth=2, num_heads=4,
+                               num_classes=7).eval()
+    ours = from_timm(theirs)
+    assert ours.config.channels == 1 and ours.config.mean == (0.5,) and ours.config.std == (0.5,)
+    x = torch.randn(2, 1, SIZE, SIZE)
+    with torch.no_grad():
+        same(ours(x).logits, theirs(x))
 
 
 def test_unknown_model_class_is_named():
