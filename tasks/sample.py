@@ -9,16 +9,15 @@ from collections.abc import Callable, Sequence
 import torch
 
 from tokenizers_mm import BPETokenizer
-from tokenizers_mm.checks import check_int
 from unitok.models import GPT
 
 
 def _count(text: str) -> int:
     """A whole number ≥ 1, for argparse (which names the flag with the message)."""
-    try:
-        return int(check_int("the value", int(text)))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number ≥ 1, got {text!r}") from None
+    value = int(text) if text.strip().lstrip("+-").isdigit() else 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number ≥ 1, got {text!r}")
+    return value
 
 
 def _number(low: float = -math.inf, high: float = math.inf, *, low_open: bool = False) -> Callable[[str], float]:

@@ -63,6 +63,7 @@ def model_folder(tmp_path_factory):
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["--max_new_tokens", "0"], "argument --max_new_tokens: must be a whole number ≥ 1, got '0'"),
+    (["--max_new_tokens", "2.5"], "argument --max_new_tokens: must be a whole number ≥ 1, got '2.5'"),
     (["--top_p", "5", "--strategy", "sample"], r"argument --top_p: must be a finite number in \(0, 1\], got '5'"),
     (["--strategy", "sample", "--temperature", "nan"], "argument --temperature: must be a finite number > 0, got 'nan'"),
     (["--strategy", "beam", "--length_penalty", "nan"], "argument --length_penalty: must be a finite number, got 'nan'"),
