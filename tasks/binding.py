@@ -15,7 +15,6 @@ Axis legend: B batch, E embedding width, K classes.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,6 +25,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from tasks.contrastive import MAX_LOGIT_SCALE, ContrastiveTask, contrastive_loss
 from tasks.predictions import Record, class_records
+from tokenizers_mm.checks import check_number
 from unitok.zero_shot import ZeroShotClassifier
 
 
@@ -71,8 +71,7 @@ class BindTask(ContrastiveTask):
                          learning_rate, weight_decay, betas, warmup_steps, min_lr_ratio, zero_shot_templates)
         if self.model.config.audio is None:
             raise ValueError(f"preset {preset!r} has no audio tower; use clip-digits-audio (or a CLIP with audio=...)")
-        if not (audio_weight >= 0 and math.isfinite(audio_weight)):  # NaN would make every loss NaN
-            raise ValueError(f"audio_weight must be a finite number ≥ 0, got {audio_weight}")
+        check_number("audio_weight", audio_weight, 0.0)  # NaN would make every loss NaN
         self.classifiers: dict[str, ZeroShotClassifier] = {}
         self._held: dict[str, list[Tensor]] = {}
 

@@ -5,7 +5,6 @@ Axis legend: B batch, K classes, C/H/W image channels/height/width.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any, Literal
 
@@ -22,7 +21,7 @@ from tasks.optim import adamw_warmup_cosine
 from tasks.predictions import Record, class_records
 from tasks.run_folder import log_dir
 from tasks.teachers import TRAIN_CNN, accuracy, freeze, load_teacher, train_cnn_teacher
-from tokenizers_mm.checks import check_int
+from tokenizers_mm.checks import check_int, check_number
 from unitok.models import DeiT, MixerConfig, MLPMixer, ViT, ViTConfig
 from unitok.models.vision import ImageModel
 from unitok.outputs import ImageClassifierOutput
@@ -127,10 +126,9 @@ class ImageClassificationTask(L.LightningModule):
             raise ValueError(f"teacher_mixup must be ≥ 0 (a Beta(α, α) mixing weight; 0: no mixup), got {teacher_mixup}")
         if teacher_mixup > 0 and teacher is not None and teacher != TRAIN_CNN:  # no teacher: unused, as teacher_steps
             raise ValueError(f"teacher_mixup trains the {TRAIN_CNN!r} teacher; teacher={teacher!r} is not trained here")
-        if not (0.0 <= distill_alpha <= 1.0 and distill_tau > 0 and math.isfinite(distill_tau)):  # NaN too
-            raise ValueError(f"need 0 ≤ distill_alpha ≤ 1 and a finite distill_tau > 0, got {distill_alpha}, {distill_tau}")
-        if not 0.0 <= label_smoothing <= 1.0:
-            raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing}")
+        check_number("distill_alpha", distill_alpha, 0.0, 1.0)
+        check_number("distill_tau", distill_tau, 0.0, low_open=True)
+        check_number("label_smoothing", label_smoothing, 0.0, 1.0)
         check_int("teacher_steps", teacher_steps)
         self.model = self._build_model()
         K = self.model.config.num_classes

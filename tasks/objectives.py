@@ -12,7 +12,6 @@ Axis legend: B batch, N frames / tokens, K classes or steps, V vocabulary.
 from __future__ import annotations
 
 import math
-import numbers
 from typing import Any
 
 import numpy as np
@@ -27,7 +26,7 @@ from tasks.ctc_asr import ctc_log_likelihood, ctc_loss
 from tasks.decision_transformer import action_loss, action_records
 from tasks.predictions import Record, class_records, records
 from tokenizers_mm import CharacterVocabulary, Tokens, TrajectoryWindows
-from tokenizers_mm.checks import check_int
+from tokenizers_mm.checks import check_int, check_number
 from unitok.ctc import ctc_greedy_decode
 from unitok.models import (
     ActionHeadConfig,
@@ -58,9 +57,8 @@ class Objective:
     higher_is_better: bool = True
 
     def __init__(self, loss_weight: float = 1.0, sampling_weight: float = 1.0) -> None:
-        for name, weight in (("loss_weight", loss_weight), ("sampling_weight", sampling_weight)):
-            if isinstance(weight, bool) or not isinstance(weight, numbers.Real) or not math.isfinite(weight) or weight < 0:
-                raise ValueError(f"{name} must be a finite number ≥ 0, got {weight!r}")
+        check_number("loss_weight", loss_weight, 0.0)
+        check_number("sampling_weight", sampling_weight, 0.0)
         self.loss_weight, self.sampling_weight = float(loss_weight), float(sampling_weight)
         self.name = ""
         self.head = ""

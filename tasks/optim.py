@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from tokenizers_mm.checks import check_int
+from tokenizers_mm.checks import check_int, check_number
 
 
 def weight_decay_groups(module: nn.Module, weight_decay: float) -> list[dict]:
@@ -59,22 +58,15 @@ def fused_supported(params: Iterable[Tensor]) -> bool:
 def check_optimizer_settings(hparams: Any) -> None:
     """Refuse optimiser settings AdamW and the schedule would misread (a negative or NaN learning
     rate, betas outside [0, 1)), naming the task's option — before a run builds its data."""
-    def number(name: str, value: Any, low: float, high: float = math.inf, *, closed_high: bool = False) -> None:
-        ok = (not isinstance(value, bool) and isinstance(value, numbers.Real) and math.isfinite(value)
-              and low <= value and (value <= high if closed_high else value < high))
-        if not ok:
-            bounds = f"in [{low:g}, {high:g}{']' if closed_high else ')'}" if math.isfinite(high) else f"≥ {low:g}"
-            raise ValueError(f"{name} must be a finite number {bounds}, got {value!r}")
-
-    number("learning_rate", getattr(hparams, "learning_rate", None), 0.0)  # 0: a run that must not move the weights
-    number("weight_decay", getattr(hparams, "weight_decay", 0.0), 0.0)
+    check_number("learning_rate", getattr(hparams, "learning_rate", None), 0.0)  # 0: a run that must not move the weights
+    check_number("weight_decay", getattr(hparams, "weight_decay", 0.0), 0.0)
     betas = getattr(hparams, "betas", (0.9, 0.999))
     if not isinstance(betas, (tuple, list)) or len(betas) != 2:
         raise ValueError(f"betas must be two numbers in [0, 1), got {betas!r}")
     for beta in betas:
-        number("betas", beta, 0.0, 1.0)
+        check_number("betas", beta, 0.0, 1.0, high_open=True)
     check_int("warmup_steps", getattr(hparams, "warmup_steps", 0), at_least=0)
-    number("min_lr_ratio", getattr(hparams, "min_lr_ratio", 0.0), 0.0, 1.0, closed_high=True)
+    check_number("min_lr_ratio", getattr(hparams, "min_lr_ratio", 0.0), 0.0, 1.0)
 
 
 def adamw_warmup_cosine(module: nn.Module, trainer: Any, hparams: Any) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from tokenizers_mm import BPETokenizer
+from tokenizers_mm.checks import check_number, number_bounds
 from unitok.models import GPT
 
 
@@ -24,18 +25,10 @@ def _number(low: float = -math.inf, high: float = math.inf, *, low_open: bool = 
     """A finite float in [low, high] ((low, high] with ``low_open``), for argparse."""
     def parse(text: str) -> float:
         try:
-            value = float(text)
-        except ValueError:
-            value = math.nan
-        if math.isfinite(value) and (value > low if low_open else value >= low) and value <= high:
-            return value
-        if math.isinf(low):
-            bounds = ""
-        elif math.isinf(high):
-            bounds = f" {'>' if low_open else '≥'} {low:g}"
-        else:
-            bounds = f" in {'(' if low_open else '['}{low:g}, {high:g}]"
-        raise argparse.ArgumentTypeError(f"must be a finite number{bounds}, got {text!r}")
+            return check_number("value", float(text), low, high, low_open=low_open)
+        except ValueError:  # not a number, or out of bounds: argparse names the flag
+            raise argparse.ArgumentTypeError(f"must be a finite number{number_bounds(low, high, low_open=low_open)}, "
+                                             f"got {text!r}") from None
     return parse
 
 

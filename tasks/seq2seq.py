@@ -9,7 +9,6 @@ Axis legend: B batch, S source tokens, N target tokens, V vocabulary.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import lightning as L
@@ -18,7 +17,7 @@ from torch import Tensor
 
 from tasks.optim import adamw_warmup_cosine
 from tasks.predictions import Record, mean_log_likelihood, records, until_eos
-from tokenizers_mm.checks import check_int
+from tokenizers_mm.checks import check_int, check_number
 from unitok.models import T5, T5Config
 
 IGNORE = -100
@@ -90,8 +89,7 @@ class Seq2SeqTask(L.LightningModule):
         self.save_hyperparameters()
         check_int("eval_num_beams", eval_num_beams, at_least=2, or_none=True, note="(None: greedy only)")
         check_int("max_new_tokens", max_new_tokens)
-        if not math.isfinite(length_penalty):
-            raise ValueError(f"length_penalty must be a finite number, got {length_penalty}")
+        check_number("length_penalty", length_penalty)
         if pretrained is not None:
             self.model = T5.from_pretrained(pretrained).train()  # loading gives eval mode; Lightning keeps it
             c = self.model.config

@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from tokenizers_mm.audio import WARPS, resample
+from tokenizers_mm.checks import check_number
 
 NoiseColor = Literal["white", "pink", "brown"]
 NOISE_COLORS: tuple[NoiseColor, ...] = ("white", "pink", "brown")
@@ -82,8 +83,7 @@ def colored_noise(num_samples: int, color: NoiseColor = "white", generator: torc
 def add_noise(wave: Tensor, snr_db: float, color: NoiseColor = "white", generator: torch.Generator | None = None,
               reference_power: float | None = None) -> Tensor:
     """``wave`` plus noise ``snr_db`` dB below ``reference_power`` (default: the wave's own power)."""
-    if not math.isfinite(snr_db):
-        raise ValueError(f"snr_db must be a finite number of decibels, got {snr_db}")
+    check_number("snr_db", snr_db)
     signal = power(wave) if reference_power is None else reference_power
     scale = math.sqrt(signal / 10 ** (snr_db / 10))
     return wave + scale * colored_noise(wave.shape[0], color, generator).to(wave.dtype)
@@ -91,8 +91,8 @@ def add_noise(wave: Tensor, snr_db: float, color: NoiseColor = "white", generato
 
 def pad_silence(wave: Tensor, sample_rate: int, before: float, after: float) -> Tensor:
     """Digital silence (zeros): ``before`` seconds ahead of ``wave``, ``after`` seconds behind it."""
-    if not (before >= 0 and after >= 0 and math.isfinite(before + after)):  # a negative pad would cut the speech
-        raise ValueError(f"silence must be finite seconds ≥ 0, got before={before}, after={after}")
+    check_number("before", before, 0.0)  # a negative pad would cut the speech
+    check_number("after", after, 0.0)
     return torch.nn.functional.pad(wave, (round(before * sample_rate), round(after * sample_rate)))
 
 
@@ -110,8 +110,7 @@ def reverberate(wave: Tensor, sample_rate: int, rt60: float, direct_ratio_db: fl
     exponentially decaying noise that falls 60 dB in ``rt60`` seconds, the direct path
     ``direct_ratio_db`` dB above the reverberant tail's energy. With ``keep_tail`` the result is
     longer by ``rt60`` (else it stops where the input does); its power is the input's."""
-    if not (math.isfinite(rt60) and rt60 > 0):
-        raise ValueError(f"rt60 must be a finite number of seconds > 0, got {rt60}")
+    check_number("rt60", rt60, 0.0, low_open=True)
     n = max(2, round(rt60 * sample_rate))
     t = torch.arange(n, dtype=torch.float32) / sample_rate
     tail = torch.randn(n, generator=generator) * torch.exp(-3 * math.log(10) * t / rt60)  # 60 dB in rt60

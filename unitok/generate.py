@@ -10,7 +10,6 @@ Axis legend: B batch, W beams, V vocabulary, S prompt length, T total length.
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -18,6 +17,7 @@ from typing import Any, Literal, Protocol
 import torch
 from torch import Tensor, nn
 
+from tokenizers_mm.checks import check_number
 from unitok.config import Config
 from unitok.embed.positions import positions_from_mask
 from unitok.layers.attention import build_attention_mask
@@ -120,10 +120,8 @@ class GenerationConfig(Config):
                              "step (use compile=False)")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be ≥ 1, got {self.max_new_tokens}")
-        if not (math.isfinite(self.temperature) and self.temperature > 0):  # NaN would reach the sampler
-            raise ValueError(f"temperature must be a finite number > 0, got {self.temperature}")
-        if not math.isfinite(self.length_penalty):
-            raise ValueError(f"length_penalty must be a finite number, got {self.length_penalty}")
+        check_number("temperature", self.temperature, 0.0, low_open=True)  # NaN would reach the sampler
+        check_number("length_penalty", self.length_penalty)
         if self.top_k is not None and self.top_k < 1:
             raise ValueError(f"top_k must be ≥ 1, got {self.top_k}")
         if self.top_p is not None and not 0.0 < self.top_p <= 1.0:

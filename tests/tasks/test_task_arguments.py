@@ -18,8 +18,8 @@ from unitok.models import GPT, GPTConfig
 
 
 @pytest.mark.parametrize(("options", "message"), [
-    (dict(family="deit", distillation="soft", teacher="cnn:train", distill_tau=float("nan")), "a finite distill_tau > 0"),
-    (dict(label_smoothing=1.5), r"label_smoothing must be in \[0, 1\], got 1.5"),
+    (dict(family="deit", distillation="soft", teacher="cnn:train", distill_tau=float("nan")), "distill_tau must be a finite number > 0, got nan"),
+    (dict(label_smoothing=1.5), r"label_smoothing must be a finite number in \[0, 1\], got 1.5"),
     (dict(family="deit", distillation="soft", teacher="cnn:train", teacher_steps=0),
      "teacher_steps must be an integer ≥ 1, got 0"),  # it was refused at setup as "total_steps"
 ])

@@ -30,3 +30,19 @@ def test_the_message_says_what_a_value_means_and_that_none_is_allowed():
     with pytest.raises(ValueError, match=r"max_length must be an integer ≥ 1 or None, got -1"):
         check_int("max_length", -1, or_none=True)
 
+
+
+def test_check_number_refuses_nan_infinity_non_numbers_and_values_out_of_bounds():
+    from tokenizers_mm.checks import check_number
+
+    assert check_number("rate", 0.5, 0.0, 1.0) == 0.5 and check_number("rate", 1, 0.0, 1.0) == 1.0
+    for bad, message in ((float("nan"), "rate must be a finite number in \\[0, 1\\], got nan"),  # a bare `< 0` lets NaN pass
+                         (float("inf"), "got inf"), (True, "got True"), ("0.5", "got '0.5'"), (1.5, "got 1.5")):
+        with pytest.raises(ValueError, match=message):
+            check_number("rate", bad, 0.0, 1.0)
+    with pytest.raises(ValueError, match="beta must be a finite number in \\[0, 1\\), got 1.0"):
+        check_number("beta", 1.0, 0.0, 1.0, high_open=True)
+    with pytest.raises(ValueError, match="temperature must be a finite number > 0, got 0.0"):
+        check_number("temperature", 0.0, 0.0, low_open=True)
+    with pytest.raises(ValueError, match="penalty must be a finite number, got nan"):
+        check_number("penalty", float("nan"))
