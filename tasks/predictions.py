@@ -19,6 +19,8 @@ Fields:
         ``"file:line"`` for the lines of a text file of prompts.
     task: the task's name, for runs over several tasks (`MultiTaskDataModule`: each task's
         held-out set is predicted in turn).
+    dataloader: the predict loader's index, where there are several and the records name no
+        task (a module of one's own): ids restart at 0 in each loader, so ``id`` alone repeats.
     prediction: a class name where the data knows them (else the class index); generated or
         transcribed text; a CLIP zero-shot class (or, without classes, the best-matching
         held-out caption); the Decision Transformer's action at a window's last step (an id,
@@ -66,7 +68,7 @@ from tasks.run_folder import log_dir
 
 Record = dict[str, Any]
 FILENAME = "predictions.jsonl"
-FIRST_FIELDS = ("id", "task", "prediction", "score")
+FIRST_FIELDS = ("id", "task", "dataloader", "prediction", "score")
 
 
 # --------------------------------------------------------------------------- records
@@ -245,10 +247,13 @@ class PredictionWriter(BasePredictionWriter):
         self._seen[dataloader_idx] = self._seen.get(dataloader_idx, 0) + len(prediction)
         dataset = _dataset(trainer, dataloader_idx)
         name = getattr(dataset, "item_id", None)
+        several = len(_loaders(trainer)) > 1
         for index, record in zip(batch_indices, prediction):
             record = dict(record)
             if "id" not in record:
                 record["id"] = name(index) if callable(name) else int(index)
+            if several and "task" not in record:
+                record.setdefault("dataloader", dataloader_idx)
             self._rows.append((dataloader_idx, int(index), _ordered(_plain(record))))
 
     def on_predict_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -277,10 +282,15 @@ class PredictionWriter(BasePredictionWriter):
         return path
 
 
-def _dataset(trainer: L.Trainer, dataloader_idx: int) -> Any:
+def _loaders(trainer: L.Trainer) -> list[Any]:
     loaders = trainer.predict_dataloaders
-    if not isinstance(loaders, list | tuple):
-        loaders = [loaders]
+    if loaders is None:
+        return []
+    return list(loaders) if isinstance(loaders, list | tuple) else [loaders]
+
+
+def _dataset(trainer: L.Trainer, dataloader_idx: int) -> Any:
+    loaders = _loaders(trainer)
     return getattr(loaders[dataloader_idx], "dataset", None) if dataloader_idx < len(loaders) else None
 
 

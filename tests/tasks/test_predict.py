@@ -374,6 +374,29 @@ def test_a_predict_step_that_returns_fewer_records_than_its_batch_is_refused(tmp
         trainer.predict(Drop(), DataLoader(torch.arange(10, 20), batch_size=4))
 
 
+def test_records_of_several_unnamed_loaders_say_which_loader_they_come_from(tmp_path):
+    # ids restart in each loader: without the loader's index two records would read as one item
+    class Echo(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(1, 1)
+
+        def predict_step(self, batch, batch_idx, dataloader_idx=0):
+            return [{"prediction": int(x), "score": 1.0} for x in batch]
+
+    path = tmp_path / "p.jsonl"
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
+                        callbacks=[PredictionWriter(str(path))])
+    trainer.predict(Echo(), [DataLoader(torch.arange(10, 13), batch_size=2), DataLoader(torch.arange(20, 22))])
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [(r["dataloader"], r["id"], r["prediction"]) for r in rows] == [
+        (0, 0, 10), (0, 1, 11), (0, 2, 12), (1, 0, 20), (1, 1, 21)]
+    assert list(rows[0]) == ["id", "dataloader", "prediction", "score"]
+    # one loader: no field to tell apart
+    trainer.predict(Echo(), DataLoader(torch.arange(10, 13)))
+    assert [json.loads(line) for line in path.read_text().splitlines()][0] == {"id": 0, "prediction": 10, "score": 1.0}
+
+
 def test_prompt_files_name_their_lines(tmp_path):
     from tasks.predictions import PromptSet
 
