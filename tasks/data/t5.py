@@ -283,8 +283,10 @@ def builtin_text_to_text_examples(
 ) -> dict[str, list[Example]]:
     """{"train", "val", "test"} built-in examples of ``tasks``: train and val from ``files``, split
     by file (see `held_out_files`), test from ``test_files`` (none without them), each
-    ``{"input": "<task>: …", "target": …, "source": "path:line"}``; a pair is kept in the first
-    split it occurs in (train or val before test), so no test pair was trained or validated on."""
+    ``{"input": "<task>: …", "target": …, "source": "path:line"}``. An input is kept in the split
+    of the first file it occurs in (``files`` in order, then ``test_files``), with every target
+    it has there, so no held-out input was trained on, even with another answer
+    (``name: Wait.`` → ``wait`` in one file, ``_wait`` in another)."""
     unknown = [t for t in tasks if t not in BUILTIN_TASKS]
     if unknown:
         raise ValueError(f"unknown built-in tasks {unknown}; expected some of {list(BUILTIN_TASKS)}")
@@ -294,7 +296,8 @@ def builtin_text_to_text_examples(
     if test_set & set(files):
         raise ValueError(f"test files are training or validation files too: {sorted(map(str, test_set & set(files)))[:5]}")
     splits: dict[str, list[Example]] = {"train": [], "val": [], "test": []}
-    seen: set[tuple[str, str]] = set()  # a pair seen in one split is not repeated in another
+    seen: set[tuple[str, str]] = set()  # each pair once
+    home: dict[str, str] = {}  # input -> the split it was first seen in
     for path in [*files, *test_files]:
         source = path.read_text(encoding="utf-8", errors="replace")
         try:
@@ -307,7 +310,7 @@ def builtin_text_to_text_examples(
         for task in tasks:
             for text, target in BUILTIN_TASKS[task](tree, lines, max_chars):
                 pair = (f"{task}: {text}", target)
-                if pair not in seen:
+                if pair not in seen and home.setdefault(pair[0], split) == split:
                     seen.add(pair)
                     splits[split].append({"input": pair[0], "target": target, "source": relative, "builtin": True})
     return splits
@@ -338,22 +341,20 @@ def load_jsonl_examples(paths: Sequence[str | Path]) -> list[Example]:
 
 
 def check_disjoint_inputs(splits: dict[str, list[Example]]) -> None:
-    """A ValueError, with a count and an example, when a user's example (not a built-in one)
-    has an input that another split holds too: the model would be scored on what it trained or
-    was selected on. The same input twice within one split is fine."""
+    """A ValueError, with a count and an example, when an input is in more than one split: the
+    model would be scored on what it trained or was selected on. The same input twice within
+    one split is fine. Built-in examples never share an input (`builtin_text_to_text_examples`),
+    so a shared input involves a user's example."""
     where: dict[str, dict[str, str]] = {}  # input -> split -> the first example's source there
-    users: set[str] = set()
     for split, rows in splits.items():
         for ex in rows:
             where.setdefault(ex["input"], {}).setdefault(split, ex["source"])
-            if not ex["builtin"]:
-                users.add(ex["input"])
-    shared = [(text, places) for text, places in where.items() if len(places) > 1 and text in users]
+    shared = [(text, places) for text, places in where.items() if len(places) > 1]
     if shared:
         text, places = shared[0]
         found = ", ".join(f"{split} ({source})" for split, source in places.items())
-        raise ValueError(f"{len(shared)} input(s) of users' examples are in more than one split, e.g. {text[:80]!r} "
-                         f"in {found}; keep each input in one of jsonl, val_jsonl and test_jsonl")
+        raise ValueError(f"{len(shared)} input(s) are in more than one split, e.g. {text[:80]!r} in {found}; keep each "
+                         "input in one of jsonl, val_jsonl and test_jsonl (and out of the built-in tasks' splits)")
 
 
 def _json_cache(folder: Path, name: str, build: Callable[[], Any]) -> Any:
@@ -395,7 +396,7 @@ class TextToTextDataModule(SplitDataModule):
             ``val_jsonl`` a ``val_fraction`` of them is held out by a hash of the input (rows
             with the same input stay together).
         test_jsonl: users' test examples (same format), scored by ``unitok test``. A file given
-            twice (for two splits, or twice for one) is an error, and so is a user's input that
+            twice (for two splits, or twice for one) is an error, and so is an input that
             is in two splits (`check_disjoint_inputs`): no example is tested on what trained it.
         test_fraction: built-in test examples come from the standard-library files after
             ``builtin_max_bytes``, ``test_fraction`` of that many bytes (0, or
@@ -535,7 +536,7 @@ class TextToTextDataModule(SplitDataModule):
             if self.tasks:
                 files, test_files = self._corpus_files(), self._test_files()
                 key = _files_key([*files, *test_files], len(files), sorted(self.tasks), self.max_chars,
-                                 self.val_fraction, "v3")
+                                 self.val_fraction, "v4")
                 built = _json_cache(self.cache_dir, f"text-to-text-{key}",
                                     lambda: builtin_text_to_text_examples(files, self.tasks, self.max_chars,
                                                                           self.val_fraction, test_files))

@@ -122,6 +122,29 @@ def test_builtin_tasks_give_the_right_answers(tmp_path):
     assert len(splits["val"]) > 0 and len(splits["train"]) > 0  # one file each
 
 
+def test_an_input_stays_in_the_first_split_it_occurs_in_whatever_its_answer(tmp_path):
+    # The same docstring names `wait` in a training file and `_wait` in a held-out one: the
+    # held-out copy is dropped, or the model would be scored on an input it trained on.
+    (tmp_path / "a.py").write_text('def wait():\n    """Wait for it."""\n    return 1\n')
+    (tmp_path / "b.py").write_text('def _wait():\n    """Wait for it."""\n    return 2\n')
+    (tmp_path / "c.py").write_text('def go():\n    """Go on ahead."""\n    return 3\n')
+    files = [tmp_path / "a.py", tmp_path / "b.py"]
+    held_out = held_out_files(files, val_fraction=0.5)
+    splits = builtin_text_to_text_examples(files, tasks=["name"], val_fraction=0.5, test_files=[tmp_path / "c.py"])
+    first = "val" if tmp_path / "a.py" in held_out else "train"  # a.py is read first: its split keeps the input
+    assert [(ex["input"], ex["target"]) for ex in splits[first]] == [("name: Wait for it.", "wait")]
+    assert splits["train" if first == "val" else "val"] == []
+    assert [(ex["input"], ex["target"]) for ex in splits["test"]] == [("name: Go on ahead.", "go")]
+
+
+def test_builtin_splits_share_no_input(cache):
+    examples = TextToTextDataModule(**SMALL, cache_dir=cache, val_per_task=None).examples()
+    inputs = {split: {ex["input"] for ex in rows} for split, rows in examples.items()}
+    assert inputs["train"] and inputs["val"]
+    assert not inputs["train"] & inputs["val"]
+    assert not (inputs["train"] | inputs["val"]) & inputs["test"]
+
+
 def test_held_out_examples_come_from_held_out_files(cache):
     dm = TextToTextDataModule(**SMALL, cache_dir=cache, val_per_task=None)
     examples = dm.examples()
@@ -253,7 +276,7 @@ def test_a_users_input_in_two_splits_is_refused_with_a_count_and_an_example(tmp_
     train = write_jsonl(tmp_path / "train.jsonl", rows)
     test = write_jsonl(tmp_path / "test.jsonl", rows[:3] + [{"input": "upper: other", "target": "OTHER"}])
     dm = TextToTextDataModule(jsonl=[train], test_jsonl=[test], **SMALL, cache_dir=cache)
-    with pytest.raises(ValueError, match=r"3 input\(s\) of users' examples are in more than one split, "
+    with pytest.raises(ValueError, match=r"3 input\(s\) are in more than one split, "
                                          r"e.g. 'upper: word[012]' in (train|val) \(.*train.jsonl:[123]\), test \(.*test.jsonl:[123]\)"):
         dm.examples()
     # The hold-out from one file keeps every row of one input in one split (a hash of the input).
