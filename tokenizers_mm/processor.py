@@ -202,35 +202,54 @@ class Processor:
             payload = json.loads(path.read_text())
         except json.JSONDecodeError as error:
             raise ValueError(f"{path} is not valid JSON: {error}") from None
+        if not isinstance(payload, dict):
+            raise ValueError(f"{path} must hold a JSON object of processor parts, got {type(payload).__name__}")
         known = {"text", "image", "audio", "characters", "trajectory", "id2label"}
         unknown = sorted(set(payload) - known)
         if unknown:
             raise ValueError(f"{path}: unknown processor part(s) {unknown}; known: {sorted(known)}")
-        parts: dict[str, Any] = {}
-        text = payload.get("text")
-        if text is not None:
-            kind = text.get("type")
-            if kind == "clip":
-                parts["text"] = CLIPTokenizer(text["context_length"], truncation=text.get("truncation", "error"))
-            elif kind == "bpe":
-                parts["text"] = BPETokenizer.load(directory)
-            elif kind == "wordpiece":
-                parts["text"] = WordPieceTokenizer.load(directory)
-            else:
-                raise ValueError(f"{path}: text tokenizer type must be 'bpe', 'wordpiece' or 'clip', got {kind!r}")
-        if "image" in payload:
-            image = {k: tuple(v) if isinstance(v, list) else v for k, v in payload["image"].items()}
-            parts["image"] = ImagePreprocessConfig(**image)
-        if "audio" in payload:
-            parts["audio"] = SpectrogramConfig.from_dict(payload["audio"])
-        if "characters" in payload:
-            parts["characters"] = CharacterVocabulary.from_list(payload["characters"])
-        if "trajectory" in payload:
-            parts["trajectory"] = TrajectoryTokenizer.from_dict(payload["trajectory"])
-        if "id2label" in payload:
-            id2label = payload["id2label"]
-            ids = sorted(int(i) for i in id2label)
-            if ids != list(range(len(ids))):
-                raise ValueError(f"{path}: id2label must number the classes 0..K-1, got ids {ids}")
-            parts["labels"] = tuple(id2label[str(i)] for i in ids)
+        shapes = {"text": dict, "image": dict, "audio": dict, "trajectory": dict, "characters": list, "id2label": dict}
+        for name, value in payload.items():
+            if value is not None and not isinstance(value, shapes[name]):
+                kind = "object" if shapes[name] is dict else "list"
+                raise ValueError(f"{path}: the {name!r} part must be a JSON {kind}, got {str(value)[:80]!r}")
+        try:
+            parts = _parts(payload, directory, path)
+        except (TypeError, KeyError) as error:  # a field missing or misnamed in a hand-edited file
+            raise ValueError(f"{path}: cannot read its parts ({type(error).__name__}: {error})") from None
         return cls(**parts)
+
+
+def _parts(payload: dict[str, Any], directory: Path, path: Path) -> dict[str, Any]:
+    """`Processor` fields from a ``processor_config.json`` payload (shapes already checked)."""
+    parts: dict[str, Any] = {}
+    text = payload.get("text")
+    if text is not None:
+        kind = text.get("type")
+        if kind == "clip":
+            parts["text"] = CLIPTokenizer(text["context_length"], truncation=text.get("truncation", "error"))
+        elif kind == "bpe":
+            parts["text"] = BPETokenizer.load(directory)
+        elif kind == "wordpiece":
+            parts["text"] = WordPieceTokenizer.load(directory)
+        else:
+            raise ValueError(f"{path}: text tokenizer type must be 'bpe', 'wordpiece' or 'clip', got {kind!r}")
+    if payload.get("image") is not None:
+        image = {k: tuple(v) if isinstance(v, list) else v for k, v in payload["image"].items()}
+        parts["image"] = ImagePreprocessConfig(**image)
+    if payload.get("audio") is not None:
+        parts["audio"] = SpectrogramConfig.from_dict(payload["audio"])
+    if payload.get("characters") is not None:
+        parts["characters"] = CharacterVocabulary.from_list(payload["characters"])
+    if payload.get("trajectory") is not None:
+        parts["trajectory"] = TrajectoryTokenizer.from_dict(payload["trajectory"])
+    if payload.get("id2label") is not None:
+        id2label = payload["id2label"]
+        bad = [k for k in id2label if not (k.isdigit() and str(int(k)) == k)]
+        if bad:
+            raise ValueError(f"{path}: id2label's keys must be class ids \"0\", \"1\", …, got {bad[:3]}")
+        ids = sorted(int(i) for i in id2label)
+        if ids != list(range(len(ids))):
+            raise ValueError(f"{path}: id2label must number the classes 0..K-1, got ids {ids}")
+        parts["labels"] = tuple(id2label[str(i)] for i in ids)
+    return parts

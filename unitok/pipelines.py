@@ -35,7 +35,7 @@ from torch import Tensor
 
 from tokenizers_mm import BPETokenizer, Processor, Tokens, collate, pad_pairs
 from tokenizers_mm.audio import SpectrogramTokenizer
-from tokenizers_mm.checks import check_int
+from tokenizers_mm.checks import check_int, check_number
 from unitok.auto import load
 from unitok.models.base import PretrainedModel
 
@@ -85,15 +85,24 @@ class Pipeline:
         if unknown:
             raise TypeError(f"unknown option(s) {unknown} for {self.task!r}; it takes {sorted(self.defaults)}")
         options = {**self.options, **options}
-        single = not isinstance(inputs, list)
-        items = [inputs] if single else list(inputs)
+        items, single = self.split(inputs)
         if not items:
             raise ValueError(f"{self.task!r} got an empty list of inputs")
         answers: list[Any] = []
         with torch.inference_mode():
             for batch in self._batches(items):
-                answers.extend(self.run_batch(batch, **options))
+                out = self.run_batch(batch, **options)
+                if len(out) != len(batch):  # one answer pinned on the wrong input, or answers dropped
+                    raise ValueError(f"{len(batch)} inputs gave {len(out)} answers: an input holds several (a batch "
+                                     "tensor inside a list?); give one input per list item, or the batch alone")
+                answers.extend(out)
         return answers[0] if single else answers
+
+    def split(self, inputs: Any) -> tuple[list[Any], bool]:
+        """The inputs as a list, and whether one bare input was given (a list or tuple: several)."""
+        if isinstance(inputs, list | tuple):
+            return list(inputs), False
+        return [inputs], True
 
     def _batches(self, items: list[Any]) -> Iterator[list[Any]]:
         starts = range(0, len(items), self.batch_size)
@@ -118,6 +127,22 @@ def _texts(items: list[Any], task: str) -> list[str]:
     if bad:
         raise ValueError(f"{task!r} reads non-empty strings; input {bad[0]} is {items[bad[0]]!r}")
     return items
+
+
+def _check_flags(**flags: Any) -> None:
+    """Yes/no options must be bools: ``resize="no"`` is a true string, and would resize."""
+    for name, value in flags.items():
+        if not isinstance(value, bool | np.bool_):
+            raise ValueError(f"{name} must be True or False, got {value!r}")
+
+
+def _text_and_pair(item: Any) -> tuple[Any, Any]:
+    """A text, or Hugging Face's ``{"text", "text_pair"}`` -> (text, pair or None)."""
+    if not isinstance(item, dict):
+        return item, None
+    if set(item) - {"text", "text_pair"} or "text" not in item:
+        raise ValueError(f"a dict input holds 'text' (and 'text_pair'), got keys {sorted(item)}")
+    return item["text"], item.get("text_pair")
 
 
 def _top(probs: Tensor, k: int, label: Any) -> list[dict[str, Any]]:
@@ -150,7 +175,15 @@ class TextGenerationPipeline(Pipeline):
             what = "do_sample=True" if do_sample else f"strategy={strategy!r}"
             raise ValueError(f"num_beams={num_beams} asks for beam search, which {what} contradicts "
                              "(beam search does not sample): drop one of them")
+        _check_flags(do_sample=do_sample, return_full_text=return_full_text)
+        check_int("seed", seed, at_least=0, or_none=True)
         strategy = strategy or ("beam" if num_beams > 1 else "sample" if do_sample else "greedy")
+        if strategy != "sample":  # as `unitok sample`: a sampling setting with no sampling is a mistake, not a no-op
+            given = {name: value for name, value in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p))
+                     if value != self.defaults[name]}
+            if given:
+                raise ValueError(f"{', '.join(f'{k}={v!r}' for k, v in given.items())} only apply to sampling, but "
+                                 f"this call decodes by {strategy}: pass do_sample=True, or leave them out")
         options: dict[str, Any] = {}
         if strategy == "beam":
             options["num_beams"] = num_beams
@@ -205,17 +238,7 @@ class _BERTPipeline(Pipeline):
                              f"{list(self.model.config.heads)}")
 
     def encode(self, items: list[Any]) -> Tokens:
-        texts, pairs = [], []
-        for item in items:
-            if isinstance(item, dict):
-                unknown = sorted(set(item) - {"text", "text_pair"})
-                if unknown or "text" not in item:
-                    raise ValueError(f"a dict input holds 'text' (and 'text_pair'), got keys {sorted(item)}")
-                texts.append(item["text"])
-                pairs.append(item.get("text_pair"))
-            else:
-                texts.append(item)
-                pairs.append(None)
+        texts, pairs = map(list, zip(*map(_text_and_pair, items), strict=True))
         _texts(texts, self.task)
         if any(p is not None for p in pairs) and not all(p is not None for p in pairs):
             raise ValueError("give text_pair for every input of a batch or for none")
@@ -246,7 +269,7 @@ class TextClassificationPipeline(_BERTPipeline):
             return super().encode(items)
         rows = []
         for item in items:
-            text, pair = (item.get("text"), item.get("text_pair")) if isinstance(item, dict) else (item, None)
+            text, pair = _text_and_pair(item)
             _texts([text] + ([pair] if pair is not None else []), self.task)
             ids, segments = self.processor.text.encode_for_classifier(text, pair, self.model.config.context_length,
                                                                           truncation=False)  # as BERT's: no silent cut
@@ -304,6 +327,7 @@ class FillMaskPipeline(_BERTPipeline):
     defaults = {"top_k": 5}
 
     def run_batch(self, items: list[Any], top_k: int) -> list[Any]:
+        check_int("top_k", top_k)
         tok = self.processor.text
         rows = []
         for text in _texts(items, self.task):
@@ -343,12 +367,16 @@ class ImageClassificationPipeline(Pipeline):
     families = ("ViT", "DeiT", "MLPMixer")
     defaults = {"top_k": 5, "resize": False}
 
+    def split(self, inputs: Any) -> tuple[list[Any], bool]:
+        return _split_images(inputs) or super().split(inputs)
+
     def check_model(self) -> None:
         if self.model.config.num_classes == 0:
             raise ValueError(f"{self.task!r} needs a classification head; this {type(self.model).__name__} has "
                              "num_classes=0")
 
     def run_batch(self, items: list[Any], top_k: int, resize: bool) -> list[Any]:
+        _check_flags(resize=resize)
         config = self.model.config.preprocess_config(resize)
         tokens = Processor(image=config).encode_image(items).to(self.device)
         if tuple(tokens.grid) != self.model.config.grid:  # the model could resample its positions: not asked for
@@ -358,6 +386,13 @@ class ImageClassificationPipeline(Pipeline):
         fast = {"class_tokens_only": True} if getattr(self.model, "reads_class_tokens", False) else {}
         probs = self.model(tokens, **fast).logits.float().softmax(-1)  # a ViT's last block: class tokens only
         return [_top(p, top_k, self.label) for p in probs]
+
+
+def _split_images(inputs: Any) -> tuple[list[Any], bool] | None:
+    """A (B, C, H, W) tensor or array -> its B images, answered as a list (None: not a batch)."""
+    if isinstance(inputs, Tensor | np.ndarray) and inputs.ndim == 4:
+        return list(inputs), False
+    return None
 
 
 def _candidate_labels(candidate_labels: Any) -> list[str]:
@@ -388,9 +423,14 @@ class ZeroShotImageClassificationPipeline(Pipeline):
     defaults = {"candidate_labels": None, "hypothesis_template": "This is a photo of {}.", "resize": False}
     modality = "image"
 
+    def split(self, inputs: Any) -> tuple[list[Any], bool]:
+        return (_split_images(inputs) if self.modality == "image" else None) or super().split(inputs)
+
     def run_batch(self, items: list[Any], candidate_labels: Sequence[str] | None, hypothesis_template: str,
                   resize: bool) -> list[Any]:
         from unitok.zero_shot import ZeroShotClassifier
+
+        _check_flags(resize=resize)
 
         if candidate_labels is not None:
             labels = _candidate_labels(candidate_labels)
@@ -425,7 +465,7 @@ def _audio_items(items: list[Any], sample_rate: int | None) -> list[tuple[Any, i
             if wave is None or rate is None:
                 raise ValueError(f"audio input {i}: a dict needs 'raw' (or 'array') and 'sampling_rate', "
                                  f"got keys {sorted(item)}")
-            out.append((wave, int(rate)))
+            out.append((wave, rate))  # checked where it is read, as sample_rate= is
         elif isinstance(item, (str, Path)):
             out.append((item, None))
         else:
@@ -527,6 +567,9 @@ class DecisionPipeline(Pipeline):
         target = item.get("target_return", target_return)
         if target is None:
             raise ValueError(f"decision input {i} needs a target_return (in the input or as an option)")
+        if isinstance(target, Tensor | np.ndarray) and target.ndim == 0:
+            target = target.item()
+        target = check_number(f"decision input {i}: target_return", target)
         obs = np.asarray(item["observations"], dtype=np.float64)
         if obs.shape == (c.state_dim,):  # one observation
             obs = obs[None]
@@ -538,6 +581,9 @@ class DecisionPipeline(Pipeline):
         past = np.asarray(item.get("actions", []), dtype=np.float64)
         rewards = np.asarray(item.get("rewards", []), dtype=np.float64)
         n_past = past.shape[0] if past.ndim else 0
+        if rewards.ndim > 1:
+            raise ValueError(f"decision input {i}: rewards must be one number a step, shape ({T - 1},), got shape "
+                             f"{rewards.shape}")
         if n_past != T - 1 or rewards.ndim != 1 or rewards.shape[0] != T - 1:
             raise ValueError(f"decision input {i}: {T} observations need {T - 1} past actions and rewards, got "
                              f"{n_past} and {rewards.shape[0] if rewards.ndim else 0}")
@@ -546,8 +592,7 @@ class DecisionPipeline(Pipeline):
             raise ValueError(f"decision input {i}: actions must be {action_shape}, got shape {past.shape}")
         if c.discrete and (past != np.round(past)).any():
             raise ValueError(f"decision input {i}: discrete actions must be whole ids, got {past[past != np.round(past)][:3]}")
-        for what, values in (("observations", obs), ("actions", past), ("rewards", rewards),
-                             ("target_return", np.asarray(float(target)))):
+        for what, values in (("observations", obs), ("actions", past), ("rewards", rewards)):
             if not np.isfinite(values).all():
                 raise ValueError(f"decision input {i}: {what} contain NaN/inf values")
         K = min(T, c.context_length)

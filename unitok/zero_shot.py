@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tokenizers_mm.checks import check_int
+from tokenizers_mm.checks import check_int, check_number
 
 Template = str | Callable[[str], str]
 
@@ -136,6 +136,8 @@ class ZeroShotClassifier:
                                  "(for open_clip: open_clip.get_tokenizer(model_name))")
             tokenizer = model.text_tokenizer()
         self.tokenizer, self.preprocess, self.resize = tokenizer, preprocess, resize
+        if logit_scale is not None:  # a scale ≤ 0 would invert or flatten the ranking, NaN every probability
+            logit_scale = check_number("logit_scale", logit_scale, 0, low_open=True)
         self._logit_scale, self.batch_size, self.progress = logit_scale, batch_size, progress
         if class_embeddings is not None and tuple(class_embeddings.shape[:1]) != (len(self.classnames),):
             raise ValueError(f"class_embeddings have {class_embeddings.shape[0]} rows for "
@@ -256,7 +258,7 @@ class ZeroShotClassifier:
     def topk(self, inputs: Any, k: int = 5, normalized: bool = False,
              sample_rate: int | None = None) -> tuple[Tensor, Tensor]:
         """Images (or audio) -> ((B, k) probabilities, (B, k) class indices), most likely first."""
-        if not 1 <= k <= len(self.classnames):
+        if check_int("k", k) > len(self.classnames):  # type: ignore[operator]
             raise ValueError(f"k must be in [1, {len(self.classnames)}], got {k}")
         return self.predict_proba(inputs, normalized, sample_rate).topk(k, dim=-1)
 

@@ -309,8 +309,13 @@ def test_decision_acts_for_a_target_return_as_the_model_does(tmp_path):
     bad[1, 2] = np.nan
     with pytest.raises(ValueError, match="observations contain NaN/inf"):
         act({"observations": bad, "actions": actions, "rewards": rewards, "target_return": 200})
-    with pytest.raises(ValueError, match="target_return contain NaN/inf"):
+    with pytest.raises(ValueError, match="decision input 0: target_return must be a finite number, got nan"):
         act({"observations": obs[:1], "target_return": float("nan")})
+    with pytest.raises(ValueError, match="decision input 0: target_return must be a finite number, got 'abc'"):
+        act({"observations": obs[:1], "target_return": "abc"})
+    with pytest.raises(ValueError, match=r"rewards must be one number a step, shape \(2,\), got shape \(2, 1\)"):
+        act({"observations": obs, "actions": actions, "rewards": [[1.0], [1.0]], "target_return": 200})
+    assert act({"observations": obs[:1], "target_return": np.float32(500)}) == first  # a numpy scalar is a number
 
 
 def test_long_inputs_show_a_progress_bar(tmp_path, capsys):
@@ -326,3 +331,85 @@ def test_long_inputs_show_a_progress_bar(tmp_path, capsys):
 
 def test_pipeline_is_importable_from_unitok_as_the_readme_shows():
     assert unitok.pipeline is pipeline and "pipeline" in unitok.__all__
+
+
+def test_a_batch_answers_one_answer_an_image_and_a_batch_inside_a_list_is_refused(tmp_path):
+    torch.manual_seed(0)
+    vit = ViT(ViTConfig.from_name("vit-digits"))
+    classify = pipeline("image-classification", model=vit, top_k=1)
+    images = torch.rand(3, 1, 32, 32)
+    one_by_one = [classify(image) for image in images]
+    assert classify(images) == one_by_one  # (B, C, H, W): B answers, not the first alone
+    assert classify(images.numpy()) == one_by_one
+    assert classify(tuple(images)) == one_by_one  # a tuple is several inputs, as a list is
+    with pytest.raises(ValueError, match="2 inputs gave 4 answers: an input holds several"):
+        classify([images[:3], images[0]])  # answers would fall out of step with the inputs
+    clip = CLIP(CLIPConfig.from_name("clip-digits"))
+    zero_shot = pipeline("zero-shot-image-classification", model=clip, candidate_labels=["seven", "two"])
+    batched, alone = zero_shot(images), [zero_shot(image) for image in images]
+    assert len(batched) == 3
+    for answer, expected in zip(batched, alone, strict=True):  # a batch rounds a little differently
+        assert [a["label"] for a in answer] == [a["label"] for a in expected]
+        assert [a["score"] for a in answer] == pytest.approx([a["score"] for a in expected], abs=1e-6)
+
+
+def test_a_processor_that_contradicts_the_model_is_refused_when_set_or_loaded(tmp_path):
+    from tokenizers_mm import ImagePreprocessConfig
+
+    vit = ViT(ViTConfig.from_name("vit-digits"))
+    other = ImagePreprocessConfig(patch_size=8, channels=1, mean=(0.1307,), std=(0.3081,), image_size=(32, 32))
+    # the pipeline reads images with the config's statistics, `model.processor` would with these
+    with pytest.raises(ValueError, match=r"the processor's image part differs from the one this ViT's config stores "
+                                         r"\(mean=\(0.1307,\) \(config: \(0.5,\)\), std=\(0.3081,\) \(config: \(0.5,\)\)\)"):
+        vit.processor = Processor(image=other)
+    vit.processor = Processor(image=vit.config.preprocess_config(), labels=DIGITS)  # the same settings: fine
+    with pytest.raises(ValueError, match="2 class names for a model of 10 classes"):
+        vit.processor = Processor(labels=("cat", "dog"))
+    folder = saved(vit, tmp_path / "vit")
+    edited = (folder / "processor_config.json").read_text().replace("0.5", "0.25")
+    (folder / "processor_config.json").write_text(edited)
+    with pytest.raises(ValueError, match="the processor's image part differs"):
+        unitok.load(folder)  # a hand-edited folder is refused, not read two ways
+    model = ConformerCTC(ConformerConfig.from_name("conformer-digits", vocabulary=tuple("onetw ")))
+    from tokenizers_mm import CharacterVocabulary
+
+    with pytest.raises(ValueError, match="the processor's characters part differs"):
+        model.processor = Processor(characters=CharacterVocabulary.from_list(list("xyz")))
+
+
+def test_options_are_checked_the_same_way_in_every_form(tmp_path, bpe, wordpiece):
+    torch.manual_seed(0)
+    gpt_cls = GPT.for_sequence_classification(GPT(GPTConfig_nano(bpe.vocab_size)), num_labels=2)
+    gpt_cls.processor = Processor(text=bpe, labels=("other", "parser"))
+    with pytest.raises(ValueError, match=r"a dict input holds 'text' \(and 'text_pair'\), got keys \['text', 'txt_pair'\]"):
+        pipeline("text-classification", model=gpt_cls)({"text": "the parser", "txt_pair": "reads the text"})
+    bert = BERT(BERTConfig.from_name("bert-nano", vocab_size=wordpiece.vocab_size, context_length=32,
+                                     heads=("pooler", "mlm")))
+    bert.processor = Processor(text=wordpiece)
+    fill = pipeline("fill-mask", model=bert)
+    for bad in (0, -1, 2.5, None):
+        with pytest.raises(ValueError, match=f"top_k must be an integer ≥ 1, got {bad}"):
+            fill("the parser [MASK] the text", top_k=bad)
+    asr = pipeline("automatic-speech-recognition",
+                   model=ConformerCTC(ConformerConfig.from_name("conformer-digits", vocabulary=tuple("onetw "))))
+    wave = (0.1 * np.random.default_rng(0).standard_normal(8000)).astype(np.float32)
+    for rate in (16000.9, "16000"):  # the dict form is checked as sample_rate= is, not rounded
+        with pytest.raises(ValueError, match=f"sample_rate must be a whole number of Hz.*got {rate!r}"):
+            asr({"raw": wave, "sampling_rate": rate})
+    classify = pipeline("image-classification", model=ViT(ViTConfig.from_name("vit-digits")))
+    with pytest.raises(ValueError, match="resize must be True or False, got 'no'"):
+        classify(torch.rand(1, 48, 48), resize="no")  # a true string: it would resize
+    gpt = GPT(GPTConfig_nano(bpe.vocab_size))
+    gpt.processor = Processor(text=bpe)
+    generate = pipeline("text-generation", model=gpt, max_new_tokens=2)
+    with pytest.raises(ValueError, match="do_sample must be True or False, got 'no'"):
+        generate("def", do_sample="no")
+    with pytest.raises(ValueError, match="seed must be an integer ≥ 0 or None, got 1.5"):
+        generate("def", do_sample=True, seed=1.5)
+    with pytest.raises(ValueError, match=r"temperature=0.7 only apply to sampling, but this call decodes by greedy"):
+        generate("def", temperature=0.7)  # would be ignored
+    with pytest.raises(ValueError, match=r"top_k=5 only apply to sampling, but this call decodes by beam"):
+        generate("def", num_beams=2, top_k=5)
+    assert generate("def", do_sample=True, temperature=0.7, seed=0) == generate("def", do_sample=True, temperature=0.7,
+                                                                                seed=0)
+

@@ -70,6 +70,19 @@ def test_predictions_probabilities_and_topk_agree(model):
     torch.testing.assert_close(clf.predict_proba(normalized, normalized=True), probs)
 
 
+def test_a_logit_scale_or_k_that_would_answer_wrongly_is_refused(model):
+    for bad in (float("nan"), -1.0, 0.0, "100"):  # NaN probabilities; an inverted or flat ranking
+        with pytest.raises(ValueError, match=f"logit_scale must be a finite number > 0, got {bad!r}"):
+            ZeroShotClassifier(model, NAMES, TEMPLATES, logit_scale=bad)
+    clf = ZeroShotClassifier(model, NAMES, TEMPLATES, logit_scale=50)
+    images = (torch.rand(2, 1, 16, 16) * 255).to(torch.uint8)
+    for bad in (2.5, True, 0):
+        with pytest.raises(ValueError, match=f"k must be an integer ≥ 1, got {bad}"):
+            clf.topk(images, k=bad)
+    with pytest.raises(ValueError, match=r"k must be in \[1, 3\], got 4"):
+        clf.topk(images, k=4)
+
+
 def test_logits_use_the_models_learned_temperature(model):
     clf = ZeroShotClassifier(model, NAMES, TEMPLATES)
     features = torch.randn(2, 16)

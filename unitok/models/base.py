@@ -45,8 +45,13 @@ def read_config(directory: Path) -> tuple[str, dict[str, Any]]:
 def read_weights(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Tensor]:
     """A safetensors file -> its tensors; a truncated or corrupt file, or NaN/inf weights, is an
     error naming the file (and the tensors)."""
+    try:  # the device first: its errors are not the file's
+        device = torch.device(map_location)
+        torch.empty(0, device=device)
+    except (RuntimeError, TypeError, AssertionError) as error:  # an unknown name; CUDA absent (AssertionError)
+        raise ValueError(f"map_location={map_location!r} is not a device this machine can load onto: {error}") from None
     try:
-        state = load_file(str(path), device=str(map_location))
+        state = load_file(str(path), device=str(device))
     except Exception as error:  # safetensors raises its own SafetensorError (and OSError)
         raise ValueError(f"cannot read {path}: {error} (a truncated or corrupt safetensors file?)") from None
     bad = sorted(k for k, v in state.items() if v.is_floating_point() and not bool(torch.isfinite(v).all()))
@@ -139,11 +144,36 @@ class PretrainedModel(nn.Module):
     def processor(self, value: Processor | None) -> None:
         if value is not None and not isinstance(value, Processor):
             raise TypeError(f"processor must be a tokenizers_mm.Processor (or None), got {type(value).__name__}")
+        if value is not None:
+            self.check_processor(value)
         self._processor = value
 
     def default_processor(self) -> Processor | None:
         """The processor this family's config alone defines (None: it needs one saved with it)."""
         return None
+
+    def class_count(self) -> int | None:
+        """How many classes the model's classifier tells apart (None: it has none)."""
+        return None
+
+    def check_processor(self, processor: Processor) -> None:
+        """Refuse a processor that contradicts the model: a part the config defines too, set
+        otherwise (images normalised with statistics the model was not trained on would be read
+        wrongly by one path and rightly by another), or class names that are not one a class."""
+        default = self.default_processor()
+        for name in ("image", "audio", "characters", "trajectory"):
+            given, stored = getattr(processor, name), getattr(default, name, None)
+            if given is None or stored is None:
+                continue
+            differ = _image_differences(given, stored) if name == "image" else ([] if given == stored else [name])
+            if differ:
+                raise ValueError(f"the processor's {name} part differs from the one this {type(self).__name__}'s config "
+                                 f"stores ({', '.join(differ)}): the config is what the model was trained to read; "
+                                 f"leave the part out (the config's is used) or change the config")
+        count = self.class_count()
+        if count is not None and processor.labels is not None and len(processor.labels) != count:
+            raise ValueError(f"{len(processor.labels)} class names for a model of {count} classes: give one name a "
+                             f"class, in class-id order")
 
     # ------------------------------------------------------------------ files
     def save_pretrained(self, directory: str | Path) -> Path:
@@ -186,3 +216,10 @@ class PretrainedModel(nn.Module):
                 seen.add(id(p))
                 total += p.numel()
         return total
+
+
+def _image_differences(given: Any, stored: Any) -> list[str]:
+    """Image settings that change what the model reads, as ``field=given (config: stored)``."""
+    fields = ["patch_size", "channels", "mean", "std"] + (["image_size"] if stored.image_size is not None else [])
+    return [f"{f}={getattr(given, f)} (config: {getattr(stored, f)})" for f in fields
+            if getattr(given, f) != getattr(stored, f)]

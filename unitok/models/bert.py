@@ -235,6 +235,9 @@ class BERT(PretrainedModel):
     def tied_keys(self) -> tuple[str, ...]:
         return ("mlm_head.decoder.weight",) if self.mlm_head is not None else ()
 
+    def class_count(self) -> int | None:
+        return self.config.num_labels or None  # the classifier's or the token classifier's
+
     # ------------------------------------------------------------------ forward
     @deferred_checks()  # on a GPU, input checks' verdicts are read as the forward ends: no host sync
     def forward(

@@ -122,6 +122,9 @@ class GPT(PretrainedModel):
     def tied_keys(self) -> tuple[str, ...]:
         return ("lm_head.weight",) if self.config.tie_embeddings else ()
 
+    def class_count(self) -> int | None:
+        return self.config.num_labels or None
+
     # ------------------------------------------------------------------ forward
     @deferred_checks()  # on a GPU, input checks' verdicts are read as the forward ends: no host sync
     def forward(

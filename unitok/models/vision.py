@@ -79,6 +79,9 @@ class ImageModel(PretrainedModel):
         """Images as the config says: size, patch size and normalisation (no resizing unless asked)."""
         return Processor(image=self.config.preprocess_config())
 
+    def class_count(self) -> int | None:
+        return self.config.num_classes or None
+
     def image_tokenizer(self, resize: bool = False) -> PatchTokenizer:
         """The `PatchTokenizer` that prepares raw images exactly as this model expects
         (``resize=True``: resize / centre-crop to the configured size first)."""
