@@ -165,7 +165,9 @@ class ConvSublayer(ConvModule):
     """The Conformer's convolution module with its own (Layer)norm; reads the padding mask."""
 
     def __init__(self, cfg: BackboneConfig, layer_idx: int) -> None:
-        super().__init__(cfg.d_model, cfg.conv_kernel_size, cfg.conv_norm, bias=cfg.bias, dropout=cfg.dropout,
+        # no dropout of its own: the Block drops every sublayer's output once, as torchaudio's
+        # Conformer drops the convolution module's (its last layer) before the residual add
+        super().__init__(cfg.d_model, cfg.conv_kernel_size, cfg.conv_norm, bias=cfg.bias, dropout=0.0,
                          mask_padding=cfg.conv_mask_padding)
         self.norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.bias)
 

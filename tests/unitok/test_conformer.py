@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from unitok.backbone import Backbone, BackboneConfig
 from unitok.embed.frames import subsampled_length
+from unitok.layers.attention import AttentionContext
 from unitok.layers.conv_module import ConvModule
 from unitok.models import ConformerConfig, ConformerCTC
 
@@ -70,6 +71,19 @@ def test_convolution_module_runs_channels_last_as_the_channels_first_convs(norm)
         torch.testing.assert_close(p.grad, q.grad, atol=1e-4, rtol=1e-5, msg=name)
     for (name, b), c in zip(module.named_buffers(), reference.buffers(), strict=True):
         torch.testing.assert_close(b, c, msg=name)
+
+
+def test_the_convolution_sublayer_output_is_dropped_once_in_training():
+    # torchaudio's convolution module ends in a dropout and its layer adds the result; the Block
+    # drops each sublayer's output, so the module itself must not drop it again (p → 1 - (1-p)²)
+    torch.manual_seed(0)
+    config = BackboneConfig(d_model=32, n_layers=1, n_heads=2, block=("conv",), causal=False, dropout=0.5,
+                            conv_kernel_size=3, conv_norm="groupnorm")
+    block = Backbone(config).blocks[0].train()
+    x = torch.randn(4, 64, 32)
+    branch = block(x, AttentionContext()) - x  # pre-norm: x + drop(conv(norm(x)))
+    dropped = (branch.abs() < 1e-7).float().mean().item()
+    assert abs(dropped - 0.5) < 0.05, dropped  # twice would be 0.75
 
 
 def test_block_is_the_one_backbone_with_conformer_sublayers():

@@ -146,6 +146,32 @@ def test_a_truncated_or_corrupt_weights_file_is_named(tmp_path):
         unitok.load(tmp_path)
 
 
+def test_a_device_that_cannot_be_used_is_named_not_blamed_on_the_file(tmp_path):
+    GPT(GPTConfig.from_name("gpt-nano", vocab_size=97)).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="map_location='gpu' is not a device this machine can load onto") as error:
+        unitok.load(tmp_path, map_location="gpu")
+    assert "corrupt" not in str(error.value)
+    assert unitok.load(tmp_path, map_location=torch.device("cpu")).lm_head.weight.device.type == "cpu"
+
+
+def test_a_hand_edited_processor_file_is_a_clear_error(tmp_path):
+    vit = ViT(ViTConfig.from_name("vit-digits"))
+    vit.processor = Processor(labels=tuple("0123456789"))
+    vit.save_pretrained(tmp_path)
+    path = tmp_path / "processor_config.json"
+    payload = json.loads(path.read_text())
+    for edited, message in [
+        ({**payload, "text": "bpe"}, r"the 'text' part must be a JSON object, got 'bpe'"),
+        ({**payload, "id2label": {"00": "zero", **{str(i): str(i) for i in range(1, 10)}}},
+         r"id2label's keys must be class ids \"0\", \"1\", …, got \['00'\]"),
+        ({**payload, "image": {**payload["image"], "patch": 8}}, r"cannot read its parts \(TypeError: .*'patch'"),
+        (["image"], "must hold a JSON object of processor parts, got list"),
+    ]:
+        path.write_text(json.dumps(edited))
+        with pytest.raises(ValueError, match=message):
+            unitok.load(tmp_path)
+
+
 def test_a_config_value_of_the_wrong_type_names_the_field_and_the_type(tmp_path):
     GPT(GPTConfig.from_name("gpt-nano", vocab_size=97)).save_pretrained(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
@@ -301,6 +327,7 @@ def test_converted_models_keep_the_reference_dropout_but_come_back_in_eval_mode(
     torch.testing.assert_close(ours, ref, rtol=0, atol=1e-5)  # no dropout on, so the same answer
 
     gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=50,
-                                                                n_positions=16, resid_pdrop=0.2))
+                                                                n_positions=16, resid_pdrop=0.2, embd_pdrop=0.2,
+                                                                attn_pdrop=0.2))
     gpt = from_transformers(gpt2)
     assert gpt.config.dropout == 0.2 and not gpt.training

@@ -26,6 +26,7 @@ from unitok.convert.keymap import (
     leaves,
     load_reference,
     placed_like,
+    refuse_unmapped,
     renames,
     to_ours,
     to_theirs,
@@ -48,6 +49,8 @@ _LAYER_KEYS = {
     "output.dense": "mlp.fc_out",
     "output.LayerNorm": "mlp.norm",
 }
+# Buffers some checkpoints keep (older transformers saved them): rebuilt, not weights.
+_BUFFERS = ("position_ids", "token_type_ids")
 
 
 def bert_config(hf_config: Any, heads: tuple[str, ...], num_labels: int = 0) -> BERTConfig:
@@ -106,7 +109,7 @@ def _encoder_state(state: dict[str, Tensor], n_layers: int) -> dict[str, Tensor]
 
 def _split(state: dict[str, Tensor], prefix: str) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
     """(encoder state without ``prefix``, the heads' state) of a Hugging Face state dict."""
-    state = {k: v for k, v in state.items() if not k.endswith(("position_ids", "token_type_ids"))}  # buffers
+    state = {k: v for k, v in state.items() if not k.endswith(_BUFFERS)}
     if not prefix:
         return state, {}
     encoder = {k.removeprefix(prefix): v for k, v in state.items() if k.startswith(prefix)}
@@ -153,7 +156,9 @@ LAYOUTS: dict[str, _Layout] = {
 
 
 def convert_bert_state(hf_config: Any, hf_state: dict[str, Tensor], architecture: str) -> BERT:
-    """A Hugging Face BERT / ELECTRA config and state dict (of class ``architecture``) -> `BERT`."""
+    """A Hugging Face BERT / ELECTRA config and state dict (of class ``architecture``) -> `BERT`;
+    ValueError naming any tensor of the state dict that class does not hold (another head, a
+    part unitok lacks) rather than dropping it."""
     if architecture not in LAYOUTS:
         raise ValueError(f"no BERT layout for {architecture!r}; supported: {', '.join(sorted(LAYOUTS))}")
     layout = LAYOUTS[architecture]
@@ -166,7 +171,12 @@ def convert_bert_state(hf_config: Any, hf_state: dict[str, Tensor], architecture
     heads = layout.heads
     if "pooler" in heads and "pooler.dense.weight" not in encoder:  # BertModel(add_pooling_layer=False)
         heads = tuple(h for h in heads if h != "pooler")
-    model = BERT(bert_config(hf_config, heads, hf_config.num_labels if layout.labelled else 0))
+    config = bert_config(hf_config, heads, hf_config.num_labels if layout.labelled else 0)
+    # The MLM output's bias and tied decoder are read by hand below.
+    mlm_keys = () if layout.mlm is None else (*layout.mlm, layout.mlm[1].removesuffix("weight") + "bias")
+    refuse_unmapped(bert_encoder_rules(config.n_layers, layout.prefix) + renames(layout.head_keys), hf_state,
+                    f"{architecture} checkpoint", ignore=(*_BUFFERS, *mlm_keys))
+    model = BERT(config)
     state = _encoder_state(encoder, model.config.n_layers)
     state.update(to_ours(renames(layout.head_keys), head_state, {}))
     if layout.mlm is not None:

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from unitok.convert.gpt2 import _ACTIVATIONS, gpt2_rules
+from unitok.convert.gpt2 import _ACTIVATIONS, CAUSAL_MASK_BUFFERS, gpt2_dropout, gpt2_rules
 from unitok.convert.keymap import (
     KeyRule,
     invert,
     leaves,
     load_reference,
     placed_like,
+    refuse_unmapped,
     to_ours,
     to_theirs,
 )
@@ -46,7 +47,7 @@ def decision_transformer_config(hf_config: Any) -> DecisionTransformerConfig:
         d_model=hf_config.hidden_size, n_layers=hf_config.n_layer, n_heads=hf_config.n_head,
         d_ff=hf_config.n_inner, activation=_ACTIVATIONS[act],  # type: ignore[arg-type]
         norm_eps=hf_config.layer_norm_epsilon, embed_norm_eps=1e-5,
-        dropout=float(hf_config.resid_pdrop), predict_state=True, predict_return=True,
+        dropout=gpt2_dropout(hf_config, "Decision Transformer"), predict_state=True, predict_return=True,
     )
 
 
@@ -66,7 +67,11 @@ def convert_decision_transformer(hf_model: Any) -> DecisionTransformer:
     config = decision_transformer_config(hf_model.config).replace(embed_norm_eps=hf_model.embed_ln.eps)
     model = DecisionTransformer(config)
     state = {k: v.detach() for k, v in hf_model.state_dict().items()}
-    ours = to_ours(decision_transformer_rules(config.n_layers), state, {})
+    rules = decision_transformer_rules(config.n_layers)
+    # wpe is read below (its row 0, into the LayerNorm's bias); the word embedding wte is never used there
+    refuse_unmapped(rules, state, "Decision Transformer checkpoint",
+                    ignore=("encoder.wpe.weight", "encoder.wte.weight", *CAUSAL_MASK_BUFFERS))
+    ours = to_ours(rules, state, {})
     ours["embed_norm.bias"] = ours["embed_norm.bias"] + state["encoder.wpe.weight"][0]  # every position id is 0
     load_state_dict_strict(model, ours)
     return model.to(next(hf_model.parameters()).dtype)

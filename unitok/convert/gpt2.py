@@ -11,12 +11,14 @@ from typing import Any
 
 import torch
 
+from unitok.convert.dropout import one_rate
 from unitok.convert.keymap import (
     KeyRule,
     invert,
     leaves,
     load_reference,
     placed_like,
+    refuse_unmapped,
     to_ours,
     to_theirs,
 )
@@ -29,6 +31,20 @@ from unitok.models.gpt import GPT, GPTConfig
 
 _ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu",
                 "silu": "silu", "swish": "silu", "quick_gelu": "quick_gelu"}
+# Causal-mask buffers some transformers versions keep in the state dict: rebuilt, not weights.
+CAUSAL_MASK_BUFFERS = ("attn.bias", "attn.masked_bias")
+
+
+def gpt2_dropout(hf_config: Any, family: str = "GPT-2") -> float:
+    """GPT-2's ``embd_pdrop`` (embeddings), ``attn_pdrop`` (attention weights) and ``resid_pdrop``
+    (residual branches) as the one rate unitok's GPT and Decision Transformer drop those three
+    at; ValueError naming them when they differ (GPT-2's checkpoints set all three alike)."""
+    names = ("embd_pdrop", "attn_pdrop", "resid_pdrop")
+    rate, rejected = one_rate({name: [getattr(hf_config, name)] for name in names})
+    if rejected:
+        raise ValueError(f"{family} dropout {', '.join(rejected)}: unitok drops embeddings, attention weights and "
+                         "residual branches at one rate (dropout); set the three equal before converting")
+    return rate
 
 
 def gpt2_config(hf_config: Any) -> GPTConfig:
@@ -56,7 +72,7 @@ def gpt2_config(hf_config: Any) -> GPTConfig:
         d_ff=hf_config.n_inner,
         activation=_ACTIVATIONS[act],  # type: ignore[arg-type]
         norm_eps=hf_config.layer_norm_epsilon,
-        dropout=float(hf_config.resid_pdrop),  # the reference's own (one rate: GPT-2 sets all three alike)
+        dropout=gpt2_dropout(hf_config),
         eos_token_id=eos if eos is not None and eos < hf_config.vocab_size else None,
         pad_token_id=pad if pad is not None and pad < hf_config.vocab_size else None,
     )
@@ -86,15 +102,18 @@ def gpt2_rules(n_layers: int, prefix: str = "", embeddings: bool = True) -> list
 
 
 def gpt2_state_dict(hf_state: dict[str, torch.Tensor], n_layers: int) -> dict[str, torch.Tensor]:
-    """Rename (and transpose) GPT-2 weights into unitok's key layout."""
-    state = {k.removeprefix("transformer."): v for k, v in hf_state.items()}
-    return to_ours(gpt2_rules(n_layers), state, {})
+    """Rename (and transpose) a `GPT2Model`'s weights (keys bare or under "transformer.") into
+    unitok's key layout; ValueError naming any other tensor (an LM head is the caller's to read)."""
+    prefix = "transformer." if any(k.startswith("transformer.") for k in hf_state) else ""
+    rules = gpt2_rules(n_layers, prefix)
+    refuse_unmapped(rules, hf_state, "GPT-2 checkpoint", ignore=CAUSAL_MASK_BUFFERS)
+    return to_ours(rules, hf_state, {})
 
 
 @register_transformers_converter("GPT2LMHeadModel", "GPT2Model")
 def convert_gpt2(hf_model: Any) -> GPT:
     config = gpt2_config(hf_model.config)
-    state = {k: v for k, v in hf_model.state_dict().items() if not k.endswith((".attn.bias", ".attn.masked_bias"))}
+    state = dict(hf_model.state_dict())
     lm_head = state.pop("lm_head.weight", None)
     untied = lm_head is not None and not torch.equal(lm_head, state["transformer.wte.weight"])
     model = GPT(config.replace(tie_embeddings=not untied))

@@ -6,7 +6,8 @@ fused projections), our key, and how the tensor changes shape on the way: ``tran
 (GPT-2's Conv1D, open_clip's ``x @ proj``) or ``reshape`` to the other side's shape (a stride-P
 Conv2d kernel as a Linear on flattened patches, a (D,) class embedding as (1, 1, D)). A rule
 whose source keys are all absent is skipped, so one table covers optional parts (a pooler,
-a classifier head); the strict loaders then say what is missing or left over.
+a classifier head); the strict loaders then say what is missing, and `refuse_unmapped` what
+no rule reads (a part of the reference unitok would otherwise drop without a word).
 """
 
 from __future__ import annotations
@@ -92,6 +93,20 @@ def unmapped(rules: Iterable[KeyRule], theirs: Mapping[str, Tensor]) -> list[str
     a different attention), which `to_ours` would drop without a word."""
     read = {key for rule in rules for key in rule.sources}
     return sorted(key for key in theirs if key not in read)
+
+
+def refuse_unmapped(rules: Iterable[KeyRule], theirs: Mapping[str, Tensor], source: str,
+                    ignore: Iterable[str] = ()) -> None:
+    """ValueError naming the `unmapped` reference keys (``source`` first) unless ``ignore`` lists
+    them: tensors that are known not to be parameters of the model (a buffer the reference
+    rebuilds, a tied alias of a tensor a rule reads, a tensor the converter reads itself). An
+    ``ignore`` entry matches a key whole or as its dotted tail ("attn.bias": every layer's)."""
+    ignore = tuple(ignore)
+    left = [key for key in unmapped(rules, theirs)
+            if not any(key == tail or key.endswith(f".{tail}") for tail in ignore)]
+    if left:
+        more = f" … ({len(left)} in all)" if len(left) > 6 else ""
+        raise ValueError(f"{source}: parameters unitok has no place for: {', '.join(left[:6])}{more}")
 
 
 def to_theirs(rules: Iterable[KeyRule], ours: Mapping[str, Tensor], theirs: Mapping[str, Tensor]) -> dict[str, Tensor]:

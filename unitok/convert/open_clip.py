@@ -19,6 +19,7 @@ from unitok.convert.keymap import (
     load_reference,
     mlp_ratio,
     placed_like,
+    refuse_unmapped,
     renames,
     to_ours,
     to_theirs,
@@ -27,12 +28,13 @@ from unitok.models.base import load_state_dict_strict
 from unitok.models.clip import CLIP, CLIP_VISION_DEFAULTS, CLIPConfig, CLIPTextConfig
 from unitok.models.vit import ViTConfig
 
+_NOT_SUPPORTED = "open_clip model option not supported by unitok"
 _ACTIVATIONS = {"GELU": "gelu", "QuickGELU": "quick_gelu"}
 
 
 def _require(condition: bool, message: str) -> None:
     if not condition:
-        raise ValueError(f"open_clip model option not supported by unitok: {message}")
+        raise ValueError(f"{_NOT_SUPPORTED}: {message}")
 
 
 def _is_identity(module: Any) -> bool:
@@ -50,6 +52,9 @@ def _check_blocks(blocks: nn.ModuleList, where: str) -> dict[str, Any]:
         _require(getattr(block.mlp.gelu, "approximate", "none") == "none", f"{where} tanh-approximated GELU")
     _require(act in _ACTIVATIONS, f"{where} activation {act}")
     _require(block.attn.in_proj_bias is not None and block.mlp.c_fc.bias is not None, f"{where} bias-free layers")
+    # open_clip's towers drop nothing; unitok's one rate would also drop each sublayer's output
+    rate = max(b.attn.dropout for b in blocks)
+    _require(not rate, f"{where} attention dropout={rate:g}")
     return dict(n_layers=len(blocks), n_heads=block.attn.num_heads, d_model=block.attn.embed_dim,
                 d_ff=block.mlp.c_fc.out_features, activation=_ACTIVATIONS[act], norm_eps=block.ln_1.eps)
 
@@ -98,6 +103,8 @@ def _vision_config(visual: nn.Module, preprocess: dict[str, Any]) -> ViTConfig:
     _require(getattr(visual, "attn_pool", None) is None, "attentional pooling in the image tower")
     _require(visual.pool_type == "tok", f"image pool_type={visual.pool_type!r} (class-token pooling only)")
     _require(isinstance(visual.proj, nn.Parameter), "image tower without a projection")
+    patch_dropout = getattr(getattr(visual, "patch_dropout", None), "prob", 0.0)
+    _require(not patch_dropout, f"patch_dropout={patch_dropout:g} (unitok's ViT drops no patches)")
     conv = visual.conv1
     _require(conv.kernel_size == conv.stride and conv.kernel_size[0] == conv.kernel_size[1],
              "non-square or overlapping patches")
@@ -153,7 +160,9 @@ def from_open_clip(model: nn.Module) -> CLIP:
 
     rules = clip_rules(vision.n_layers, text.n_layers, bool(model.visual.final_ln_after_pool),
                        isinstance(text_proj, nn.Linear))
-    load_state_dict_strict(ours, to_ours(rules, model.state_dict(), ours.state_dict()))
+    theirs = model.state_dict()
+    refuse_unmapped(rules, theirs, _NOT_SUPPORTED)
+    load_state_dict_strict(ours, to_ours(rules, theirs, ours.state_dict()))
     return ours.to(next(model.parameters()).dtype).eval()
 
 

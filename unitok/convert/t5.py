@@ -10,9 +10,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from torch import nn
+from torch import Tensor, nn
 
-from unitok.convert.keymap import KeyRule, invert, load_reference, placed_like, to_ours, to_theirs
+from unitok.convert.keymap import (
+    KeyRule,
+    aliased_keys,
+    invert,
+    load_reference,
+    placed_like,
+    refuse_unmapped,
+    to_ours,
+    to_theirs,
+)
 from unitok.convert.transformers import (
     register_transformers_converter,
     register_transformers_exporter,
@@ -87,23 +96,29 @@ def t5_rules(config: T5Config, decoder: bool = True) -> list[KeyRule]:
     return rules
 
 
+def _state(hf_model: Any, rules: list[KeyRule]) -> dict[str, Tensor]:
+    """``hf_model``'s tensors in unitok's keys; ValueError naming one no rule reads. The stacks'
+    ``embed_tokens`` (and a tied ``lm_head``) are ``shared`` itself: aliases, not parameters."""
+    theirs = {k: v.detach() for k, v in hf_model.state_dict().items()}
+    refuse_unmapped(rules, theirs, f"{type(hf_model).__name__} checkpoint", ignore=aliased_keys(hf_model))
+    return to_ours(rules, theirs, {})
+
+
 @register_transformers_converter("T5ForConditionalGeneration")
 def convert_t5(hf_model: Any) -> T5:
     """T5ForConditionalGeneration -> `T5`: the same logits, greedy and beam outputs."""
-    theirs = {k: v.detach() for k, v in hf_model.state_dict().items()}
     tied = hf_model.lm_head.weight.data_ptr() == hf_model.shared.weight.data_ptr()
     config = t5_config(hf_model.config).replace(tie_embeddings=tied)
     model = T5(config)
-    load_state_dict_strict(model, to_ours(t5_rules(config), theirs, {}), ignore=model.tied_keys)
+    load_state_dict_strict(model, _state(hf_model, t5_rules(config)), ignore=model.tied_keys)
     return model.to(next(hf_model.parameters()).dtype).eval()
 
 
 @register_transformers_converter("T5EncoderModel")
 def convert_t5_encoder(hf_model: Any) -> T5Encoder:
     """T5EncoderModel -> `T5Encoder`: the same encoder states."""
-    theirs = {k: v.detach() for k, v in hf_model.state_dict().items()}
     model = T5Encoder(t5_config(hf_model.config))
-    load_state_dict_strict(model, to_ours(t5_rules(model.config, decoder=False), theirs, {}))
+    load_state_dict_strict(model, _state(hf_model, t5_rules(model.config, decoder=False)))
     return model.to(next(hf_model.parameters()).dtype).eval()
 
 

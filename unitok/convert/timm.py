@@ -13,21 +13,23 @@ from typing import Any
 
 from torch import nn
 
+from unitok.convert.dropout import one_rate
 from unitok.convert.keymap import (
     KeyRule,
     load_reference,
     mlp_ratio,
     placed_like,
+    refuse_unmapped,
     renames,
     to_ours,
     to_theirs,
-    unmapped,
 )
 from unitok.models.base import load_state_dict_strict
 from unitok.models.mixer import MixerConfig, MLPMixer
 from unitok.models.vision import ImageConfig
 from unitok.models.vit import DeiT, ViT, ViTConfig
 
+_NOT_SUPPORTED = "timm model option not supported by unitok"
 _ACTIVATIONS = {"GELU": "gelu", "QuickGELU": "quick_gelu", "ReLU": "relu", "SiLU": "silu"}
 # Per-block names: timm sub-path -> unitok sublayer path.
 _VIT_BLOCK_KEYS = {"norm1": "attn.norm", "attn.qkv": "attn.qkv", "attn.proj": "attn.proj",
@@ -38,7 +40,9 @@ _MIXER_BLOCK_KEYS = {"norm1": "token_mlp.norm", "mlp_tokens.fc1": "token_mlp.fc_
 
 
 def from_timm(model: nn.Module) -> nn.Module:
-    """Convert a timm ViT / DeiT (distilled too) / MLP-Mixer into the unitok family."""
+    """Convert a timm ViT / DeiT (distilled too) / MLP-Mixer into the unitok family. Dropout
+    rates come along where unitok drops at the same sites; others (drop_path_rate, drop_rate,
+    a proj_drop_rate that would also drop the MLP's hidden layer, ...) are refused by name."""
     name = type(model).__name__
     converters = {"VisionTransformer": _convert_vit, "VisionTransformerDistilled": _convert_vit,
                   "MlpMixer": _convert_mixer}
@@ -49,7 +53,7 @@ def from_timm(model: nn.Module) -> nn.Module:
 
 def _require(condition: bool, message: str) -> None:
     if not condition:
-        raise ValueError(f"timm model option not supported by unitok: {message}")
+        raise ValueError(f"{_NOT_SUPPORTED}: {message}")
 
 
 def _is_identity(module: nn.Module | None) -> bool:
@@ -87,9 +91,51 @@ def _state(rules: list[KeyRule], model: nn.Module, ours: nn.Module) -> dict[str,
     """``model``'s state dict in unitok's keys; a reference tensor no rule reads is an option unitok
     does not have, refused by name rather than dropped."""
     theirs = model.state_dict()
-    left = unmapped(rules, theirs)
-    _require(not left, f"parameters unitok has no place for: {', '.join(left[:4])}{' …' if len(left) > 4 else ''}")
+    refuse_unmapped(rules, theirs, _NOT_SUPPORTED)
     return to_ours(rules, theirs, ours.state_dict())
+
+
+def _rate(module: nn.Module | None) -> float:
+    """A dropout module's rate: nn.Dropout's ``p``, DropPath's ``drop_prob``, PatchDropout's ``prob``."""
+    if _is_identity(module):
+        return 0.0
+    names = [name for name in ("p", "drop_prob", "prob") if hasattr(module, name)]
+    _require(bool(names), f"dropout module {type(module).__name__}")
+    return float(getattr(module, names[0]))
+
+
+def _dropout(model: nn.Module, shared: dict[str, list[float]], absent: dict[str, list[float]], where: str) -> float:
+    """The one ``dropout`` rate of a timm model (see `unitok.convert.dropout`), refusing rates
+    unitok cannot reproduce by their timm option and value."""
+    paths = [_rate(getattr(b, name)) for b in model.blocks
+             for name in ("drop_path", "drop_path1", "drop_path2") if hasattr(b, name)]
+    absent = {**absent, "drop_rate (before the head)": [_rate(getattr(model, "head_drop", None))],
+              "drop_path_rate (stochastic depth)": paths}
+    rate, rejected = one_rate(shared, absent)
+    _require(not rejected, f"dropout {', '.join(rejected)}: {where}")
+    return rate
+
+
+def _vit_dropout(model: nn.Module) -> float:
+    """timm's pos_drop_rate, attn_drop_rate and proj_drop_rate as unitok's one rate, if they fit it."""
+    blocks = model.blocks
+    shared = {"pos_drop_rate": [_rate(model.pos_drop)],
+              "attn_drop_rate": [_rate(b.attn.attn_drop) for b in blocks],
+              "proj_drop_rate (attention output)": [_rate(b.attn.proj_drop) for b in blocks],
+              "proj_drop_rate (MLP output)": [_rate(b.mlp.drop2) for b in blocks]}
+    absent = {"proj_drop_rate (MLP hidden layer)": [_rate(b.mlp.drop1) for b in blocks],
+              "patch_drop_rate": [_rate(getattr(model, "patch_drop", None))]}
+    return _dropout(model, shared, absent, "unitok's ViT drops at one rate (dropout) after the positions, on "
+                    "attention weights and on each sublayer's output, and nowhere else")
+
+
+def _mixer_dropout(model: nn.Module) -> float:
+    """0, or a refusal: unitok's Mixer rate also drops the patch embeddings, which timm never
+    does, and not the channel MLP's hidden layer, which timm's proj_drop_rate does."""
+    mlps = [mlp for b in model.blocks for mlp in (b.mlp_tokens, b.mlp_channels)]
+    return _dropout(model, {}, {"proj_drop_rate": [_rate(m.drop1) for m in mlps] + [_rate(m.drop2) for m in mlps]},
+                    "unitok's MLP-Mixer drops at one rate (dropout) the patch embeddings too, and not the channel "
+                    "MLP's hidden layer: only rate 0 converts exactly")
 
 
 def _check_patch_conv(conv: nn.Conv2d) -> None:
@@ -165,7 +211,7 @@ def _convert_vit(model: nn.Module) -> ViT:
         positions_cover_prefix=not model.no_embed_class,
         pool="cls" if model.global_pool == "token" else "avg",
         pre_norm=not _is_identity(model.norm_pre), fc_norm=use_fc_norm, patch_bias=conv.bias is not None,
-        **_preprocess(model, conv.in_channels),
+        dropout=_vit_dropout(model), **_preprocess(model, conv.in_channels),
     )
     _check_patch_conv(conv)
     ours = (DeiT if distilled else ViT)(config)
@@ -188,7 +234,7 @@ def _convert_mixer(model: nn.Module) -> MLPMixer:
         num_classes=head.out_features if head is not None else 0, d_model=conv.out_channels,
         n_layers=len(model.blocks), token_mlp_dim=block0.mlp_tokens.fc1.out_features,
         d_ff=block0.mlp_channels.fc1.out_features, activation=_activation(block0.mlp_channels),  # type: ignore[arg-type]
-        norm_eps=block0.norm1.eps, **_preprocess(model, conv.in_channels),
+        norm_eps=block0.norm1.eps, dropout=_mixer_dropout(model), **_preprocess(model, conv.in_channels),
     )
     _check_patch_conv(conv)
     ours = MLPMixer(config)
@@ -238,6 +284,8 @@ def _timm_vit(config: ViTConfig) -> nn.Module:
         norm_layer=partial(nn.LayerNorm, eps=config.norm_eps), pos_drop_rate=config.dropout,
         proj_drop_rate=config.dropout, attn_drop_rate=config.dropout,
     )
+    for block in model.blocks:  # proj_drop_rate also drops timm's MLP hidden layer, where unitok's ViT drops nothing
+        block.mlp.drop1.p = 0.0
     conv = model.patch_embed.proj  # timm ties the patch bias to pre_norm; unitok has a field for it
     if config.patch_bias and conv.bias is None:
         conv.bias = nn.Parameter(conv.weight.new_zeros(conv.out_channels))

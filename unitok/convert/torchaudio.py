@@ -15,20 +15,46 @@ from typing import NamedTuple
 
 from torch import nn
 
-from unitok.convert.keymap import KeyRule, load_reference, placed_like, renames, to_ours, to_theirs
+from unitok.convert.dropout import one_rate
+from unitok.convert.keymap import (
+    KeyRule,
+    load_reference,
+    placed_like,
+    refuse_unmapped,
+    renames,
+    to_ours,
+    to_theirs,
+)
 from unitok.models.base import load_state_dict_strict
 from unitok.models.conformer import ConformerConfig, ConformerCTC
+
+_NOT_SUPPORTED = "torchaudio model option not supported by unitok"
 
 
 def _require(condition: bool, message: str) -> None:
     if not condition:
-        raise ValueError(f"torchaudio model option not supported by unitok: {message}")
+        raise ValueError(f"{_NOT_SUPPORTED}: {message}")
+
+
+def _dropout(layers: nn.ModuleList) -> float:
+    """torchaudio's one ``dropout`` (feed-forward hidden layers and outputs, attention weights and
+    output, convolution output), read back from its modules."""
+    rates = [m.p for m in layers.modules() if isinstance(m, nn.Dropout)]
+    rates += [m.dropout for m in layers.modules() if isinstance(m, nn.MultiheadAttention)]
+    rate, rejected = one_rate({"dropout": rates})
+    _require(not rejected, f"{', '.join(rejected)} differing by module: unitok's Conformer has one rate")
+    return rate
 
 
 def from_torchaudio(model: nn.Module, ctc_head: nn.Linear | None = None,
                     vocabulary: Sequence[str] | None = None) -> ConformerCTC:
     """Convert a ``torchaudio.models.Conformer`` (and a ``Linear`` CTC head over its output) into
-    a `ConformerCTC` with the same outputs. ``vocabulary``: the head's characters after blank."""
+    a `ConformerCTC` with the same outputs. ``vocabulary``: the head's characters after blank.
+
+    torchaudio's ``dropout`` becomes ``ConformerConfig.dropout``, which drops every site
+    torchaudio does and, in training, also the Conformer's input frames and the CTC head's
+    input (torchaudio's Conformer drops neither: that is the caller's front end and head).
+    """
     _require(type(model).__name__ == "Conformer", f"model class {type(model).__name__} (Conformer only)")
     layers = model.conformer_layers
     layer = layers[0]
@@ -48,13 +74,15 @@ def from_torchaudio(model: nn.Module, ctc_head: nn.Linear | None = None,
     config = ConformerConfig(
         n_mels=d_model, subsampling="none", d_model=d_model, n_layers=len(layers),
         n_heads=layer.self_attn.num_heads, d_ff=layer.ffn1.sequential[1].out_features, activation="silu",
-        norm_eps=eps, dropout=0.0, conv_kernel_size=conv[2].kernel_size[0],
+        norm_eps=eps, dropout=_dropout(layers), conv_kernel_size=conv[2].kernel_size[0],
         conv_norm="batchnorm" if isinstance(norm, nn.BatchNorm1d) else "groupnorm", conv_mask_padding=False,
         convolution_first=bool(layer.convolution_first), vocabulary=vocab,
         vocab_size=ctc_head.out_features if ctc_head is not None else 0,
     )
     ours = ConformerCTC(config)
-    state = to_ours(conformer_rules(config.n_layers), model.state_dict(), {})
+    rules, theirs = conformer_rules(config.n_layers), model.state_dict()
+    refuse_unmapped(rules, theirs, _NOT_SUPPORTED)
+    state = to_ours(rules, theirs, {})
     if ctc_head is not None:
         state.update({f"ctc_head.{k}": v.detach() for k, v in ctc_head.state_dict().items()})
     load_state_dict_strict(ours, state)
