@@ -21,6 +21,13 @@ def _count(text: str) -> int:
     return value
 
 
+def _count_or_zero(text: str) -> int:
+    """A whole number ≥ 0, for argparse."""
+    if not text.strip().lstrip("+").isdigit():
+        raise argparse.ArgumentTypeError(f"must be a whole number ≥ 0, got {text!r}")
+    return int(text)
+
+
 def _number(low: float = -math.inf, high: float = math.inf, *, low_open: bool = False) -> Callable[[str], float]:
     """A finite float in [low, high] ((low, high] with ``low_open``), for argparse."""
     def parse(text: str) -> float:
@@ -52,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--length_penalty", type=_number(), default=None,
                    help="beam: scores divided by length ** length_penalty (default 1.0)")
     p.add_argument("--temperature", type=_number(0.0, low_open=True), default=None, help="sample: (default 1.0)")
-    p.add_argument("--top_k", type=_count, default=None, help="sample: keep the k likeliest tokens")
+    p.add_argument("--top_k", type=_count_or_zero, default=None,
+                   help="sample: keep the k likeliest tokens (default 50, as Hugging Face; 0: no top-k filter)")
     p.add_argument("--top_p", type=_number(0.0, 1.0, low_open=True), default=None,
                    help="sample: keep the smallest set of tokens whose probability reaches p")
     p.add_argument("--seed", type=int, default=0)
@@ -85,7 +93,7 @@ def generate_texts(args: argparse.Namespace) -> list[str]:
                    "length_penalty": 1.0 if args.length_penalty is None else args.length_penalty}
     elif args.strategy == "sample":
         options = {"temperature": 1.0 if args.temperature is None else args.temperature,
-                   "top_k": args.top_k, "top_p": args.top_p}
+                   "top_k": 50 if args.top_k is None else args.top_k, "top_p": args.top_p}
     if args.compile:
         options["compile"] = args.compile
     generator = torch.Generator(device=args.device).manual_seed(args.seed)

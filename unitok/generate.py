@@ -10,6 +10,7 @@ Axis legend: B batch, W beams, V vocabulary, S prompt length, T total length.
 from __future__ import annotations
 
 import contextlib
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -17,7 +18,7 @@ from typing import Any, Literal, Protocol
 import torch
 from torch import Tensor, nn
 
-from tokenizers_mm.checks import check_number
+from tokenizers_mm.checks import check_int, check_number
 from unitok.config import Config
 from unitok.embed.positions import positions_from_mask
 from unitok.layers.attention import build_attention_mask
@@ -65,7 +66,9 @@ class Decoder(Protocol):
 
 @dataclass(frozen=True)
 class GenerationConfig(Config):
-    """How to decode. Beam search scores a finished hypothesis by its log-probability divided by
+    """How to decode. Sampling divides the logits by ``temperature``, keeps the ``top_k`` likeliest
+    tokens (50 by default, as Hugging Face's `GenerationConfig`; 0 or None: no top-k filter) and
+    then the ``top_p`` nucleus, in Hugging Face's order. Beam search scores a finished hypothesis by its log-probability divided by
     (generated length, EOS included) ** ``length_penalty`` (0: the plain log-likelihood; 1, the
     default: the mean log-probability per token), and returns the best-scoring one — never one
     that scores below the greedy answer's (``greedy_floor``: one more row per input follows the
@@ -98,7 +101,7 @@ class GenerationConfig(Config):
     max_new_tokens: int = 32
     strategy: Strategy = "greedy"
     temperature: float = 1.0
-    top_k: int | None = None
+    top_k: int | None = 50
     top_p: float | None = None
     num_beams: int = 4
     length_penalty: float = 1.0
@@ -122,8 +125,7 @@ class GenerationConfig(Config):
             raise ValueError(f"max_new_tokens must be ≥ 1, got {self.max_new_tokens}")
         check_number("temperature", self.temperature, 0.0, low_open=True)  # NaN would reach the sampler
         check_number("length_penalty", self.length_penalty)
-        if self.top_k is not None and self.top_k < 1:
-            raise ValueError(f"top_k must be ≥ 1, got {self.top_k}")
+        check_int("top_k", self.top_k, at_least=0, or_none=True, note="(0 or None: no top-k filter)")
         if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.num_beams < 1:
@@ -134,7 +136,7 @@ class GenerationConfig(Config):
         row ends (on a GPU an out-of-range gather is a device-side assert), an EOS id there never stops."""
         for name in ("eos_token_id", "pad_token_id"):
             value = getattr(self, name)
-            if value is not None and not (isinstance(value, int) and not isinstance(value, bool)
+            if value is not None and not (isinstance(value, numbers.Integral) and not isinstance(value, bool)
                                           and 0 <= value < vocab_size):
                 raise ValueError(f"{name}={value!r} is not a token id of the vocabulary [0, {vocab_size})")
 
@@ -160,7 +162,7 @@ def filter_top_p(logits: Tensor, p: float) -> Tensor:
 def sample_next(logits: Tensor, cfg: GenerationConfig, generator: torch.Generator | None = None) -> Tensor:
     """(B, V) logits -> (B,) sampled ids after temperature, top-k and top-p."""
     logits = logits / cfg.temperature
-    if cfg.top_k is not None:
+    if cfg.top_k:  # 0 / None: off
         logits = filter_top_k(logits, cfg.top_k)
     if cfg.top_p is not None and cfg.top_p < 1.0:
         logits = filter_top_p(logits, cfg.top_p)
@@ -181,6 +183,9 @@ def check_prompt_tensors(input_ids: Any, attention_mask: Any, device: torch.devi
         raise ValueError(f"{name} must be (batch, tokens), got shape {tuple(input_ids.shape)}")
     if input_ids.shape[0] == 0:
         raise ValueError(f"{name} has no rows (a batch of 0 prompts)")
+    if attention_mask is not None and not isinstance(attention_mask, Tensor):
+        raise TypeError(f"attention_mask must be a (batch, tokens) tensor of 1s and 0s, got "
+                        f"{type(attention_mask).__name__} (torch.tensor(mask) makes one)")
     for what, tensor in ((name, input_ids), ("attention_mask", attention_mask)):
         if isinstance(tensor, Tensor) and tensor.device != device:
             raise ValueError(f"{what} is on {tensor.device} but the model is on {device}: "

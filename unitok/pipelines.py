@@ -160,7 +160,7 @@ class TextGenerationPipeline(Pipeline):
     task = "text-generation"
     families = ("GPT",)
     defaults = {"max_new_tokens": 32, "strategy": None, "do_sample": False, "num_beams": 1, "temperature": 1.0,
-                "top_k": None, "top_p": None, "return_full_text": True, "seed": None}
+                "top_k": 50, "top_p": None, "return_full_text": True, "seed": None}
 
     def check_model(self) -> None:
         self.processor.part("text")

@@ -67,6 +67,7 @@ def model_folder(tmp_path_factory):
     (["--top_p", "5", "--strategy", "sample"], r"argument --top_p: must be a finite number in \(0, 1\], got '5'"),
     (["--strategy", "sample", "--temperature", "nan"], "argument --temperature: must be a finite number > 0, got 'nan'"),
     (["--strategy", "beam", "--length_penalty", "nan"], "argument --length_penalty: must be a finite number, got 'nan'"),
+    (["--top_k", "-1", "--strategy", "sample"], "argument --top_k: must be a whole number ≥ 0, got '-1'"),
     (["--top_p", "0.9"], "--top_p is read by --strategy sample, not greedy"),  # it was ignored: greedy ran
     (["--num_beams", "2", "--strategy", "sample"], "--num_beams is read by --strategy beam, not sample"),
     (["--max_new_tokens", "100"], r"'def add\(' \(3 tokens\) and --max_new_tokens 100 exceed the model's context "
@@ -83,3 +84,16 @@ def test_sample_answers_within_the_context(model_folder):
     texts = sample(["--model", model_folder, "--prompt", "def add(", "--max_new_tokens", "13", "--strategy", "beam",
                     "--num_beams", "2"])
     assert len(texts) == 1 and texts[0].startswith("def add(")
+
+
+def test_sample_takes_hugging_faces_top_k_unless_told_and_0_switches_it_off(model_folder, monkeypatch):
+    import tasks.sample as sample_module
+
+    seen = []
+    real = GPT.generate
+    monkeypatch.setattr(GPT, "generate", lambda self, *a, **kw: seen.append(kw.get("top_k")) or real(self, *a, **kw))
+    base = ["--model", model_folder, "--prompt", "def add(", "--max_new_tokens", "3", "--strategy", "sample"]
+    sample_module.main(base)
+    sample_module.main([*base, "--top_k", "0"])
+    assert seen == [50, 0]
+

@@ -246,3 +246,22 @@ def test_t5_refuses_a_source_row_that_is_all_padding_as_gpt_refuses_an_empty_pro
         t5.generate(ids, mask, max_new_tokens=3)
     mask[1, 0] = 1
     assert t5.generate(ids, mask, max_new_tokens=3).shape == (2, 4)
+
+
+def test_numpy_ids_and_masks_of_the_wrong_type_are_judged_by_what_they_are():
+    import numpy as np
+
+    model = GPT(GPTConfig.from_name("gpt-nano", vocab_size=97, context_length=32)).eval()
+    ids = torch.randint(3, 97, (1, 4))
+    expected = model.generate(ids, max_new_tokens=3, eos_token_id=2, pad_token_id=0)
+    # a numpy integer is a token id: not "outside the vocabulary"
+    assert model.generate(ids, max_new_tokens=3, eos_token_id=np.int64(2), pad_token_id=np.int64(0)).tolist() == \
+        expected.tolist()
+    for mask in ([[1, 1, 1, 1]], np.ones((1, 4), dtype=np.int64)):
+        with pytest.raises(TypeError, match=f"attention_mask must be a \\(batch, tokens\\) tensor of 1s and 0s, got "
+                                            f"{type(mask).__name__}"):
+            model.generate(ids, attention_mask=mask, max_new_tokens=3)
+    for bad in (-1, 2.5, True):
+        with pytest.raises((ValueError, TypeError), match="top_k"):
+            model.generate(ids, max_new_tokens=3, strategy="sample", top_k=bad)
+

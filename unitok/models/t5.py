@@ -318,6 +318,9 @@ class T5(T5Encoder):
         options.setdefault("pad_token_id", self.config.pad_token_id)
         cfg = GenerationConfig.from_dict({"max_new_tokens": max_new_tokens, "strategy": strategy, **options})
         cfg.check_vocabulary(self.config.vocab_size)
+        if cfg.compile:
+            raise ValueError(f"T5 decodes with compile=False (got compile={cfg.compile!r}): the compiled static-cache "
+                             "step serves GPT")
         if 1 + max_new_tokens > self.config.max_decoder_length:
             raise ValueError(f"1 + max_new_tokens = {1 + max_new_tokens} exceeds max_decoder_length="
                              f"{self.config.max_decoder_length}")

@@ -153,6 +153,28 @@ def test_sampling_matches_with_the_same_seed(pair):
     assert out.tolist() == ref.tolist()
 
 
+@pytest.mark.parametrize("top_k", [None, 0], ids=["defaults", "no-top-k"])
+def test_sampling_with_the_defaults_matches_too(top_k):
+    # Hugging Face samples from the 50 likeliest tokens unless told otherwise; 0 switches it off
+    torch.manual_seed(0)
+    hf = small_gpt2()
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.mul_(3.0)  # peaked enough that which tokens are kept matters
+    ours = from_transformers(hf).eval()
+    prompt = torch.randint(3, hf.config.vocab_size, (1, 6))
+    options = dict(max_new_tokens=20, eos_token_id=2, pad_token_id=0) | ({} if top_k is None else {"top_k": top_k})
+    torch.manual_seed(0)
+    with torch.no_grad():
+        ref = hf.generate(prompt, do_sample=True, **options)
+    torch.manual_seed(0)
+    out = ours.generate(prompt, strategy="sample", **options)
+    assert out.tolist() == ref.tolist()
+    torch.manual_seed(0)
+    other = ours.generate(prompt, strategy="sample", **{**options, "top_k": 50 if top_k == 0 else 0})
+    assert other.tolist() != out.tolist()  # the setting is what makes them agree
+
+
 def test_bare_gpt2model_converts_with_the_tied_head():
     from transformers import GPT2Model
 
