@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from tokenizers_mm.checks import check_int
-from tokenizers_mm.text import batch_rows
+from tokenizers_mm.text import batch_rows, checked_ids
 from tokenizers_mm.tokens import Tokens
 
 Truncation = Literal["error", "warn", "silent"]
@@ -101,6 +101,7 @@ class CLIPTokenizer:
             raise TypeError("batch_encode takes a list of captions; use encode for one")
         if len(texts) == 0:
             raise ValueError("batch_encode needs at least one caption, got an empty list")
+        check_int("pad_to", pad_to, or_none=True)
         rows = [self.encode(t, context_length) for t in texts]
         width = max(len(r) for r in rows) if pad_to is None else pad_to
         if width < max(len(r) for r in rows):
@@ -116,21 +117,28 @@ class CLIPTokenizer:
         """open_clip's calling convention: (B, context_length) ids, zero-padded; a caption is cut
         to ``context_length`` (by the truncation policy), as ``open_clip.tokenize`` cuts it."""
         texts = [texts] if isinstance(texts, str) else texts
-        n = self.context_length if context_length is None else context_length
+        n = self.context_length if context_length is None else check_context_length(context_length)
         return self.batch_encode(texts, pad_to=n, context_length=n).ids
 
     def decode(self, ids: Tensor | Sequence[int], skip_special_tokens: bool = True) -> str:
-        """Ids -> text (lower-cased, as the BPE stores it); padding is dropped."""
+        """Ids -> text (lower-cased, as the BPE stores it); padding is dropped. With
+        ``skip_special_tokens`` the text ends before ``<end_of_text>`` and has no start token; without,
+        both stay and only the padding after ``<end_of_text>`` goes (id 0 is also "!", a real token
+        where no end token precedes it)."""
         if isinstance(ids, Tensor) and ids.dim() != 1:
             raise ValueError(f"decode takes one caption's ids (N,), got shape {tuple(ids.shape)}; use batch_decode")
-        ids = ids.tolist() if isinstance(ids, Tensor) else list(ids)
-        bad = [i for i in ids if not 0 <= i < self.vocab_size]
-        if bad:
-            raise ValueError(f"ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
-        special = {self.sot_id, self.eot_id}
+        ids = checked_ids(ids, self.vocab_size)
+        if self.eot_id in ids:
+            end = ids.index(self.eot_id)
+            if skip_special_tokens:
+                ids = ids[:end]
+            else:  # keep what follows the end token except trailing padding
+                n = len(ids)
+                while n > end + 1 and ids[n - 1] == self.pad_id:
+                    n -= 1
+                ids = ids[:n]
         if skip_special_tokens:
-            end = ids.index(self.eot_id) if self.eot_id in ids else len(ids)
-            ids = [i for i in ids[:end] if i not in special]
+            ids = [i for i in ids if i not in (self.sot_id, self.eot_id)]
         return self._bpe.decode(ids).strip()
 
     def batch_decode(self, ids: Tensor | Sequence[Sequence[int]], skip_special_tokens: bool = True) -> list[str]:

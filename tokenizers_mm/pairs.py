@@ -11,6 +11,7 @@ from typing import Literal, TypeVar
 import torch
 from torch import Tensor
 
+from tokenizers_mm.checks import check_int
 from tokenizers_mm.tokens import Tokens
 
 Truncation = Literal["off", "longest_first", "only_first", "only_second"]
@@ -91,6 +92,7 @@ def encode_pair_ids(
 ) -> tuple[list[int], list[int]]:
     """Token ids of A (and B) -> (ids, segment ids) of ``[CLS] A [SEP] (B [SEP])``, truncated
     to ``max_length`` (special tokens included) by ``truncation``."""
+    check_int("max_length", max_length, or_none=True)  # True is no budget of 1, 2.5 no slice end
     if max_length is not None:
         budget = max_length - special_count(second is not None)
         n_a, n_b = pair_lengths(len(first), None if second is None else len(second), budget, truncation)
@@ -108,6 +110,7 @@ def pad_pairs(rows: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id: int,
         raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
     if not rows:
         raise ValueError("pad_pairs needs at least one row, got none")
+    check_int("pad_to", pad_to, or_none=True)
     longest = max(len(ids) for ids, _ in rows)
     if pad_to is not None:
         if pad_to < longest:

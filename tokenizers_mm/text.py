@@ -15,13 +15,22 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from torch import Tensor
 
 from tokenizers_mm.checks import check_int
-from tokenizers_mm.pairs import Truncation, encode_pair_ids, pad_pairs, pair_lengths
+from tokenizers_mm.pairs import (
+    Truncation,
+    encode_pair_ids,
+    pad_pairs,
+    pair_lengths,
+    resolve_truncation,
+)
 from tokenizers_mm.tiktoken_engine import DeferredEncoding, TiktokenEngine
 from tokenizers_mm.tokens import Tokens
 
 DEFAULT_SPECIAL_TOKENS = ("<|endoftext|>",)
 TOKENIZER_FILE = "tokenizer.json"
 CONFIG_FILE = "tokenizer_config.json"
+ROLES = ("eos_token", "pad_token", "bos_token")
+# transformers classes whose save_pretrained folder `BPETokenizer.load` reads: GPT-2's byte-level BPE.
+GPT2_CLASSES = ("GPT2Tokenizer", "GPT2TokenizerFast")
 
 
 class TextEncoding:
@@ -151,15 +160,20 @@ class BPETokenizer:
 
     @classmethod
     def load(cls, path: str | Path) -> BPETokenizer:
-        """Load from a directory written by `save` or from a ``tokenizer.json`` file."""
+        """Load from a directory written by `save` or by transformers' ``GPT2Tokenizer(Fast).save_pretrained``
+        (the same ids), or from a ``tokenizer.json`` file; a folder of another tokenizer is refused."""
         path = Path(path)
         file = path / TOKENIZER_FILE if path.is_dir() else path
         if not file.is_file():
             raise FileNotFoundError(f"no {TOKENIZER_FILE} at {path}")
         config_file = file.parent / CONFIG_FILE
-        roles = json.loads(config_file.read_text()) if config_file.is_file() else {}
-        roles.pop("type", None)
-        return cls(Tokenizer.from_file(str(file)), **roles)
+        roles = bpe_roles(json.loads(config_file.read_text()), config_file) if config_file.is_file() else {}
+        tokenizer = Tokenizer.from_file(str(file))
+        model = type(tokenizer.model).__name__
+        if model != "BPE":
+            raise ValueError(f"{file} holds a {model} model; BPETokenizer.load expected a byte-level BPE"
+                             + (" (use WordPieceTokenizer.load)" if model == "WordPiece" else ""))
+        return cls(tokenizer, **roles)
 
     # ----------------------------------------------------------------- vocabulary
     @property
@@ -204,7 +218,11 @@ class BPETokenizer:
             raise ValueError("add_bos=True but this tokenizer has no bos_token")
         ids = self._fast.encode(self._tok, text)  # tiktoken, or None: use Hugging Face
         if ids is None:
-            enc = self._tok.encode(text, add_special_tokens=False)
+            try:
+                enc = self._tok.encode(text, add_special_tokens=False)
+            except TypeError:  # what Hugging Face says of a lone surrogate; say which
+                check_unicode(text)
+                raise
             ids = enc.ids
         else:  # token strings and offsets, if asked for, come from Hugging Face
             enc = DeferredEncoding(self._tok, text)
@@ -215,18 +233,7 @@ class BPETokenizer:
 
     def decode(self, ids: Tensor | Sequence[int], skip_special_tokens: bool = False) -> str:
         """Decode one sequence of ids back to text."""
-        if isinstance(ids, Tensor):
-            if ids.dim() != 1:
-                raise ValueError(f"decode takes one sequence (N,), got shape {tuple(ids.shape)}; use batch_decode")
-            ids = ids.tolist()
-        ids = list(ids)
-        odd = [i for i in ids if isinstance(i, bool) or not isinstance(i, numbers.Integral)]
-        if odd:  # True would read as id 1
-            raise TypeError(f"ids must be integers, got {odd[:3]!r}")
-        bad = [i for i in ids if not 0 <= i < self.vocab_size]
-        if bad:
-            raise ValueError(f"ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
-        return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+        return self._tok.decode(checked_ids(ids, self.vocab_size), skip_special_tokens=skip_special_tokens)
 
     def batch_decode(self, ids: Tensor | Sequence[Sequence[int]], skip_special_tokens: bool = True) -> list[str]:
         """Decode each row of a (B, N) batch."""
@@ -236,7 +243,7 @@ class BPETokenizer:
         self,
         texts: Sequence[str],
         max_length: int | None = None,
-        truncation: bool = False,
+        truncation: Truncation | bool = False,
         truncation_side: str = "right",
         padding_side: str = "right",
         add_bos: bool = False,
@@ -245,11 +252,13 @@ class BPETokenizer:
         """Encode and pad a batch into `Tokens`.
 
         A text longer than ``max_length`` (a positive int, BOS / EOS included) is an error unless
-        ``truncation=True``, which cuts the text and keeps BOS / EOS; use ``padding_side="left"``
+        ``truncation`` is True (or "longest_first" / "only_first", as `WordPieceTokenizer` takes it;
+        False and "off" refuse), which cuts the text and keeps BOS / EOS; use ``padding_side="left"``
         for batched generation.
         """
         if isinstance(texts, str):
             raise TypeError("batch_encode takes a list of strings; use encode for one string")
+        strategy = resolve_truncation(truncation)  # "off" is a str, so never `if not truncation`
         if truncation_side not in ("left", "right"):
             raise ValueError(f"truncation_side must be 'left' or 'right', got {truncation_side!r}")
         if padding_side not in ("left", "right"):
@@ -270,7 +279,12 @@ class BPETokenizer:
         rows = self._fast.encode_batch(self._tok, texts)
         if rows is None:
             encode = getattr(self._tok, "encode_batch_fast", self._tok.encode_batch)
-            rows = [enc.ids for enc in encode(texts, add_special_tokens=False)]
+            try:
+                rows = [enc.ids for enc in encode(texts, add_special_tokens=False)]
+            except TypeError:  # a lone surrogate: say which text holds it
+                for i, text in enumerate(texts):
+                    check_unicode(text, f"text {i}")
+                raise
         prefix = [self.bos_id] if add_bos else []
         suffix = [self.eos_id] if add_eos else []
         if max_length is not None:  # cut the text, never the BOS / EOS (as Hugging Face does)
@@ -278,9 +292,12 @@ class BPETokenizer:
             room = max_length - n_special
             for i, ids in enumerate(rows):
                 if len(ids) > room:
-                    if not truncation:
+                    if strategy == "off":
                         raise ValueError(f"text {i} has {len(ids) + n_special} tokens, more than "
                                          f"max_length={max_length}; pass truncation=True to cut it")
+                    if strategy == "only_second":
+                        raise ValueError("truncation='only_second' needs a sentence pair; batch_encode "
+                                         "encodes single texts")
                     if room < 1:
                         raise ValueError(f"max_length={max_length} leaves no room for text besides the "
                                          f"{n_special} special tokens (BOS / EOS)")
@@ -293,40 +310,53 @@ class BPETokenizer:
         """Stream token ids for many texts (to build token files), each followed by EOS when
         ``add_eos``; empty texts are skipped. Encodes ``chunk`` texts at a time, through tiktoken
         where its ids are identical (as `batch_encode` does), else Hugging Face's parallel batch."""
+        check_int("chunk", chunk)
         pending: list[str] = []
+        where: list[int] = []  # each pending text's index in ``texts``, to name a bad one
         eos = [self.eos_id] if add_eos else []
 
         def flush() -> Iterator[list[int]]:
             rows = self._fast.encode_batch(self._tok, pending)
             if rows is None:
-                rows = [enc.ids for enc in self._tok.encode_batch(pending, add_special_tokens=False)]
+                try:
+                    rows = [enc.ids for enc in self._tok.encode_batch(pending, add_special_tokens=False)]
+                except TypeError:  # a lone surrogate: say which text holds it
+                    for i, text in zip(where, pending, strict=True):
+                        check_unicode(text, f"text {i}")
+                    raise
             for ids in rows:
                 yield [*ids, *eos]
             pending.clear()
+            where.clear()
 
-        for text in texts:
+        for i, text in enumerate(texts):
+            if not isinstance(text, str):
+                raise TypeError(f"text {i} is a {type(text).__name__}, expected str")
             if text:
                 pending.append(text)
+                where.append(i)
                 if len(pending) == chunk:
                     yield from flush()
         yield from flush()
 
     # ----------------------------------------------------------------- a classifier's input (GPT-1)
-    def encode_for_classifier(self, text: str, text_pair: str | None = None,
-                              max_length: int | None = None, truncation: bool = True) -> tuple[Tensor, Tensor]:
+    def encode_for_classifier(self, text: str, text_pair: str | None = None, max_length: int | None = None,
+                              truncation: Truncation | bool = True) -> tuple[Tensor, Tensor]:
         """GPT-1's input for a classifier on the last token: ``text <eos>`` (``text <eos> pair
-        <eos>``), the longer text cut first to fit ``max_length`` (``truncation=False``: an
-        input longer than that is an error); ids and segment ids, each (N,)."""
+        <eos>``), the longer text cut first to fit ``max_length`` (``truncation`` True or
+        "longest_first"; "only_first" / "only_second" cut that text; False or "off": an input
+        longer than that is an error); ids and segment ids, each (N,)."""
         check_int("max_length", max_length, or_none=True)
+        strategy = resolve_truncation(truncation)
         a = self.encode(text).ids.tolist()
         b = self.encode(text_pair).ids.tolist() if text_pair is not None else None
         n_special = 1 if b is None else 2
         total = len(a) + len(b or ()) + n_special
-        if not truncation and max_length is not None and total > max_length:
+        if strategy == "off" and max_length is not None and total > max_length:
             raise ValueError(f"the input encodes to {total} tokens (with its <eos>), more than max_length="
                              f"{max_length}; shorten it or pass truncation=True to cut the longer text")
         budget = (len(a) + len(b or ())) if max_length is None else max_length - n_special
-        keep_a, keep_b = pair_lengths(len(a), None if b is None else len(b), budget, "longest_first")
+        keep_a, keep_b = pair_lengths(len(a), None if b is None else len(b), budget, strategy)
         ids = [*a[:keep_a], self.eos_id] + ([] if b is None else [*b[:keep_b], self.eos_id])
         segments = [0] * (keep_a + 1) + ([] if b is None else [1] * (keep_b + 1))
         return torch.tensor(ids, dtype=torch.long), torch.tensor(segments, dtype=torch.long)
@@ -364,6 +394,7 @@ class BPETokenizer:
             raise TypeError("batch_encode_pairs takes a list of strings; use encode_pair for one string")
         if text_pairs is not None and len(text_pairs) != len(texts):
             raise ValueError(f"{len(texts)} texts but {len(text_pairs)} text_pairs; give one pair per text")
+        check_int("max_length", max_length, or_none=True)  # here, not as "text 0: max_length ..."
         rows = []
         for i, text in enumerate(texts):
             try:
@@ -373,6 +404,69 @@ class BPETokenizer:
                 raise ValueError(f"text {i}: {err}") from None
             rows.append((ids.tolist(), segments.tolist()))
         return pad_pairs(rows, self.pad_id)
+
+
+def bpe_roles(config: Any, config_file: Path) -> dict[str, str | None]:
+    """`BPETokenizer`'s special tokens from a ``tokenizer_config.json``: one `BPETokenizer.save` wrote
+    (``"type": "bpe"``) or transformers' GPT-2 tokenizer did; any other tokenizer's is refused by name."""
+    folder = config_file.parent
+    if not isinstance(config, dict):
+        raise ValueError(f"{config_file} must hold a JSON object, got {type(config).__name__}")
+    if "type" in config:  # written by unitok's own save
+        if config["type"] != "bpe":
+            hint = " (use WordPieceTokenizer.load)" if config["type"] == "wordpiece" else ""
+            raise ValueError(f"{folder} holds a {config['type']!r} tokenizer; BPETokenizer.load expected "
+                             f"type 'bpe'{hint}")
+        unknown = sorted(set(config) - {"type", *ROLES})
+        if unknown:
+            raise ValueError(f"{config_file} has settings BPETokenizer does not take: {unknown}")
+        return {role: config[role] for role in ROLES if role in config}
+    kind = config.get("tokenizer_class")
+    if kind is None:
+        raise ValueError(f"{config_file} names no tokenizer type (neither 'type' nor 'tokenizer_class'); "
+                         "BPETokenizer.load expected a folder from BPETokenizer.save or GPT2Tokenizer.save_pretrained")
+    if kind not in GPT2_CLASSES:
+        raise ValueError(f"{folder} was saved by transformers' {kind}; BPETokenizer.load expected a BPETokenizer "
+                         f"folder (type 'bpe') or one of {list(GPT2_CLASSES)}")
+    # GPT-2's settings that would change its ids, where ours encode the text as given.
+    for setting, fix in (("add_prefix_space", "BPETokenizer encodes text as given (prepend the space to the text)"),
+                         ("add_bos_token", "BPETokenizer adds BOS only when asked (add_bos=True)"),
+                         ("add_eos_token", "BPETokenizer adds EOS only when asked (add_eos=True)")):
+        if config.get(setting):
+            raise ValueError(f"{folder}: {kind} with {setting}=True gives other ids than BPETokenizer; {fix}, "
+                             f"or save it again with {setting}=False")
+
+    def content(token: Any) -> str | None:  # older transformers write AddedToken objects
+        return token.get("content") if isinstance(token, dict) else token
+
+    return {role: content(config[role]) for role in ROLES if role in config}
+
+
+def check_unicode(text: str, name: str = "text") -> None:
+    """A ValueError naming ``name``'s first lone surrogate (U+D800-U+DFFF, as ``open(errors="surrogateescape")``
+    leaves for bad bytes) and its position: no encoder can read it. Cheap enough for error paths only."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise ValueError(f"{name} has a lone surrogate {text[err.start]!r} at position {err.start}: lone "
+                         "surrogates cannot be encoded; read the bytes with errors='replace' or remove them") from None
+
+
+def checked_ids(ids: Tensor | Sequence[int], vocab_size: int) -> list[int]:
+    """One sequence of ids (N,) as a list for ``decode``: each an integer in [0, ``vocab_size``)
+    (a bool or a float is refused, not read as id 1 or rounded)."""
+    if isinstance(ids, Tensor):
+        if ids.dim() != 1:
+            raise ValueError(f"decode takes one sequence (N,), got shape {tuple(ids.shape)}; use batch_decode")
+        ids = ids.tolist()
+    ids = list(ids)
+    odd = [i for i in ids if isinstance(i, bool) or not isinstance(i, numbers.Integral)]
+    if odd:  # True would read as id 1
+        raise TypeError(f"ids must be integers, got {odd[:3]!r}")
+    bad = [i for i in ids if not 0 <= i < vocab_size]
+    if bad:
+        raise ValueError(f"ids {bad[:5]} are outside the vocabulary [0, {vocab_size})")
+    return ids
 
 
 def batch_rows(ids: Tensor | Sequence[Sequence[int]]) -> list:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from tokenizers import (
@@ -25,6 +25,7 @@ from tokenizers import (
 )
 from torch import Tensor
 
+from tokenizers_mm.checks import check_int
 from tokenizers_mm.pairs import (
     Truncation,
     encode_pair_ids,
@@ -34,13 +35,16 @@ from tokenizers_mm.pairs import (
     resolve_truncation,
     special_count,
 )
-from tokenizers_mm.text import batch_rows
+from tokenizers_mm.text import batch_rows, check_unicode, checked_ids
 from tokenizers_mm.tokens import Tokens
 
 BERT_SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 TOKENIZER_FILE = "tokenizer.json"
 VOCAB_FILE = "vocab.txt"
 CONFIG_FILE = "tokenizer_config.json"
+# tokenizer_config.json's names (as transformers' BertTokenizer writes them) -> BertNormalizer's.
+NORMALIZER_SETTINGS = {"do_lower_case": "lowercase", "strip_accents": "strip_accents",
+                       "tokenize_chinese_chars": "handle_chinese_chars"}
 
 
 class PairEncoding(NamedTuple):
@@ -92,6 +96,9 @@ class WordPieceTokenizer:
         tokenizer.no_padding()
         tokenizer.no_truncation()
         self._tok = tokenizer
+        # The largest id + 1, not the number of tokens: a vocab.txt that lists a token twice keeps its
+        # last line's id (as BertTokenizer does), and the first line's id holds no token.
+        self._vocab_size = max(tokenizer.get_vocab(with_added_tokens=True).values(), default=-1) + 1
         self.cls_token, self.sep_token, self.pad_token = cls_token, sep_token, pad_token
         self.mask_token, self.unk_token = mask_token, unk_token
         for role in ("cls", "sep", "pad", "mask", "unk"):
@@ -177,17 +184,20 @@ class WordPieceTokenizer:
         return cls(tok)
 
     @classmethod
-    def from_vocab(cls, vocab_file: str | Path, lowercase: bool = True, **special: str) -> WordPieceTokenizer:
+    def from_vocab(cls, vocab_file: str | Path, lowercase: bool = True, strip_accents: bool | None = None,
+                   handle_chinese_chars: bool = True, **special: str) -> WordPieceTokenizer:
         """Build from a ``vocab.txt`` (one token per line, the line number is its id) with
-        BERT's normaliser (``lowercase`` for uncased checkpoints) and pre-tokenizer."""
-        lines = Path(vocab_file).read_text(encoding="utf-8").splitlines()
-        vocab = {}
-        for i, token in enumerate(lines):
-            vocab.setdefault(token, i)
+        BERT's normaliser and pre-tokenizer: ``lowercase`` for uncased checkpoints,
+        ``strip_accents`` (None: when lower-casing), ``handle_chinese_chars`` (each CJK character
+        a word). Read as Hugging Face reads it: trailing whitespace is not part of a token, and a
+        token listed twice has its last line's id."""
+        if not Path(vocab_file).is_file():
+            raise FileNotFoundError(f"no vocabulary file at {vocab_file}")
+        vocab = models.WordPiece.read_file(str(vocab_file))  # BertTokenizer's reader, so its ids
         unk = special.get("unk_token", "[UNK]")
         tok = Tokenizer(models.WordPiece(vocab, unk_token=unk, max_input_chars_per_word=100))
-        tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True,
-                                                    strip_accents=None, lowercase=lowercase)
+        tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=handle_chinese_chars,
+                                                    strip_accents=strip_accents, lowercase=lowercase)
         tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
         tok.decoder = decoders.WordPiece(prefix="##")
         # As transformers' BertTokenizer treats them: never split ("[MASK]" in text is the mask
@@ -200,9 +210,11 @@ class WordPieceTokenizer:
     @classmethod
     def load(cls, path: str | Path, lowercase: bool | None = None) -> WordPieceTokenizer:
         """Load a BERT-family tokenizer: a folder (``tokenizer.json`` preferred, else
-        ``vocab.txt``), or either file itself. Special tokens and ``do_lower_case`` are read
-        from ``tokenizer_config.json`` next to it when present; ``lowercase`` overrides the
-        latter for ``vocab.txt`` (default: lower-case, as uncased BERT)."""
+        ``vocab.txt``), or either file itself. Special tokens and the normaliser's settings
+        (``do_lower_case``, ``strip_accents``, ``tokenize_chinese_chars``) are read from
+        ``tokenizer_config.json`` next to it when present, as transformers' BertTokenizer reads
+        them; ``lowercase`` overrides ``do_lower_case``. A setting the config leaves out is
+        uncased BERT's for a ``vocab.txt``, and what a ``tokenizer.json``'s own normaliser says."""
         path = Path(path)
         if path.is_dir():
             file = path / TOKENIZER_FILE if (path / TOKENIZER_FILE).is_file() else path / VOCAB_FILE
@@ -212,27 +224,46 @@ class WordPieceTokenizer:
             raise FileNotFoundError(f"no {TOKENIZER_FILE} or {VOCAB_FILE} at {path}")
         config_file = file.parent / CONFIG_FILE
         config = json.loads(config_file.read_text()) if config_file.is_file() else {}
+        if config.get("type", "wordpiece") != "wordpiece":
+            raise ValueError(f"{file.parent} holds a {config['type']!r} tokenizer; WordPieceTokenizer.load "
+                             "expected type 'wordpiece'" + (" (use BPETokenizer.load)" if config["type"] == "bpe" else ""))
         special = {k: v for k, v in config.items()
                    if k in ("cls_token", "sep_token", "pad_token", "mask_token", "unk_token") and isinstance(v, str)}
+        settings = normalizer_settings(config, config_file)
+        if lowercase is not None:
+            settings["lowercase"] = lowercase
         if file.suffix == ".json":
-            return cls(Tokenizer.from_file(str(file)), **special)
-        if lowercase is None:
-            lowercase = bool(config.get("do_lower_case", True))
-        return cls.from_vocab(file, lowercase=lowercase, **special)
+            tok = Tokenizer.from_file(str(file))
+            apply_normalizer_settings(tok, settings)
+            return cls(tok, **special)
+        return cls.from_vocab(file, **settings, **special)
 
     def save(self, directory: str | Path) -> Path:
         """Write ``tokenizer.json``, ``vocab.txt`` and ``tokenizer_config.json`` into ``directory``."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         self._tok.save(str(directory / TOKENIZER_FILE))
-        vocab = sorted(self._tok.get_vocab(with_added_tokens=True).items(), key=lambda kv: kv[1])
-        (directory / VOCAB_FILE).write_text("".join(f"{token}\n" for token, _ in vocab), encoding="utf-8")
+        (directory / VOCAB_FILE).write_text("".join(f"{token}\n" for token in self._vocab_lines()), encoding="utf-8")
         normalizer = json.loads(self._tok.to_str()).get("normalizer") or {}
         config = {"type": "wordpiece", "cls_token": self.cls_token, "sep_token": self.sep_token,
                   "pad_token": self.pad_token, "mask_token": self.mask_token, "unk_token": self.unk_token,
                   "do_lower_case": bool(normalizer.get("lowercase", False))}
+        if normalizer.get("type") == "BertNormalizer":
+            config.update(strip_accents=normalizer.get("strip_accents"),
+                          tokenize_chinese_chars=bool(normalizer.get("handle_chinese_chars", True)))
         (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2))
         return directory
+
+    def _vocab_lines(self) -> list[str]:
+        """``vocab.txt``'s lines, line number = id. An id that holds no token (the first line of a
+        token listed twice) gets the next token's line again: that token keeps its later id, as
+        the last line of a token wins, so the file reads back to the very same ids."""
+        by_id = {i: token for token, i in self._tok.get_vocab(with_added_tokens=True).items()}
+        lines, later = [], ""
+        for i in reversed(range(self.vocab_size)):
+            later = by_id.get(i, later)  # the largest id holds a token, so a gap always has a later one
+            lines.append(later)
+        return lines[::-1]
 
     def __eq__(self, other: object) -> bool:
         """Equal tokenizers give every text the same ids: the same vocabulary, normalisation and
@@ -247,7 +278,8 @@ class WordPieceTokenizer:
     # ----------------------------------------------------------------- vocabulary
     @property
     def vocab_size(self) -> int:
-        return self._tok.get_vocab_size(with_added_tokens=True)
+        """The number of ids, 0 to the largest (an embedding table's rows)."""
+        return self._vocab_size
 
     def __len__(self) -> int:
         return self.vocab_size
@@ -261,6 +293,8 @@ class WordPieceTokenizer:
     def id_to_token(self, index: int) -> str:
         token = self._tok.id_to_token(index)
         if token is None:
+            if 0 <= index < self.vocab_size:
+                raise KeyError(f"id {index} holds no token (its vocab.txt line names a token listed again later)")
             raise KeyError(f"id {index} is outside the vocabulary of size {self.vocab_size}")
         return token
 
@@ -301,11 +335,33 @@ class WordPieceTokenizer:
         if isinstance(text, str):
             if text == "":
                 raise ValueError(f"cannot encode empty {role}: give at least one character")
-            return self._tok.encode(text, add_special_tokens=False)
+            try:
+                return self._tok.encode(text, add_special_tokens=False)
+            except TypeError:  # what Hugging Face says of a lone surrogate; say which
+                check_unicode(text, role)
+                raise
+        if not isinstance(text, Sequence) or not text:
+            raise TypeError(f"{role} must be a str or a non-empty list of words (str), got {type(text).__name__}"
+                            + (" (empty)" if isinstance(text, Sequence) else ""))
         words = list(text)
-        if not words or not all(isinstance(w, str) for w in words):
-            raise TypeError(f"{role} must be a str or a non-empty list of words (str)")
-        return self._tok.encode(words, is_pretokenized=True, add_special_tokens=False)
+        for i, word in enumerate(words):
+            if not isinstance(word, str):
+                raise TypeError(f"{role} word {i} is a {type(word).__name__}, expected str")
+        try:
+            return self._tok.encode(words, is_pretokenized=True, add_special_tokens=False)
+        except TypeError:
+            for i, word in enumerate(words):
+                check_unicode(word, f"{role} word {i}")
+            raise
+
+    def _encode_batch(self, texts: Sequence[str], role: str) -> list[Any]:
+        """Hugging Face's parallel batch encoding (no special tokens) of strings already checked."""
+        try:
+            return self._tok.encode_batch(list(texts), add_special_tokens=False)
+        except TypeError:  # a lone surrogate: say which text holds it
+            for i, text in enumerate(texts):
+                check_unicode(text, f"{role} {i}")
+            raise
 
     def encode_ids(self, text: str) -> list[int]:
         """Sub-word ids of one text, no special tokens (for building training data)."""
@@ -313,7 +369,13 @@ class WordPieceTokenizer:
 
     def encode_batch_ids(self, texts: Sequence[str]) -> list[list[int]]:
         """Sub-word ids of many texts in parallel, no special tokens; empty texts give []."""
-        return [list(e.ids) for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+        if isinstance(texts, str):  # would be read as one text per character
+            raise TypeError("encode_batch_ids takes a list of strings; use encode_ids for one string")
+        texts = list(texts)
+        for i, text in enumerate(texts):
+            if not isinstance(text, str):
+                raise TypeError(f"text {i} is a {type(text).__name__}, expected str")
+        return [list(e.ids) for e in self._encode_batch(texts, "text")]
 
     def encode(
         self,
@@ -329,6 +391,7 @@ class WordPieceTokenizer:
         ``truncation`` is "longest_first", "only_first" or "only_second" (or True).
         """
         truncation = resolve_truncation(truncation)
+        check_int("max_length", max_length, or_none=True)  # True is no budget of 1, 2.5 no slice end
         a = self._pieces(text, "text")
         b = self._pieces(text_pair, "text_pair") if text_pair is not None else None
         for role, given, pieces in (("text", text, a), ("text_pair", text_pair, b)):
@@ -370,8 +433,11 @@ class WordPieceTokenizer:
             for i, item in enumerate(items):
                 if not isinstance(item, str):
                     raise TypeError(f"{role} {i} is a {type(item).__name__}, expected str")
-        encoded_a = self._tok.encode_batch(list(texts), add_special_tokens=False)
-        encoded_b = self._tok.encode_batch(list(text_pairs), add_special_tokens=False) if text_pairs else None
+        check_int("max_length", max_length, or_none=True)  # here, not as "text 0: max_length ..."
+        check_int("pad_to", pad_to, or_none=True)
+        resolve_truncation(truncation)
+        encoded_a = self._encode_batch(texts, "text")
+        encoded_b = self._encode_batch(text_pairs, "text_pair") if text_pairs else None
         rows = []
         for i, a in enumerate(encoded_a):
             b = encoded_b[i] if encoded_b is not None else None
@@ -388,16 +454,36 @@ class WordPieceTokenizer:
 
     def decode(self, ids: Tensor | Sequence[int], skip_special_tokens: bool = True) -> str:
         """Ids back to text (``##`` pieces joined; lower-cased if the normaliser lower-cases)."""
-        if isinstance(ids, Tensor):
-            if ids.dim() != 1:
-                raise ValueError(f"decode takes one sequence (N,), got shape {tuple(ids.shape)}; use batch_decode")
-            ids = ids.tolist()
-        ids = list(ids)
-        bad = [i for i in ids if not 0 <= i < self.vocab_size]
-        if bad:
-            raise ValueError(f"ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
-        return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+        return self._tok.decode(checked_ids(ids, self.vocab_size), skip_special_tokens=skip_special_tokens)
 
     def batch_decode(self, ids: Tensor | Sequence[Sequence[int]], skip_special_tokens: bool = True) -> list[str]:
         """Decode each row; with a `Tokens`-style padded tensor, padding is dropped as a special token."""
         return [self.decode(row, skip_special_tokens=skip_special_tokens) for row in batch_rows(ids)]
+
+
+def normalizer_settings(config: dict[str, Any], config_file: Path) -> dict[str, Any]:
+    """BertNormalizer's settings that a ``tokenizer_config.json`` gives (by transformers' names),
+    each checked: ``do_lower_case`` and ``tokenize_chinese_chars`` true or false, ``strip_accents``
+    true, false or null (null: strip when lower-casing)."""
+    settings = {}
+    for key, name in NORMALIZER_SETTINGS.items():
+        if key in config:
+            value = config[key]
+            if not (isinstance(value, bool) or (key == "strip_accents" and value is None)):
+                allowed = "true, false or null" if key == "strip_accents" else "true or false"
+                raise ValueError(f"{config_file}: {key} must be {allowed}, got {value!r}")
+            settings[name] = value
+    return settings
+
+
+def apply_normalizer_settings(tokenizer: Tokenizer, settings: dict[str, Any]) -> None:
+    """Set a tokenizer.json's BertNormalizer as ``settings`` say (what its tokenizer_config.json gives
+    wins, as transformers' BertTokenizer reads the folder); another normaliser is left as it is."""
+    if not settings or tokenizer.normalizer is None:
+        return
+    state = json.loads(tokenizer.normalizer.__getstate__())
+    if state.get("type") != "BertNormalizer":
+        return
+    wanted = {name: state.get(name) for name in NORMALIZER_SETTINGS.values()} | settings
+    if any(state.get(name) != value for name, value in wanted.items()):
+        tokenizer.normalizer = normalizers.BertNormalizer(clean_text=state.get("clean_text", True), **wanted)

@@ -111,3 +111,28 @@ def test_clip_tokenizers_are_equal_when_they_cut_the_same_context():
     assert CLIPTokenizer() == CLIPTokenizer() and hash(CLIPTokenizer()) == hash(CLIPTokenizer())
     assert CLIPTokenizer(context_length=32) != CLIPTokenizer()
     assert CLIPTokenizer(truncation="silent") != CLIPTokenizer()
+
+
+def test_decode_drops_the_padding_after_the_end_token_even_when_keeping_special_tokens():
+    tok = CLIPTokenizer()
+    padded = tok(["a photo", "hi"])  # (2, 77), padded with id 0, which is also "!"
+    kept = tok.batch_decode(padded, skip_special_tokens=False)
+    assert kept == ["<start_of_text>a photo <end_of_text>", "<start_of_text>hi <end_of_text>"]
+    from open_clip.tokenizer import SimpleTokenizer  # open_clip's own decode of the unpadded ids
+
+    assert kept[0] == SimpleTokenizer().decode(tok.encode("a photo").tolist()).strip()
+    assert tok.decode(padded[0]) == "a photo"
+    # with no end token, id 0 is text: nothing marks it as padding
+    assert tok.decode([tok.sot_id, 320, 0, 0], skip_special_tokens=False).endswith("!!")
+
+
+@pytest.mark.parametrize("bad", [[True, 320], [49406, 320.0]], ids=["bool", "float"])
+def test_decode_refuses_ids_that_are_not_integers(bad):
+    with pytest.raises(TypeError, match=r"ids must be integers, got \[(True|320.0)\]"):
+        CLIPTokenizer().decode(bad)  # True would read as id 1 ('"')
+
+
+@pytest.mark.parametrize("bad", [True, 5.5, "8", 0])
+def test_pad_to_must_be_a_positive_int(bad):
+    with pytest.raises(ValueError, match=f"pad_to must be an integer ≥ 1 or None, got {bad!r}"):
+        CLIPTokenizer().batch_encode(CAPTIONS, pad_to=bad)

@@ -224,3 +224,130 @@ def test_tokenizers_are_equal_when_they_give_every_text_the_same_ids(tok, tok_bo
     assert BPETokenizer.train(iterator=CORPUS, vocab_size=300) == tok  # training is deterministic
     assert BPETokenizer.train(iterator=CORPUS, vocab_size=290) != tok
     assert tok_bos != tok  # the same merges, another special token read first
+
+
+# ----------------------------------------------------------------- truncation values, as WordPiece takes them
+@pytest.mark.parametrize("off", [False, "off"])
+def test_truncation_off_refuses_a_long_text_whether_false_or_off(tok, off):
+    # "off" is a non-empty str: read as truthy it used to cut silently
+    with pytest.raises(ValueError, match="text 0 has .* tokens, more than max_length=2; pass truncation=True"):
+        tok.batch_encode(["import os import sys"], max_length=2, truncation=off)
+    with pytest.raises(ValueError, match="more than max_length=2"):
+        tok.encode_for_classifier("return the words of the text", max_length=2, truncation=off)
+
+
+@pytest.mark.parametrize("cut", [True, "longest_first", "only_first"])
+def test_truncation_strategies_of_one_text_cut_it(tok, cut):
+    ids = tok.encode("import os import sys").ids
+    assert torch.equal(tok.batch_encode(["import os import sys"], max_length=2, truncation=cut).ids[0], ids[:2])
+
+
+@pytest.mark.parametrize("bad", [None, "yes", "on", 1])
+def test_a_truncation_value_wordpiece_would_refuse_is_refused_by_name(tok, bad):
+    with pytest.raises(ValueError, match=rf"truncation={bad!r}: expected one of \('off', 'longest_first'"):
+        tok.batch_encode(["import os"], truncation=bad)  # refused even when nothing needs cutting
+    with pytest.raises(ValueError, match=rf"truncation={bad!r}"):
+        tok.encode_for_classifier("import os", truncation=bad)
+
+
+def test_only_second_needs_a_pair(tok):
+    with pytest.raises(ValueError, match="truncation='only_second' needs a sentence pair"):
+        tok.batch_encode(["import os import sys"], max_length=2, truncation="only_second")
+
+
+def test_a_processor_passes_truncation_off_through_and_the_text_is_not_cut(tok):
+    from tokenizers_mm import Processor
+
+    with pytest.raises(ValueError, match="more than max_length=2"):
+        Processor(text=tok)("import os import sys", max_length=2, truncation="off")
+
+
+# ----------------------------------------------------------------- bad input named
+@pytest.mark.parametrize("text", ["a\ud800b", "\udfff"])
+def test_a_lone_surrogate_is_a_value_error_naming_where_it_is(tok, text):
+    where = text.index(next(c for c in text if 0xD800 <= ord(c) <= 0xDFFF))
+    char = repr(text[where]).replace("\\", "\\\\")
+    with pytest.raises(ValueError, match=rf"^text has a lone surrogate {char} at position {where}: lone surrogates "
+                                         "cannot be encoded"):
+        tok.encode(text)
+    with pytest.raises(ValueError, match=rf"^text 1 has a lone surrogate {char} at position {where}"):
+        tok.batch_encode(["fine", text])
+    with pytest.raises(ValueError, match=rf"^text 2 has a lone surrogate {char} at position {where}"):
+        list(tok.iter_ids(["fine", "", text]))  # its index in the stream, the empty text counted
+
+
+def test_iter_ids_names_an_item_that_is_not_a_str(tok):
+    with pytest.raises(TypeError, match="text 1 is a int, expected str"):
+        list(tok.iter_ids(["a", 5]))  # type: ignore[list-item]
+    with pytest.raises(TypeError, match="text 2 is a NoneType, expected str"):
+        list(tok.iter_ids(["a", "", None]))  # type: ignore[list-item]
+
+
+@pytest.mark.parametrize("bad", [True, 2.5, "8", 0])
+def test_pair_max_length_must_be_a_positive_int(tok, bad):
+    bpe = BPETokenizer.train(iterator=CORPUS, vocab_size=300, special_tokens=("<|endoftext|>", "[CLS]", "[SEP]"))
+    message = f"max_length must be an integer ≥ 1 or None, got {bad!r}"
+    with pytest.raises(ValueError, match=message):
+        bpe.encode_pair("import os", "x", max_length=bad, truncation=True)
+    with pytest.raises(ValueError, match=f"^{message}"):  # not "text 0: ..."
+        bpe.batch_encode_pairs(["import os"], ["x"], max_length=bad, truncation=True)
+
+
+# ----------------------------------------------------------------- loading another tokenizer's folder
+def test_load_refuses_a_wordpiece_folder_naming_the_folder_and_both_types(tmp_path):
+    from tokenizers_mm import WordPieceTokenizer
+
+    WordPieceTokenizer.train(iterator=CORPUS, vocab_size=100, min_frequency=1).save(tmp_path)
+    with pytest.raises(ValueError, match=rf"{tmp_path} holds a 'wordpiece' tokenizer; BPETokenizer.load expected "
+                                         r"type 'bpe' \(use WordPieceTokenizer.load\)"):
+        BPETokenizer.load(tmp_path)
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    (tmp_path / "tokenizer.json").rename(alone / "tokenizer.json")  # no config beside it to say so
+    with pytest.raises(ValueError, match="holds a WordPiece model; BPETokenizer.load expected a byte-level BPE"):
+        BPETokenizer.load(alone)
+
+
+def _gpt2_folder(tok: BPETokenizer, tmp_path, **options):
+    from transformers import GPT2TokenizerFast
+
+    files = tmp_path / "files"
+    files.mkdir()
+    vocab, merges = tok._tok.model.save(str(files))
+    reference = GPT2TokenizerFast(vocab=vocab, merges=merges, **options)
+    reference.save_pretrained(tmp_path / "gpt2")
+    return tmp_path / "gpt2", reference
+
+
+def test_load_reads_a_gpt2_folder_from_transformers_with_its_ids(tok, tmp_path):
+    from transformers import GPT2TokenizerFast
+
+    folder, _ = _gpt2_folder(tok, tmp_path)
+    reference = GPT2TokenizerFast.from_pretrained(folder)
+    loaded = BPETokenizer.load(folder)
+    assert (loaded.eos_token, loaded.pad_token, loaded.bos_token) == ("<|endoftext|>",) * 3
+    for text in ["import os", "  lead and tail  ", "héllo 😀 naïve 中文", "a<|endoftext|>b", "it's\n\n\tx 123"]:
+        assert loaded.encode(text).ids.tolist() == reference(text)["input_ids"], text
+        assert loaded.decode(loaded.encode(text).ids) == text
+    texts = ["import os", "class Tokenizer", "x"]
+    batch = loaded.batch_encode(texts)  # no padding token in GPT-2: its EOS pads, as BPETokenizer's default
+    for row, mask, expected in zip(batch.ids, batch.attention_mask.bool(), reference(texts)["input_ids"], strict=True):
+        assert row[mask].tolist() == expected
+
+
+def test_load_refuses_a_gpt2_folder_that_adds_a_prefix_space(tok, tmp_path):
+    folder, _ = _gpt2_folder(tok, tmp_path, add_prefix_space=True)
+    with pytest.raises(ValueError, match=rf"{folder}: GPT2Tokenizer with add_prefix_space=True gives other ids "
+                                         "than BPETokenizer; BPETokenizer encodes text as given"):
+        BPETokenizer.load(folder)
+
+
+def test_load_refuses_a_folder_of_another_transformers_tokenizer(tok, tmp_path):
+    tok.save(tmp_path)
+    (tmp_path / "tokenizer_config.json").write_text('{"tokenizer_class": "LlamaTokenizer", "add_bos_token": true}')
+    with pytest.raises(ValueError, match=rf"{tmp_path} was saved by transformers' LlamaTokenizer; BPETokenizer.load "
+                                         "expected a BPETokenizer folder"):
+        BPETokenizer.load(tmp_path)
+    (tmp_path / "tokenizer_config.json").write_text('{"type": "bpe", "eos_token": "<|endoftext|>", "cls_token": "x"}')
+    with pytest.raises(ValueError, match=r"has settings BPETokenizer does not take: \['cls_token'\]"):
+        BPETokenizer.load(tmp_path)

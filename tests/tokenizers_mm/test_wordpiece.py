@@ -15,6 +15,7 @@ from tokenizers_mm import (
     WordPieceTokenizer,
     align_word_labels,
     encode_pair_ids,
+    pad_pairs,
 )
 from tokenizers_mm.pairs import pair_lengths
 
@@ -253,3 +254,177 @@ def test_tokenizers_are_equal_when_they_give_every_text_the_same_ids(tok, tmp_pa
     loaded = WordPieceTokenizer.load(tok.save(tmp_path))
     assert loaded == tok and hash(loaded) == hash(tok)
     assert WordPieceTokenizer.train(iterator=CORPUS, vocab_size=100, min_frequency=1) != tok
+
+
+# ----------------------------------------------------------------- vocab.txt read as BertTokenizer reads it
+SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+def _vocab_folder(path, lines, config=None):
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "vocab.txt").write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
+    if config is not None:
+        import json
+
+        (path / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "BertTokenizer", **config}))
+    return path
+
+
+def test_a_token_listed_twice_has_its_last_lines_id_and_trailing_whitespace_is_dropped(tmp_path):
+    from transformers import BertTokenizerFast
+
+    # "hello" on lines 5 and 7: the last wins and id 5 holds no token; "foo " is "foo"
+    folder = _vocab_folder(tmp_path / "dup", [*SPECIALS, "hello", "world", "hello", "##s", "foo \t"])
+    reference = BertTokenizerFast.from_pretrained(folder)
+    tok = WordPieceTokenizer.load(folder)
+    for text in ["hello worlds", "foo", "Hello foo worlds"]:
+        assert tok.encode(text).ids.tolist() == reference(text)["input_ids"], text
+    assert tok.encode("hello worlds foo").ids.tolist() == [2, 7, 6, 8, 9, 3]
+    assert tok.vocab_size == 10  # ids 0..9: an embedding table needs 10 rows, though 9 tokens
+    assert tok.decode([7, 9]) == reference.decode([7, 9]) == "hello foo"
+    assert tok.decode([5, 9]) == reference.decode([5, 9]) == "foo"  # the empty id decodes to nothing
+    assert tok.continuation_mask().tolist() == [False] * 8 + [True, False]
+    with pytest.raises(KeyError, match="id 5 holds no token"):
+        tok.id_to_token(5)
+
+
+def test_saving_a_vocabulary_with_a_gap_reloads_to_the_same_ids(tmp_path):
+    from transformers import BertTokenizerFast
+
+    tok = WordPieceTokenizer.load(_vocab_folder(tmp_path / "dup", [*SPECIALS, "hello", "world", "hello", "##s", "foo"]))
+    saved = tok.save(tmp_path / "saved")
+    lines = (saved / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    assert lines == [*SPECIALS, "world", "world", "hello", "##s", "foo"]  # line number = id; the gap repeats a later token
+    (saved / "tokenizer.json").rename(tmp_path / "tokenizer.json")
+    text = "hello worlds foo"
+    assert WordPieceTokenizer.load(saved).encode(text).ids.tolist() == tok.encode(text).ids.tolist() == [2, 7, 6, 8, 9, 3]
+    assert BertTokenizerFast.from_pretrained(saved)(text)["input_ids"] == [2, 7, 6, 8, 9, 3]
+    assert WordPieceTokenizer.load(saved).vocab_size == 10
+
+
+NORMALISATION_VOCAB = [*SPECIALS, "cafe", "café", "Cafe", "Café", "naive", "naïve", "你", "好", "你好", "##好"]
+NORMALISATION_TEXTS = ["Café naïve 你好", "CAFE café cafe", "你好好"]
+
+
+@pytest.mark.parametrize("config", [
+    {},
+    {"do_lower_case": True, "strip_accents": False},
+    {"do_lower_case": False, "strip_accents": True},
+    {"do_lower_case": False},
+    {"tokenize_chinese_chars": False},
+    {"do_lower_case": True, "strip_accents": None, "tokenize_chinese_chars": True},
+], ids=["defaults", "keep-accents", "cased-strip", "cased", "no-chinese", "explicit-defaults"])
+def test_a_vocab_txt_folder_reads_its_normaliser_settings_as_bert_tokenizer_does(tmp_path, config):
+    from transformers import BertTokenizerFast
+
+    folder = _vocab_folder(tmp_path / "vocab", NORMALISATION_VOCAB, config)
+    reference = BertTokenizerFast.from_pretrained(folder)
+    tok = WordPieceTokenizer.load(folder)
+    expected = [reference(text)["input_ids"] for text in NORMALISATION_TEXTS]
+    assert [tok.encode(text).ids.tolist() for text in NORMALISATION_TEXTS] == expected
+    # save keeps the settings: reloaded from tokenizer.json or from vocab.txt alone, the same ids
+    saved = tok.save(tmp_path / "saved")
+    assert WordPieceTokenizer.load(saved) == tok
+    (saved / "tokenizer.json").unlink()
+    for again in (WordPieceTokenizer.load(saved), BertTokenizerFast.from_pretrained(saved)):
+        ids = [again.encode(t).ids.tolist() if isinstance(again, WordPieceTokenizer) else again(t)["input_ids"]
+               for t in NORMALISATION_TEXTS]
+        assert ids == expected
+
+
+def test_settings_differ_from_the_defaults_so_the_test_above_sees_them(tmp_path):
+    plain = WordPieceTokenizer.load(_vocab_folder(tmp_path / "a", NORMALISATION_VOCAB, {}))
+    for config in ({"strip_accents": False}, {"tokenize_chinese_chars": False}):
+        other = WordPieceTokenizer.load(_vocab_folder(tmp_path / str(len(config)) / next(iter(config)),
+                                                      NORMALISATION_VOCAB, config))
+        assert [other.encode(t).ids.tolist() for t in NORMALISATION_TEXTS] != \
+            [plain.encode(t).ids.tolist() for t in NORMALISATION_TEXTS]
+
+
+def test_a_tokenizer_json_folder_takes_the_settings_its_config_gives_as_bert_tokenizer_does(tmp_path):
+    import json
+
+    from transformers import BertTokenizerFast
+
+    folder = WordPieceTokenizer.from_vocab(_vocab_folder(tmp_path / "v", NORMALISATION_VOCAB) / "vocab.txt").save(
+        tmp_path / "json")
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "BertTokenizer", "do_lower_case": True, "strip_accents": False,
+         "tokenize_chinese_chars": False}))
+    reference = BertTokenizerFast.from_pretrained(folder)
+    tok = WordPieceTokenizer.load(folder)
+    assert [tok.encode(t).ids.tolist() for t in NORMALISATION_TEXTS] == \
+        [reference(t)["input_ids"] for t in NORMALISATION_TEXTS]
+
+
+@pytest.mark.parametrize(("key", "value", "allowed"), [("do_lower_case", "yes", "true or false"),
+                                                        ("strip_accents", 0, "true, false or null"),
+                                                        ("tokenize_chinese_chars", None, "true or false")])
+def test_a_normaliser_setting_of_the_wrong_kind_is_refused(tmp_path, key, value, allowed):
+    folder = _vocab_folder(tmp_path, NORMALISATION_VOCAB, {key: value})
+    with pytest.raises(ValueError, match=f"tokenizer_config.json: {key} must be {allowed}, got {value!r}"):
+        WordPieceTokenizer.load(folder)
+
+
+def test_load_refuses_a_bpe_folder_naming_both_types(tmp_path):
+    BPETokenizer.train(iterator=CORPUS, vocab_size=300).save(tmp_path)
+    with pytest.raises(ValueError, match=rf"{tmp_path} holds a 'bpe' tokenizer; WordPieceTokenizer.load expected "
+                                         r"type 'wordpiece' \(use BPETokenizer.load\)"):
+        WordPieceTokenizer.load(tmp_path)
+
+
+# ----------------------------------------------------------------- bad input named
+@pytest.mark.parametrize("bad", [[True, 5], [5, 2.0], ["7"]], ids=["bool", "float", "str"])
+def test_decode_refuses_ids_that_are_not_integers(tok, bad):
+    odd = [i for i in bad if isinstance(i, (bool, float, str))]
+    with pytest.raises(TypeError, match=rf"ids must be integers, got {odd!r}".replace("[", r"\[").replace("]", r"\]")):
+        tok.decode(bad)  # True is not id 1
+
+
+def test_encode_batch_ids_refuses_one_string_and_names_a_bad_item(tok):
+    with pytest.raises(TypeError, match="encode_batch_ids takes a list of strings; use encode_ids"):
+        tok.encode_batch_ids("import os")  # not one text per character
+    with pytest.raises(TypeError, match="text 1 is a int, expected str"):
+        tok.encode_batch_ids(["import os", 3])  # type: ignore[list-item]
+    assert tok.encode_batch_ids(["import os", ""]) == [tok.encode_ids("import os"), []]
+
+
+def test_a_lone_surrogate_is_a_value_error_naming_where_it_is(tok):
+    with pytest.raises(ValueError, match=r"^text has a lone surrogate '\\ud800' at position 1: lone surrogates"):
+        tok.encode("a\ud800")
+    with pytest.raises(ValueError, match=r"^text_pair has a lone surrogate '\\udfff' at position 0"):
+        tok.encode("a", "\udfff")
+    with pytest.raises(ValueError, match=r"^text word 1 has a lone surrogate '\\ud800' at position 2"):
+        tok.encode(["import", "os\ud800"])
+    with pytest.raises(ValueError, match=r"^text 1 has a lone surrogate '\\ud800' at position 1"):
+        tok.batch_encode(["import os", "a\ud800"])
+    with pytest.raises(ValueError, match=r"^text_pair 0 has a lone surrogate"):
+        tok.batch_encode(["import os"], ["\ud800"])
+    with pytest.raises(ValueError, match=r"^text 0 has a lone surrogate"):
+        tok.encode_batch_ids(["a\ud800"])
+
+
+def test_encode_names_a_text_that_is_neither_a_str_nor_words(tok):
+    with pytest.raises(TypeError, match=r"text must be a str or a non-empty list of words \(str\), got int"):
+        tok.encode(5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="text word 1 is a int, expected str"):
+        tok.encode(["import", 5])  # type: ignore[list-item]
+    with pytest.raises(TypeError, match="text_pair must be a str or a non-empty list"):
+        tok.encode("import os", 3.5)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("bad", [True, 2.5, "8", 0])
+def test_max_length_and_pad_to_must_be_positive_ints(tok, bad):
+    # max_length=True used to be a budget of 1, 2.5 a slice error
+    message = f"^max_length must be an integer ≥ 1 or None, got {bad!r}"
+    with pytest.raises(ValueError, match=message):
+        tok.encode("import os", max_length=bad, truncation=True)
+    with pytest.raises(ValueError, match=message):
+        tok.batch_encode(["import os"], max_length=bad, truncation=True)
+    with pytest.raises(ValueError, match=message):
+        encode_pair_ids([5, 6], [7], cls_id=1, sep_id=2, max_length=bad, truncation=True)
+    message = f"^pad_to must be an integer ≥ 1 or None, got {bad!r}"
+    with pytest.raises(ValueError, match=message):
+        tok.batch_encode(["import os"], pad_to=bad)
+    with pytest.raises(ValueError, match=message):
+        pad_pairs([([1, 5, 2], [0, 0, 0])], pad_id=0, pad_to=bad)
