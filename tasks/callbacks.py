@@ -194,6 +194,17 @@ class ExportPretrained(L.Callback):
 
     def __init__(self, dirpath: str | None = None) -> None:
         self.dirpath = dirpath
+        self.first_step: int | None = None  # the step training started from (a resumed run's is > 0)
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.first_step = None
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.first_step = trainer.global_step  # after a checkpoint's restore; never called when done already
+
+    def steps_made(self, trainer: L.Trainer) -> int:
+        """Training steps this fit made (not counting the steps of the run it resumed)."""
+        return 0 if self.first_step is None else trainer.global_step - self.first_step
 
     @rank_zero_only
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -201,8 +212,8 @@ class ExportPretrained(L.Callback):
         if stop is not None and stop.received is not None:
             print("stopped by a signal: no model exported (resume with --ckpt_path last)")
             return
-        if trainer.global_step == 0:  # untrained weights would pass for a trained model (and move `latest`)
-            print("no training step was made: no model exported")
+        if self.steps_made(trainer) == 0:  # the weights of no new step would pass for this run's (and move `latest`)
+            print("no training step was made in this run: no model exported")
             return
         folder = Path(self.dirpath or log_dir(trainer) / "pretrained")
         model = pl_module.model

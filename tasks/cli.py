@@ -41,7 +41,14 @@ from tasks.callbacks import (
 )
 from tasks.data.base import CACHE_ENV
 from tasks.optim import check_optimizer_settings
-from tasks.resume import ResumableRNG, resume_callbacks
+from tasks.resume import (
+    RecordSettings,
+    ResumableRNG,
+    changed_settings,
+    plain_settings,
+    recorded_settings,
+    resume_callbacks,
+)
 from tasks.run_folder import (
     RECIPES,
     VERSION_ENV,
@@ -49,11 +56,13 @@ from tasks.run_folder import (
     find_checkpoint,
     mark_latest,
     next_version,
+    remove_if_empty,
     run_dir,
 )
 from unitok.cpu_memory import keep_freed_memory_unless_opted_out
 
 SAMPLE_HELP = "Continue prompts with a trained GPT folder (see `unitok sample --help`)."
+CLAIMED: list[Path] = []  # version folders this process created, removed at exit if nothing was written there
 
 
 def did_you_mean(message: str, known: Sequence[str]) -> str:
@@ -158,12 +167,50 @@ class UnitokCLI(LightningCLI):
                 raise
             self.parser.error(str(refusal))
 
+    def _parse_ckpt_path(self) -> None:
+        """Lightning replaces the model's settings with a checkpoint file's hyperparameters (the
+        recipe's and the command line's ``--model.*`` with them), but not for ``last`` / ``best``,
+        which are resolved later: here the recipe and the command line decide in every case, and
+        `_check_checkpoint` compares them with the checkpoint's run."""
+
     def _set_seed(self) -> None:
         """``--seed_everything`` outside numpy's range (a negative seed) is refused as a misspelt option is."""
+        config = self.config.get(str(self.subcommand), self.config) if self.subcommand else self.config
+        self.seed_asked = config.get("seed_everything")  # True: drawn at random, compared with nothing
         try:
             super()._set_seed()
         except ValueError as error:
             self.parser.error(f"--seed_everything: {error}")
+
+    def run_settings(self) -> dict[str, Any]:
+        """The settings that make a run's curve: its model, its data and (when one was asked for) its seed."""
+        config = self.config.get(str(self.subcommand), self.config) if self.subcommand else self.config
+        settings = plain_settings({"model": config.get("model"), "data": config.get("data")})
+        if getattr(self, "seed_asked", None) is not True:
+            settings["seed_everything"] = config.get("seed_everything")
+        return settings
+
+    def _check_checkpoint(self, subcommand: str, ckpt: str) -> None:
+        """A checkpoint of another kind of model is refused; resuming training with other settings
+        than the checkpoint's run had (another learning rate, batch size, seed) is refused too, since
+        the run would go on along another curve than the one its checkpoint and logs are of; for
+        validate / test / predict the differences are only listed."""
+        recorded = recorded_settings(ckpt)
+        if recorded is None:
+            return
+        current = self.run_settings()
+        kind = "model.class_path"
+        if recorded.get(kind) != current.get(kind):
+            self.parser.error(f"--ckpt_path {ckpt} was written by a {recorded.get(kind)} run; this recipe's model is "
+                              f"{current.get(kind)}: give a checkpoint of this recipe")
+        changed = changed_settings(recorded, current)
+        if not changed:
+            return
+        listed = "; ".join(changed[:6]) + (f"; … ({len(changed)} in all)" if len(changed) > 6 else "")
+        if subcommand == "fit":
+            self.parser.error(f"resuming from {ckpt} with other settings than its run's: {listed}. A resumed run goes on "
+                              "along the checkpoint's curve; resume with its settings, or start a new run")
+        rank_zero_only(print)(f"settings that differ from the checkpoint's run: {listed}")
 
     def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
         """The trainer, writing into ``<root>/version_N``: CSV and TensorBoard logs, checkpoints
@@ -171,6 +218,7 @@ class UnitokCLI(LightningCLI):
         root = self.recipe_root()
         version = next_version(root)
         self.run_dir = run_dir(root, version)
+        CLAIMED.append(self.run_dir)
         trainer = dict(self._get(self.config_init, "trainer", default={}))
         trainer["default_root_dir"] = str(root)
         if trainer.get("logger") in (None, True):
@@ -182,7 +230,7 @@ class UnitokCLI(LightningCLI):
                 raise ValueError(f"ModelCheckpoint(dirpath={callback.dirpath!r}) would write outside the run's "
                                  f"folder; leave dirpath unset (checkpoints go to {self.run_dir}/checkpoints)")
         self.stop = StopOnSignal()
-        callbacks += [LastCheckpoint(), self.stop, FrozenInEval()]
+        callbacks += [LastCheckpoint(), self.stop, FrozenInEval(), RecordSettings(self.run_settings())]
         if not any(isinstance(c, ResumableRNG) for c in callbacks):
             callbacks += resume_callbacks()
         if not any(isinstance(c, ExportPretrained) for c in callbacks):
@@ -214,18 +262,31 @@ class UnitokCLI(LightningCLI):
         elif (isinstance(ckpt, str) and ckpt not in ("hpc", "registry") and "://" not in ckpt
               and not Path(ckpt).is_file()):
             self.parser.error(f"--ckpt_path {ckpt}: no such checkpoint file ('last' or 'best' find the newest run's)")
+        if isinstance(config.get("ckpt_path"), str) and Path(config["ckpt_path"]).is_file():
+            self._check_checkpoint(subcommand, config["ckpt_path"])
+        export = next((c for c in self.trainer.callbacks if isinstance(c, ExportPretrained)), None)
         try:
             super()._run_subcommand(subcommand)
         except Exception as error:
             # A value refused as the data is read or the first batch runs (a missing file, a split
             # larger than the data): one line and exit 2, as a refusal while building is, when no
             # step was made — a failure mid-run keeps its traceback.
+            made = export.steps_made(self.trainer) if export is not None else self.trainer.global_step
+            if made == 0 and "Error(s) in loading state_dict" in str(error):  # another recipe's weights
+                first = str(error).splitlines()[0]
+                self.parser.error(f"--ckpt_path {config.get('ckpt_path')} does not fit this recipe's model ({first} "
+                                  "…): give a checkpoint of this recipe")
             refusal = _own_refusal(error)
-            if refusal is None or self.trainer.global_step > 0:
+            if refusal is None or made > 0:
                 raise
             self.parser.error(str(refusal))
         stopped = self.stop is not None and self.stop.received is not None
-        if subcommand == "fit" and self.trainer.global_step == 0 and not stopped:
+        made = export.steps_made(self.trainer) if export is not None else self.trainer.global_step
+        if subcommand == "fit" and made == 0 and not stopped:
+            if self.trainer.global_step:  # a resumed run already at max_steps
+                self.parser.error(f"fit made no training step, so nothing was exported: the checkpoint is at step "
+                                  f"{self.trainer.global_step} and max_steps is {self.trainer.max_steps}; raise "
+                                  "--trainer.max_steps to train on")
             self.parser.error("fit made no training step, so nothing was exported: the training data gives no "
                               "batch (fewer items than one batch?) or max_steps is 0")
         if subcommand == "fit" and (self.run_dir / "pretrained" / "config.json").is_file():
@@ -327,6 +388,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     finally:
         if chooses_version:
             os.environ.pop(VERSION_ENV, None)  # the next command in this process picks its own
+            while CLAIMED:
+                remove_if_empty(CLAIMED.pop())
     if cli.stop is not None and cli.stop.exit_code:
         sys.exit(cli.stop.exit_code)  # stopped by SIGTERM / SIGINT: resumable, not finished
 

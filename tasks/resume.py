@@ -6,12 +6,18 @@ restore where training stood in the data (`tasks.data.sampling`: the order and e
 random numbers are functions of the run's seed, epoch and batch). `ResumableRNG` restores the
 rest: the global random generators the training steps draw from (dropout and the like).
 `ResumedBest` keeps the stopped run's best monitored score, so ``best.ckpt`` stays the curve's best.
+`ResumedLogStep` keeps the logged step numbers the uninterrupted run's. `RecordSettings` writes
+the run's model, data and seed settings into each checkpoint, so that a resume with other
+settings (another learning rate, batch size or seed: another curve, recorded as this one) is
+refused by name (`changed_settings`).
 """
 
 from __future__ import annotations
 
 import os
 import random
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -116,6 +122,86 @@ def _only_under(folder: str, remove: Any) -> Any:
     return remove_own
 
 
+class ResumedLogStep(L.Callback):
+    """The step a resumed run logs at is the step it trains: Lightning keeps a logging counter of
+    its own (``_batches_that_stepped``) that a checkpoint written in a stop can hold one behind
+    or ahead (Ctrl-C's extra validation; SIGTERM while a validation's checkpoint is written),
+    and every loss after the resume was then logged one step off the uninterrupted run's."""
+
+    def __init__(self) -> None:
+        self._first = False
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._first = True
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        # at the first batch: the loops' own restart bookkeeping (which moves the counter) is done
+        loop = trainer.fit_loop.epoch_loop
+        if self._first and pl_module.automatic_optimization and hasattr(loop, "_batches_that_stepped"):
+            loop._batches_that_stepped = trainer.global_step  # as in any uninterrupted run, at a batch's start
+        self._first = False
+
+
+SETTINGS_KEY = "unitok_settings"
+# Settings that change how fast a run goes or where it caches, not its curve.
+NEUTRAL_SETTINGS = ("num_workers", "cache_dir", "persistent_workers", "pin_memory")
+
+
+def plain_settings(node: Any, prefix: str = "") -> dict[str, Any]:
+    """A config (nested dicts / namespaces) -> ``{"model.init_args.learning_rate": 0.002, ...}``,
+    leaves as JSON's types (others as their text), so a checkpoint holding them loads with
+    ``weights_only=True``."""
+    if hasattr(node, "as_dict"):
+        node = node.as_dict()
+    if isinstance(node, Mapping):
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            out.update(plain_settings(value, f"{prefix}{key}."))
+        return out
+    return {prefix.rstrip("."): _plain(node)}
+
+
+def _plain(value: Any) -> Any:
+    if hasattr(value, "as_dict"):
+        value = value.as_dict()
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value if value is None or isinstance(value, bool | int | float | str) else str(value)
+
+
+class RecordSettings(L.Callback):
+    """Writes the run's settings (`plain_settings` of its model, data and seed) into every
+    checkpoint, for `changed_settings` to compare a resumed run's with."""
+
+    def __init__(self, settings: dict[str, Any]) -> None:
+        self.settings = settings
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule,
+                           checkpoint: dict[str, Any]) -> None:
+        checkpoint[SETTINGS_KEY] = self.settings
+
+
+def recorded_settings(path: str | Path) -> dict[str, Any] | None:
+    """The settings `RecordSettings` wrote into a checkpoint (None: an older one, or another tool's)."""
+    import torch
+
+    try:
+        checkpoint = torch.load(path, weights_only=True, map_location="cpu", mmap=True)
+    except Exception:  # not ours to judge here: Lightning's own load names the problem
+        return None
+    settings = checkpoint.get(SETTINGS_KEY) if isinstance(checkpoint, dict) else None
+    return settings if isinstance(settings, dict) else None
+
+
+def changed_settings(recorded: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+    """``key: before → now`` for every setting that differs (`NEUTRAL_SETTINGS` aside)."""
+    keys = sorted(set(recorded) | set(current))
+    return [f"{key}: {recorded.get(key)!r} → {current.get(key)!r}" for key in keys
+            if key.rsplit(".", 1)[-1] not in NEUTRAL_SETTINGS and recorded.get(key) != current.get(key)]
+
+
 def resume_callbacks() -> list[L.Callback]:
     """The callbacks a run needs to resume exactly (the CLI adds them to every run)."""
-    return [ResumableRNG(), ResumedBest()]
+    return [ResumableRNG(), ResumedBest(), ResumedLogStep()]

@@ -26,11 +26,13 @@ def log_dir(trainer: L.Trainer) -> Path:
     """The run's folder, as ``trainer.log_dir`` but without its broadcast, so that code running on
     rank 0 alone (a checkpoint, an export, a plot) may ask: under DDP a broadcast that only rank 0
     joins hangs or fails."""
-    if not trainer.loggers:
-        return Path(trainer.default_root_dir)
-    logger = trainer.loggers[0]
-    folder = logger.log_dir if isinstance(logger, (TensorBoardLogger, CSVLogger)) else logger.save_dir
-    return Path(folder or trainer.default_root_dir)
+    logger = trainer.loggers[0] if trainer.loggers else None
+    folder = logger.log_dir if isinstance(logger, (TensorBoardLogger, CSVLogger)) else getattr(logger, "save_dir", None)
+    if folder:
+        return Path(folder)
+    # no logger with a folder (fast_dev_run swaps in a dummy): the CLI's version folder still
+    version = os.environ.get(VERSION_ENV)
+    return run_dir(Path(trainer.default_root_dir), int(version)) if version is not None else Path(trainer.default_root_dir)
 
 
 def versions(root: Path) -> list[int]:
@@ -49,12 +51,31 @@ def next_version(root: Path) -> int:
         return int(inherited)
     existing = versions(root)
     version = existing[-1] + 1 if existing else 0
+    while True:  # claimed by creating it: runs started together take one folder each
+        try:
+            run_dir(root, version).mkdir(parents=True)
+            break
+        except FileExistsError:
+            version += 1
     os.environ[VERSION_ENV] = str(version)
     return version
 
 
 def run_dir(root: Path, version: int) -> Path:
     return root / f"version_{version}"
+
+
+def remove_if_empty(folder: Path) -> None:
+    """Remove ``folder`` if nothing was written in it (only empty folders inside): a run refused
+    before its first log leaves no version behind."""
+    if not folder.is_dir():
+        return
+    inner = sorted((p for p in folder.rglob("*")), key=lambda p: len(p.parts), reverse=True)
+    if any(not p.is_dir() or p.is_symlink() for p in inner):
+        return
+    for p in inner:
+        p.rmdir()
+    folder.rmdir()
 
 
 def find_checkpoint(root: Path, which: str) -> Path:

@@ -31,7 +31,14 @@ from tasks.data.sampling import (
     resumable_loader,
 )
 from tasks.data.speech import BucketBatchSampler
-from tasks.resume import ResumableRNG, ResumedBest, _only_under, rng_states, set_rng_states
+from tasks.resume import (
+    ResumableRNG,
+    ResumedBest,
+    ResumedLogStep,
+    _only_under,
+    rng_states,
+    set_rng_states,
+)
 from tasks.run_folder import find_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -366,7 +373,36 @@ def test_a_resumed_checkpoint_callback_removes_files_of_its_own_run_only(tmp_pat
 
 
 def test_the_callbacks_a_run_needs():
-    assert [type(c) for c in resume_callbacks()] == [ResumableRNG, ResumedBest]
+    assert [type(c) for c in resume_callbacks()] == [ResumableRNG, ResumedBest, ResumedLogStep]
+
+
+@pytest.mark.parametrize("counter", [12, 14])  # Ctrl-C's extra validation; SIGTERM while a checkpoint is written
+def test_a_resumed_run_logs_each_step_at_its_own_number(counter):
+    from types import SimpleNamespace
+
+    loop = SimpleNamespace(_batches_that_stepped=counter)
+    trainer = SimpleNamespace(global_step=13, fit_loop=SimpleNamespace(epoch_loop=loop))
+    module = SimpleNamespace(automatic_optimization=True)
+    callback = ResumedLogStep()
+    callback.on_train_start(trainer, module)
+    callback.on_train_batch_start(trainer, module, None, 0)
+    assert loop._batches_that_stepped == 13  # as the uninterrupted run's counter at that batch
+    loop._batches_that_stepped = 20
+    callback.on_train_batch_start(trainer, module, None, 1)
+    assert loop._batches_that_stepped == 20  # once, at the first batch after the resume
+
+
+def test_settings_are_compared_as_plain_values_and_neutral_ones_ignored():
+    from jsonargparse import Namespace
+
+    from tasks.resume import changed_settings, plain_settings
+
+    before = plain_settings({"model": Namespace(class_path="tasks.X", init_args=Namespace(lr=0.1, sizes=(1, 2))),
+                             "data": {"init_args": {"batch_size": 8, "num_workers": 0, "cache_dir": "a"}}})
+    assert before == {"model.class_path": "tasks.X", "model.init_args.lr": 0.1, "model.init_args.sizes": [1, 2],
+                      "data.init_args.batch_size": 8, "data.init_args.num_workers": 0, "data.init_args.cache_dir": "a"}
+    after = {**before, "model.init_args.lr": 0.2, "data.init_args.num_workers": 4, "data.init_args.cache_dir": "b"}
+    assert changed_settings(before, after) == ["model.init_args.lr: 0.1 → 0.2"]
 
 
 def test_resumable_loaders_keep_the_datasets_attributes(digits):

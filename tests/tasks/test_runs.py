@@ -114,6 +114,80 @@ def test_a_run_in_steps_over_one_batch_epochs_logs_every_interval_without_lightn
     assert steps == list(range(2, 30, 3))  # logged every third step across 30 one-batch epochs
 
 
+def test_runs_started_together_take_a_folder_each(tmp_path, monkeypatch):
+    from tasks import run_folder
+
+    monkeypatch.setenv(run_folder.VERSION_ENV, "unset when the test ends")
+    monkeypatch.delenv(run_folder.VERSION_ENV)  # each next_version below is a new command's
+    monkeypatch.setattr(run_folder, "versions", lambda root: [])  # both listed the folder before either wrote
+    first = run_folder.next_version(tmp_path)
+    os.environ.pop(run_folder.VERSION_ENV)
+    second = run_folder.next_version(tmp_path)
+    os.environ.pop(run_folder.VERSION_ENV)
+    assert (first, second) == (0, 1) and (tmp_path / "version_0").is_dir() and (tmp_path / "version_1").is_dir()
+
+
+def test_a_refused_resume_leaves_no_folder_and_the_checkpoints_settings_decide_nothing(tmp_path, monkeypatch,
+                                                                                       capsys):
+    monkeypatch.chdir(tmp_path)
+    root = tmp_path / "runs" / "vit_digits"
+    main(["fit", "--config", str(VIT), *QUICK])
+    # another learning rate, batch size or seed would go on along another curve than the checkpoint's
+    for changed, shown in ((["--model.learning_rate", "0.02"], "model.init_args.learning_rate: 0.002 → 0.02"),
+                           (["--data.batch_size", "8"], "data.init_args.batch_size: 16 → 8"),
+                           (["--seed_everything", "5"], "seed_everything: 0 → 5")):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["fit", "--config", str(VIT), *QUICK, "--trainer.max_steps", "6", "--ckpt_path", "last", *changed])
+        assert exit_info.value.code == 2
+        assert f"with other settings than its run's: {shown}" in capsys.readouterr().err
+    assert sorted(p.name for p in root.glob("version_*")) == ["version_0"]  # no empty version left behind
+    main(["fit", "--config", str(VIT), *QUICK, "--trainer.max_steps", "6", "--ckpt_path", "last"])  # the same: fine
+    assert step_of(root / "version_1" / "checkpoints" / "last.ckpt") == 6
+    # a file given to --ckpt_path no longer replaces the recipe's and the command line's model options
+    main(["validate", "--config", str(VIT), *QUICK, "--ckpt_path", str(root / "version_1" / "checkpoints" / "last.ckpt"),
+          "--model.label_smoothing", "0.1"])
+    assert "label_smoothing: 0.1" in (root / "version_2" / "config.yaml").read_text()
+    assert "model.init_args.label_smoothing: 0.0 → 0.1" in capsys.readouterr().out  # listed, not refused
+
+
+def test_another_recipes_checkpoint_is_refused_by_name(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    main(["fit", "--config", str(VIT), *QUICK])
+    ckpt = str(tmp_path / "runs" / "vit_digits" / "version_0" / "checkpoints" / "last.ckpt")
+    mixer = ROOT / "configs" / "mixer" / "digits.yaml"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["test", "--config", str(mixer), "--ckpt_path", ckpt, "--trainer.enable_progress_bar", "false"])
+    assert exit_info.value.code == 2
+    assert "does not fit this recipe's model" in capsys.readouterr().err
+    gpt = ROOT / "configs" / "gpt" / "tiny.yaml"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["test", "--config", str(gpt), "--ckpt_path", ckpt])
+    assert "was written by a tasks.ImageClassificationTask run; this recipe's model is tasks.CausalLMTask" in \
+        capsys.readouterr().err
+    assert not (tmp_path / "runs" / "gpt_tiny").exists() or not list((tmp_path / "runs" / "gpt_tiny").glob("version_*"))
+
+
+def test_resuming_a_finished_run_trains_nothing_exports_nothing_and_says_so(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    root = tmp_path / "runs" / "vit_digits"
+    main(["fit", "--config", str(VIT), *QUICK])
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", str(VIT), *QUICK, "--ckpt_path", "last"])  # max_steps 4: already there
+    assert exit_info.value.code == 2
+    assert "the checkpoint is at step 4 and max_steps is 4; raise --trainer.max_steps" in capsys.readouterr().err
+    assert (root / "latest").resolve() == (root / "version_0").resolve()
+    assert not (root / "version_1" / "pretrained").exists()
+
+
+def test_a_fast_dev_run_writes_into_its_own_version_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    main(["fit", "--config", str(VIT), "--trainer.fast_dev_run", "true", "--data.batch_size", "8",
+          "--trainer.enable_progress_bar", "false"])
+    root = tmp_path / "runs" / "vit_digits"
+    assert (root / "version_0" / "pretrained" / "model.safetensors").is_file()
+    assert not (root / "pretrained").exists() and not (root / "checkpoints").exists()
+
+
 @pytest.mark.parametrize("option, hint", [
     ("--trainer.max_step", "did you mean --trainer.max_steps"),  # a prefix is no longer taken for the option
     ("--trainer.max_stepz", "did you mean --trainer.max_steps"),
