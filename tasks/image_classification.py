@@ -225,13 +225,20 @@ class ImageClassificationTask(L.LightningModule):
             # exported as reading this size, and answer wrongly there
             raise ValueError(f"the data's images are {size[0]}×{size[1]} but the model's image_size is "
                              f"{c.image_size[0]}×{c.image_size[1]}; set the model's image_size: {list(size)}")
+        # Stored with the model, so `model.predict` and the pipelines read raw images as training
+        # did: the same normalisation, the same resizing filter, and no crop where the data
+        # resizes plainly (a timm model's crop_pct would crop what training squashed).
+        changes: dict[str, Any] = {}
         mean, std = getattr(datamodule, "mean", None), getattr(datamodule, "std", None)
         if mean is not None and std is not None and (tuple(mean), tuple(std)) != (c.mean, c.std):
-            # Stored with the model, so `model.predict` on raw images normalises as in training.
-            self.model.config = c = c.replace(mean=tuple(mean), std=tuple(std))
+            changes.update(mean=tuple(mean), std=tuple(std))
         interpolation = getattr(datamodule, "interpolation", None)
-        if interpolation is not None and interpolation != c.interpolation:  # and resizes with the same filter
-            self.model.config = c.replace(interpolation=interpolation)
+        if interpolation is not None and interpolation != c.interpolation:
+            changes["interpolation"] = interpolation
+        if hasattr(datamodule, "crop_pct") and datamodule.crop_pct != c.crop_pct:
+            changes["crop_pct"] = datamodule.crop_pct
+        if changes:
+            self.model.config = c.replace(**changes)
 
     def _resolve_teacher(self, datamodule: L.LightningDataModule | None) -> nn.Module:
         # Resolved when fitting, not in __init__: a distilled checkpoint loads for test/predict

@@ -95,6 +95,12 @@ class ImagePreprocessConfig:
         return asdict(self)
 
 
+def torch_interpolation(mode: str) -> str:
+    """``F.interpolate``'s name for a filter as PIL (and timm's transforms) apply it: torch's
+    "nearest" picks pixels by a floor rule of its own, "nearest-exact" by PIL's pixel centres."""
+    return "nearest-exact" if mode == "nearest" else mode
+
+
 def _scaled_keeping_ratio(size: tuple[int, int], target: tuple[int, int], crop_pct: float) -> tuple[int, int]:
     """The (h, w) an image of ``size`` is resized to before timm's evaluation centre crop of
     ``target``: its shorter side to target / crop_pct, the aspect ratio kept (timm's "center"
@@ -179,7 +185,7 @@ class PatchTokenizer:
 
     def _resize(self, pixels: Tensor) -> Tensor:
         H, W = self.config.image_size  # type: ignore[misc]
-        mode = self.config.interpolation
+        mode = torch_interpolation(self.config.interpolation)
         kwargs = {"antialias": True} if mode in ("bicubic", "bilinear") else {}
         if self.config.crop_pct is not None:
             big = _scaled_keeping_ratio(tuple(pixels.shape[-2:]), (H, W), self.config.crop_pct)
@@ -252,6 +258,12 @@ def open_image(path: str | Path, channels: int = 3) -> Any:
             return image.convert("RGB" if channels == 3 else "L")
     except (UnidentifiedImageError, OSError) as error:
         raise ValueError(f"cannot read image {path}: {error}") from error
+
+
+def read_image(path: str | Path, channels: int = 3) -> Tensor:
+    """An image file -> (C, H, W) pixels as `PatchTokenizer` reads them: uint8, or float in [0, 1]
+    for 16-bit and float greyscale (whose values an 8-bit conversion would clip)."""
+    return _pil_to_tensor(open_image(path, channels), channels)
 
 
 def _is_pil(obj: Any) -> bool:

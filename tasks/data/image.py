@@ -15,7 +15,6 @@ from typing import Literal
 import numpy as np
 import torch
 import torch.nn.functional as F
-from PIL import Image, UnidentifiedImageError
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 from torch import Tensor
@@ -24,7 +23,7 @@ from torchvision.transforms import InterpolationMode, v2
 
 from tasks.data.base import SplitDataModule
 from tokenizers_mm.checks import check_int
-from tokenizers_mm.image import IMAGE_SUFFIXES
+from tokenizers_mm.image import IMAGE_SUFFIXES, read_image
 
 Interpolation = Literal["bilinear", "bicubic", "nearest"]
 
@@ -119,12 +118,9 @@ class ImageFiles(Dataset):
         return str(self.files[index])
 
     def __getitem__(self, index: int) -> dict[str, Tensor]:
-        path = self.files[index]
-        try:
-            with Image.open(path) as image:
-                pixels = v2.functional.pil_to_tensor(image.convert(self.mode))  # (C, H, W) uint8
-        except (UnidentifiedImageError, OSError) as error:
-            raise ValueError(f"cannot read image {path}: {error}") from error
+        # as a model's processor reads the file: 16-bit scans keep their values (PIL's conversion
+        # to "L" / "RGB" clips them to 8 bits: 50 % grey read as white)
+        pixels = read_image(self.files[index], 1 if self.mode == "L" else 3)  # (C, H, W) uint8 or [0, 1] float
         return {"pixel_values": self.transform(pixels), "labels": self.labels[index]}
 
 
@@ -138,6 +134,7 @@ class ImageDataModule(SplitDataModule):
     image_size: tuple[int, int]
     mean: tuple[float, ...]
     std: tuple[float, ...]
+    crop_pct: float | None = None  # how images reach image_size: None, a plain resize (no crop)
 
 
 class DigitsDataModule(ImageDataModule):
@@ -351,8 +348,10 @@ class ImageFolderDataModule(ImageDataModule):
             raise ValueError(f"{train_dir} has one class ({self.class_names[0]}); classification needs ≥ 2")
 
     def _transform(self, train: bool) -> v2.Transform:
-        steps: list[v2.Transform] = [v2.Resize(self.image_size, interpolation=InterpolationMode(self.interpolation),
-                                               antialias=True),
+        # PIL's nearest pixels (torchvision's NEAREST on tensors is torch's own floor rule), as the
+        # exported model's processor resizes (`tokenizers_mm.image.torch_interpolation`)
+        mode = InterpolationMode.NEAREST_EXACT if self.interpolation == "nearest" else InterpolationMode(self.interpolation)
+        steps: list[v2.Transform] = [v2.Resize(self.image_size, interpolation=mode, antialias=True),
                                      v2.ToDtype(torch.float32, scale=True)]
         if train and self.augment:
             steps.append(augmentation(self.degrees, self.translate, self.hflip))

@@ -199,3 +199,43 @@ def test_validation_classes_must_be_training_classes(tmp_path):
     Image.new("RGB", (8, 8)).save(tmp_path / "val" / "owl" / "0.png")
     with pytest.raises(ValueError, match="owl"):
         ImageFolderDataModule(root=str(tmp_path))
+
+
+@pytest.mark.parametrize("channels", [1, 3])
+def test_a_16_bit_image_is_read_as_the_models_processor_reads_it(tmp_path, channels):
+    # PIL's conversion to "L" / "RGB" clips 16-bit values to 8 bits: 50 % grey read as white
+    from tokenizers_mm import ImagePreprocessConfig, PatchTokenizer
+
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        for i in range(3):
+            Image.fromarray(np.full((16, 16), 32768, np.uint16)).save(tmp_path / name / f"{i}.png")
+    dm = ImageFolderDataModule(root=str(tmp_path), image_size=16, channels=channels, mean=0.0, std=1.0, batch_size=1)
+    dm.setup()
+    pixels = dm.train_set[0]["pixel_values"]
+    read = PatchTokenizer(ImagePreprocessConfig(patch_size=8, channels=channels, mean=(0.0,) * channels,
+                                                std=(1.0,) * channels)).preprocess(str(tmp_path / "a" / "0.png"))[0]
+    torch.testing.assert_close(pixels, torch.full((channels, 16, 16), 32768 / 65535))
+    torch.testing.assert_close(pixels, read)
+
+
+def test_a_model_trained_on_resized_folders_exports_the_same_resize_without_a_crop(tmp_path):
+    # the data squashes every image to image_size; a preset's crop_pct (0.875) would make
+    # predict(resize=True) and the pipelines crop what training never cropped
+    from tasks.image_classification import ImageClassificationTask
+
+    rng = np.random.default_rng(0)
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        for i in range(3):
+            Image.fromarray(rng.integers(0, 256, (60, 100, 3), dtype=np.uint8)).save(tmp_path / name / f"{i}.png")
+    dm = ImageFolderDataModule(root=str(tmp_path), image_size=32, channels=3, batch_size=1)
+    dm.setup()
+    task = ImageClassificationTask(family="vit", preset="vit-tiny-patch16-224", image_size=32, channels=3,
+                                   num_classes=2, d_model=32, n_layers=1, n_heads=2)
+    assert task.model.config.crop_pct == 0.875
+    task._check_data(dm)
+    assert task.model.config.crop_pct is None
+    served = task.model.image_tokenizer(resize=True).preprocess(str(dm.val_files[0]))
+    torch.testing.assert_close(served, dm.val_set[0]["pixel_values"][None], atol=0.02, rtol=0)  # bilinear both ways
+

@@ -248,7 +248,7 @@ def test_resize_brings_every_image_to_image_size():
     images = torch.rand(2, 3, 32, 48)
     pixels = tok.preprocess(images)
     assert pixels.shape == (2, 3, 16, 24)
-    torch.testing.assert_close(pixels, images[..., ::2, ::2])  # nearest, halving: every other pixel
+    torch.testing.assert_close(pixels, images[..., 1::2, 1::2])  # nearest, halving: the pixel at each centre, as PIL
     assert tok.encode(images).grid == (2, 3)
 
 
@@ -411,6 +411,19 @@ def test_crop_pct_keeps_the_aspect_ratio_as_timms_evaluation_transform_does(size
     first = v2.Resize(size_first, interpolation=v2.InterpolationMode.BICUBIC, antialias=True)
     expected = v2.CenterCrop(image_size)(first(image))
     torch.testing.assert_close(tok.preprocess(image), expected.clamp(0, 1), atol=1e-6, rtol=0)
+
+
+def test_nearest_resizing_picks_the_pixels_pil_and_timm_pick():
+    # torch's "nearest" floors its own way; PIL's (timm's transforms) takes pixel centres
+    from PIL import Image
+    from timm.data import create_transform
+
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (217, 300, 3), dtype=np.uint8))
+    reference = create_transform(input_size=(3, 64, 64), interpolation="nearest", crop_pct=0.875, mean=(0,) * 3,
+                                 std=(1,) * 3)(image)
+    tok = PatchTokenizer(patch_size=8, image_size=(64, 64), resize=True, interpolation="nearest", crop_pct=0.875,
+                         **PLAIN)
+    torch.testing.assert_close(tok.preprocess(image)[0], reference, atol=1e-6, rtol=0)
 
 
 def test_a_list_of_sizes_is_resized_and_cropped_once_as_each_image_alone():

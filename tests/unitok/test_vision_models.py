@@ -428,3 +428,13 @@ def test_class_tokens_only_needs_class_token_pooling():
     assert not model.reads_class_tokens
     with pytest.raises(ValueError, match="class_tokens_only needs class-token pooling"):
         model(normalised(raw_digits(1)), class_tokens_only=True)
+
+
+def test_image_tokens_whose_grid_does_not_hold_their_patches_are_refused():
+    vit = ViT(ViTConfig.from_name("vit-digits")).eval()
+    tokens = vit.image_tokenizer().encode(torch.rand(1, 1, 32, 32))
+    bad = Tokens(features=tokens.features[:, :8], attention_mask=tokens.attention_mask[:, :8], modality="image",
+                 grid=(4, 4))
+    with pytest.raises(ValueError, match="image Tokens hold 8 patches but their grid 4×4 has 16"):
+        vit(bad)
+

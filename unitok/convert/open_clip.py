@@ -132,8 +132,13 @@ def _text_config(model: nn.Module) -> CLIPTextConfig:
 
 
 def _preprocess(model: nn.Module) -> dict[str, Any]:
+    """open_clip's evaluation preprocessing as the image config stores it: ``resize_mode``
+    "shortest" (the default) resizes the shorter side and centre-crops (crop_pct 1.0), "squash"
+    resizes plainly (crop_pct None); "longest" pads, which unitok does not, and is refused."""
     cfg = getattr(model.visual, "preprocess_cfg", None) or {}
-    out: dict[str, Any] = {"crop_pct": 1.0}
+    mode = cfg.get("resize_mode") or "shortest"
+    _require(mode in ("shortest", "squash"), f"resize_mode {mode!r} (pads the longer side to the image size)")
+    out: dict[str, Any] = {"crop_pct": 1.0 if mode == "shortest" else None}
     if "mean" in cfg and "std" in cfg:
         out["mean"], out["std"] = tuple(cfg["mean"]), tuple(cfg["std"])
     if cfg.get("interpolation") in ("bicubic", "bilinear"):

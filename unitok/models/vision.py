@@ -96,9 +96,13 @@ class ImageModel(PretrainedModel):
         if isinstance(pixel_values, Tokens):
             if pixel_values.features is None or pixel_values.grid is None:
                 raise ValueError("image models read image Tokens (patch features with a grid)")
+            grid, n = tuple(pixel_values.grid), pixel_values.features.shape[1]
+            if grid[0] * grid[1] != n:  # positions are laid out by the grid: they would not add up
+                raise ValueError(f"image Tokens hold {n} patches but their grid {grid[0]}×{grid[1]} has "
+                                 f"{grid[0] * grid[1]}")
             check_dtype(pixel_values.features, self.patch_embed.weight, "patch features")
             check_finite(pixel_values.features, "patch features")
-            return self.patch_embed(pixel_values.features), tuple(pixel_values.grid)
+            return self.patch_embed(pixel_values.features), grid
         x = pixel_values
         if not isinstance(x, Tensor) or x.dim() != 4:
             shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__

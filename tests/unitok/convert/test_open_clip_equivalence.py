@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from open_clip.model import CLIP as OpenCLIP
 from open_clip.model import CLIPTextCfg, CLIPVisionCfg, CustomTextCLIP
+from open_clip.transform import PreprocessCfg, image_transform_v2
 from open_clip.zero_shot_classifier import build_zero_shot_classifier
 
 from unitok.convert import from_open_clip
@@ -87,6 +88,37 @@ def test_zero_shot_predictions_equal_open_clips_classifier_path():
 def test_options_unitok_lacks_are_refused_by_name(options, reason):
     with pytest.raises(ValueError, match=reason):
         from_open_clip(small(**options))
+
+
+def preprocess_cfg(resize_mode: str) -> dict:
+    return {"size": (32, 32), "mode": "RGB", "mean": open_clip.OPENAI_DATASET_MEAN, "std": open_clip.OPENAI_DATASET_STD,
+            "interpolation": "bicubic", "resize_mode": resize_mode, "fill_color": 0}
+
+
+@pytest.mark.parametrize("resize_mode", ["shortest", "squash"])
+def test_raw_images_are_prepared_as_open_clips_preprocess_does(resize_mode):
+    import numpy as np
+    from PIL import Image
+
+    reference = small()
+    reference.visual.preprocess_cfg = preprocess_cfg(resize_mode)  # as create_model sets it
+    preprocess = image_transform_v2(PreprocessCfg(**reference.visual.preprocess_cfg), is_train=False)
+    ours = from_open_clip(reference).eval()
+    tok = ours.image_tokenizer(resize=True)
+    for size in ((43, 60), (17, 100)):  # a squash and a crop differ most on long images
+        y, x = np.mgrid[0 : size[0], 0 : size[1]]
+        smooth = np.stack([128 + 100 * np.sin(x / 5 + c) * np.cos(y / 7 - c) for c in range(3)], -1)
+        image = Image.fromarray(smooth.astype(np.uint8))
+        with torch.no_grad():
+            a, b = ours.encode_image(tok.preprocess(image)), reference.encode_image(preprocess(image)[None])
+        assert F.cosine_similarity(a, b).item() > 0.999  # PIL rounds to 8 bits between steps; torch does not
+
+
+def test_open_clips_padding_resize_mode_is_refused():
+    reference = small()
+    reference.visual.preprocess_cfg = preprocess_cfg("longest")
+    with pytest.raises(ValueError, match="resize_mode 'longest'"):
+        from_open_clip(reference)
 
 
 def test_custom_text_towers_are_refused():
