@@ -372,6 +372,14 @@ class TokenClassificationTask(_LabelTask):
         return records(predictions, scores, target=targets or None)
 
 
+def context_positions(segment_ids: Tensor, attention_mask: Tensor) -> Tensor:
+    """(B, N) True where an answer may lie: ``[CLS] question [SEP] context [SEP]``'s context, the
+    closing [SEP] (segment 1 too, the last real token) left out."""
+    allowed = segment_ids.bool() & attention_mask.bool()
+    last = attention_mask.long().sum(dim=1, keepdim=True) - 1  # (B, 1): each row's closing [SEP]
+    return allowed & (torch.arange(segment_ids.shape[1], device=segment_ids.device)[None, :] != last)
+
+
 class QuestionAnsweringTask(_FineTuneTask):
     """Fine-tunes a BERT body for extractive QA: a start and an end score per token,
     cross-entropy on ``start_positions`` / ``end_positions``. Logs ``loss`` and
@@ -394,6 +402,7 @@ class QuestionAnsweringTask(_FineTuneTask):
     ) -> None:
         if mode == "features":
             raise ValueError("QuestionAnsweringTask supports mode 'full' or 'frozen'")
+        check_int("max_answer_length", max_answer_length)
         super().__init__(mode)
         self.save_hyperparameters()
         self.num_labels = 1  # no class count to check against the data
@@ -404,7 +413,7 @@ class QuestionAnsweringTask(_FineTuneTask):
         out = self.model(batch["input_ids"], batch.get("attention_mask"), batch.get("segment_ids"))
         start, end = batch["start_positions"], batch["end_positions"]
         loss = (F.cross_entropy(out.start_logits.float(), start) + F.cross_entropy(out.end_logits.float(), end)) / 2
-        allowed = batch["segment_ids"].bool() & batch["attention_mask"].bool()  # the context segment
+        allowed = context_positions(batch["segment_ids"], batch["attention_mask"])
         s, e = span_from_logits(out.start_logits, out.end_logits, allowed, self.hparams.max_answer_length)
         return {"loss": loss, "exact_match": ((s == start) & (e == end)).float().mean()}
 
@@ -413,10 +422,14 @@ class QuestionAnsweringTask(_FineTuneTask):
         """Records (`tasks.predictions`): the best span inside the context segment as text,
         ``score`` p(start) · p(end); ``target`` the answer (the documented name) when known."""
         out = self.model(batch["input_ids"], batch.get("attention_mask"), batch.get("segment_ids"))
-        allowed = batch["segment_ids"].bool() & batch["attention_mask"].bool()
+        allowed = context_positions(batch["segment_ids"], batch["attention_mask"])
         s, e = span_from_logits(out.start_logits, out.end_logits, allowed, self.hparams.max_answer_length)
         rows = torch.arange(len(s), device=s.device)
-        score = out.start_logits.float().softmax(-1)[rows, s] * out.end_logits.float().softmax(-1)[rows, e]
+        # probabilities over the context alone (Hugging Face's QA pipeline masks the question,
+        # the special tokens and the padding first): the score does not move with the batch's padding
+        start_p = out.start_logits.float().masked_fill(~allowed, float("-inf")).softmax(-1)
+        end_p = out.end_logits.float().masked_fill(~allowed, float("-inf")).softmax(-1)
+        score = start_p[rows, s] * end_p[rows, e]
         tok = self.trainer.datamodule.tokenizer  # type: ignore[union-attr]
         answers = [tok.decode(batch["input_ids"][i, int(s[i]): int(e[i]) + 1]) for i in range(len(s))]
         examples = _examples(batch)

@@ -139,7 +139,9 @@ class MaskedLMTask(_PretrainingTask):
         (`tasks.predictions`): the text as ``input``, the filled text as ``prediction``, the mean
         log-probability of the filled-in tokens as ``score`` (0 without a [MASK])."""
         tok = self.trainer.datamodule.tokenizer  # type: ignore[union-attr]
-        tokens = tok.batch_encode(batch, max_length=self.model.config.context_length, truncation=True)
+        # a text longer than the context is an error, as in the fill-mask pipeline: cut, it could
+        # lose its [MASK] and answer with nothing filled in
+        tokens = tok.batch_encode(batch, max_length=self.model.config.context_length, truncation=False)
         tokens = tokens.to(self.device)
         logits = self.model(tokens).mlm_logits  # (B, N, V)
         ids = tokens.ids.clone()
@@ -214,7 +216,7 @@ class ElectraTask(_PretrainingTask):
         ``prediction`` [token, replaced?] for every real token, ``score`` the mean probability
         of the flags given, ``filled`` the text the discriminator read, ``input`` the text."""
         tok = self.trainer.datamodule.tokenizer  # type: ignore[union-attr]
-        tokens = tok.batch_encode(batch, max_length=self.model.config.context_length, truncation=True)
+        tokens = tok.batch_encode(batch, max_length=self.model.config.context_length, truncation=False)  # no silent cut
         tokens = tokens.to(self.device)
         ids, mask, segments = tokens.ids.clone(), tokens.attention_mask, tokens.segments
         at_mask = ids == tok.mask_id

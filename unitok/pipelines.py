@@ -313,7 +313,8 @@ class TokenClassificationPipeline(_BERTPipeline):
                 entity = self.label(int(cls))
                 if entity in ignore_labels:
                     continue
-                entities.append({"entity": entity, "score": float(score), "index": index, "word": token,
+                word = text[offset[0]:offset[1]] if token == tok.unk_token else token  # as Hugging Face names [UNK]
+                entities.append({"entity": entity, "score": float(score), "index": index, "word": word,
                                  "start": offset[0], "end": offset[1]})
             answers.append(entities)
         return answers

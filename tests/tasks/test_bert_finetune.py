@@ -203,3 +203,73 @@ def test_question_answering_learns_to_point_at_spans(tmp_path):
     records = [r for batch in run.predict(task, datamodule=dm) for r in batch]
     assert len(records) == 8 and all(isinstance(r["prediction"], str) and 0.0 <= r["score"] <= 1.0 for r in records)
     assert all(r["target"] and r["input"] for r in records)
+
+
+def qa_batch(pairs, tok):
+    from tokenizers_mm import pad_pairs
+
+    encs = [tok.encode(q, c) for q, c in pairs]
+    b = pad_pairs([(e.ids.tolist(), e.segments.tolist()) for e in encs], tok.pad_id)
+    return {"input_ids": b.ids, "attention_mask": b.attention_mask, "segment_ids": b.segments}
+
+
+def test_an_answer_lies_in_the_context_and_its_score_ignores_the_batchs_padding():
+    from types import SimpleNamespace
+
+    from tasks.bert_finetune import context_positions
+    from tokenizers_mm import WordPieceTokenizer
+
+    corpus = ["which function reads a file", "def read ( path ) : def write ( path , data ) :"] * 30
+    tok = WordPieceTokenizer.train(iterator=corpus, vocab_size=120)
+    short = ("which function reads", "def read ( path ) : def write ( path ) :")
+    long = ("which function writes a file", "def write ( path , data ) : def read ( path ) : def read ( path ) :")
+    batch_ = qa_batch([short, long], tok)
+    allowed = context_positions(batch_["segment_ids"], batch_["attention_mask"])
+    n_short = int(batch_["attention_mask"][0].sum())
+    assert allowed[0, n_short - 1].item() is False and allowed[0, n_short - 2].item() is True  # [SEP] out
+    assert int(allowed[0].sum()) == int(batch_["segment_ids"][0].sum()) - 1
+    torch.manual_seed(0)
+    task = QuestionAnsweringTask(vocab_size=tok.vocab_size, context_length=64, preset="bert-nano").eval()
+    task._trainer = SimpleNamespace(datamodule=SimpleNamespace(tokenizer=tok))
+    with torch.no_grad():  # a head that loves the closing [SEP] must still answer from the context
+        task.model.span_head.out.bias.zero_()
+        task.model.span_head.out.weight.zero_()
+    alone = task.predict_step(qa_batch([short], tok), 0)[0]
+    batched = task.predict_step(batch_, 0)[0]
+    assert alone["prediction"] and alone["prediction"] == batched["prediction"]
+    assert alone["score"] == pytest.approx(batched["score"], rel=1e-5)  # padding is not part of the softmax
+    for bad in (0, -3, 2.5):
+        with pytest.raises(ValueError, match=f"max_answer_length must be an integer ≥ 1, got {bad}"):
+            QuestionAnsweringTask(vocab_size=V, max_answer_length=bad)
+
+
+@pytest.mark.parametrize("task_name", ["MaskedLMTask", "ElectraTask"])
+def test_predicting_a_text_longer_than_the_context_is_an_error_not_a_cut(task_name):
+    # cut, the text loses its [MASK] and the answer fills nothing in, with a score of 0
+    from types import SimpleNamespace
+
+    import tasks
+    from tokenizers_mm import WordPieceTokenizer
+
+    tok = WordPieceTokenizer.train(iterator=["the parser reads the text and returns the words"] * 30, vocab_size=100)
+    task = getattr(tasks, task_name)(vocab_size=tok.vocab_size, context_length=16, preset="bert-nano"
+                                     if task_name == "MaskedLMTask" else "electra-nano").eval()
+    task._trainer = SimpleNamespace(datamodule=SimpleNamespace(tokenizer=tok))
+    assert task.predict_step(["the parser [MASK] the text"], 0)[0]["prediction"]
+    with pytest.raises(ValueError, match="text 0: input of 28 tokens does not fit max_length"):
+        task.predict_step(["the parser reads the text and returns the words " * 3 + "[MASK]"], 0)
+
+
+def test_the_token_classification_pipeline_names_an_unknown_token_by_its_text():
+    from tokenizers_mm import Processor, WordPieceTokenizer
+    from unitok import pipeline
+
+    tok = WordPieceTokenizer.train(iterator=["class parser pass"] * 30, vocab_size=60)
+    torch.manual_seed(0)
+    bert = BERT(BERTConfig.from_name("bert-nano", vocab_size=tok.vocab_size, context_length=32,
+                                     heads=("token_classifier",), num_labels=2))
+    bert.processor = Processor(text=tok, labels=("name", "other"))
+    entities = pipeline("token-classification", model=bert, ignore_labels=())("class Ωmega pass")
+    assert tok.encode("class Ωmega pass").tokens[2] == "[UNK]"  # what the word is to the model
+    assert [e["word"] for e in entities] == ["class", "Ωmega", "pass"]  # Hugging Face's: the text it stands for
+

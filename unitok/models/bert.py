@@ -481,6 +481,7 @@ def span_from_logits(start_logits: Tensor, end_logits: Tensor, allowed: Tensor |
                      max_answer_length: int = 30) -> tuple[Tensor, Tensor]:
     """Best (start, end) token span per row with start ≤ end < start + max_answer_length:
     (B, N), (B, N) [, (B, N) bool positions a span may use] -> (B,), (B,)."""
+    check_int("max_answer_length", max_answer_length)  # ≤ 0 would leave no span: (0, 0) for every row
     B, N = start_logits.shape
     scores = start_logits[:, :, None] + end_logits[:, None, :]  # (B, N_start, N_end)
     i = torch.arange(N, device=start_logits.device)
