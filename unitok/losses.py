@@ -96,7 +96,8 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, labels: Tensor, bias: T
     gradients of the inputs that need one are computed in the forward pass (backward only scales
     them), so the loss cannot be differentiated twice; under ``no_grad`` only the loss is computed.
     Inside ``torch.func`` transforms (``grad``, ``vmap``) or with forward-mode tangents, whose rules
-    the fused computation lacks, it runs as the unfused pair.
+    the fused computation lacks, and in float16 (whose range a loss scale must widen before the
+    gradient is formed), it runs as the unfused pair.
 
     ``compile`` (True: inductor, or a `torch.compile` backend: its name or callable) computes each chunk's
     softmax, log p(target) and gradient as one compiled function (`softmax_gradient`), which
@@ -119,7 +120,11 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, labels: Tensor, bias: T
         raise ValueError(f"compile must be True/False or a torch.compile backend (a name or a callable), "
                          f"got {compile!r}")
     labels = check_class_labels(labels, hidden.shape[:-1], weight.shape[0])
-    if _needs_plain_ops(hidden, weight, bias):
+    gemm_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
+    # float16: the fused path forms the logits' gradient ((softmax − one-hot) / count, ~1e-8 for a
+    # big batch) in the forward pass, before a GradScaler's scale reaches it, and float16 flushes
+    # such values to zero; the unfused pair's backward sees the scaled loss (bfloat16 has the range)
+    if _needs_plain_ops(hidden, weight, bias) or gemm_dtype == torch.float16:
         return _cross_entropy(F.linear(hidden, weight, bias), labels)
     softmax_grad = _compiled_softmax_gradient("inductor" if compile is True else compile) if compile else None
     return _LinearCrossEntropy.apply(hidden.reshape(-1, hidden.shape[-1]), weight, bias,

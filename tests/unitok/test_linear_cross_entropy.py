@@ -108,6 +108,27 @@ def test_bf16_autocast_matches_autocast_reference(monkeypatch, chunk_values, blo
         torch.testing.assert_close(ours, theirs, atol=2e-3, rtol=2e-2)
 
 
+def test_float16_with_a_loss_scale_keeps_the_gradients_the_unfused_pair_keeps():
+    # the fused path forms (softmax − one-hot) / count in the forward, before a GradScaler's scale
+    # reaches it: in float16 a big batch's ~1e-8 values flushed to zero (35 % of the weight's
+    # gradient entries here); float16 runs the unfused pair instead
+    torch.manual_seed(0)
+    rows, dim, vocab, scale = 4096, 32, 2048, 2.0 ** 16
+    hidden, weight, labels = torch.randn(rows, dim), torch.randn(vocab, dim) * 0.02, torch.randint(0, vocab, (rows,))
+
+    def weight_grad(fused: bool) -> torch.Tensor:
+        w = weight.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = linear_cross_entropy(hidden, w, labels) if fused else \
+                F.cross_entropy(F.linear(hidden, w).float(), labels)
+        (loss * scale).backward()  # GradScaler.scale(loss).backward(), then unscale
+        return w.grad / scale
+
+    fused, plain = weight_grad(True), weight_grad(False)
+    assert (fused == 0).float().mean() == (plain == 0).float().mean() == 0
+    torch.testing.assert_close(fused, plain)
+
+
 @pytest.mark.parametrize("block_values", [losses.BLOCK_VALUES, 5 * 53])
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_compiled_chunks_give_the_eager_loss_and_gradients(monkeypatch, precision, block_values):
