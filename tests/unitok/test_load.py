@@ -302,8 +302,11 @@ def test_the_training_export_saves_the_data_s_class_names_with_the_model(tmp_pat
     data = DigitsDataModule()
     vit = ViT(ViTConfig.from_name("vit-digits"))
     trainer = SimpleNamespace(datamodule=data, callbacks=[], loggers=[], default_root_dir=str(tmp_path),
-                              global_step=1)  # a fit that trained
-    ExportPretrained(dirpath=str(tmp_path / "pretrained")).on_fit_end(trainer, SimpleNamespace(model=vit))
+                              global_step=0)
+    export = ExportPretrained(dirpath=str(tmp_path / "pretrained"))
+    export.on_train_start(trainer, SimpleNamespace(model=vit))
+    trainer.global_step = 1  # a fit that trained a step
+    export.on_fit_end(trainer, SimpleNamespace(model=vit))
     loaded = unitok.load(tmp_path / "pretrained")
     assert loaded.processor.labels == tuple(str(d) for d in range(10))
     assert loaded.processor.image == vit.config.preprocess_config()
