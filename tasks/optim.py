@@ -13,16 +13,25 @@ from tokenizers_mm.checks import check_int, check_number
 
 
 def weight_decay_groups(module: nn.Module, weight_decay: float) -> list[dict]:
-    """Two AdamW groups: matrices (linear and embedding weights) decay; biases and norm gains do not.
-
-    Tied parameters appear once.
+    """Two AdamW groups: matrices (linear and embedding weights) decay; biases, norm gains and
+    what a model's ``no_weight_decay()`` names (timm's API: a ViT's class, distillation and
+    register tokens and positions; a CLIP's image class token, as open_clip) do not. The
+    outermost module that names some decides for everything under it. Tied parameters appear once.
     """
+    exempt: set[str] = set()
+    claimed: list[str] = []  # prefixes of modules whose no_weight_decay has spoken
+    for prefix, sub in module.named_modules():
+        if callable(getattr(sub, "no_weight_decay", None)) and not any(
+                prefix.startswith(c) for c in claimed):
+            head = f"{prefix}." if prefix else ""
+            exempt |= {head + name for name in sub.no_weight_decay()}
+            claimed.append(head)
     decay, no_decay, seen = [], [], set()
-    for param in module.parameters():
+    for name, param in module.named_parameters():
         if not param.requires_grad or id(param) in seen:
             continue
         seen.add(id(param))
-        (decay if param.dim() >= 2 else no_decay).append(param)
+        (decay if param.dim() >= 2 and name not in exempt else no_decay).append(param)
     return [
         {"params": decay, "weight_decay": weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
@@ -30,8 +39,11 @@ def weight_decay_groups(module: nn.Module, weight_decay: float) -> list[dict]:
 
 
 def warmup_cosine(warmup_steps: int, total_steps: int, min_ratio: float = 0.1) -> Callable[[int], float]:
-    """LR multiplier: linear warm-up from 0 to 1 over ``warmup_steps``, then cosine decay to
-    ``min_ratio`` at ``total_steps`` (and flat after)."""
+    """LR multiplier: linear warm-up to 1 over ``warmup_steps`` (step s at (s + 1) / warmup_steps:
+    the first step already learns, and the peak is reached at step warmup_steps − 1, where
+    transformers' `get_cosine_schedule_with_warmup` spends step 0 at 0 and peaks a step later),
+    then cosine decay to ``min_ratio`` at ``total_steps`` (and flat after); after the warm-up
+    the two schedules agree step for step."""
     check_int("warmup_steps", warmup_steps, at_least=0)
     check_int("total_steps", total_steps)
     if not 0.0 <= min_ratio <= 1.0:
@@ -86,7 +98,11 @@ def adamw_warmup_cosine(module: nn.Module, trainer: Any, hparams: Any) -> dict[s
     clipped = bool(getattr(trainer, "gradient_clip_val", None))
     fused = fused_supported(p for g in groups for p in g["params"]) and not (mixed and clipped)
     optimizer = torch.optim.AdamW(groups, lr=hparams.learning_rate, betas=tuple(hparams.betas), fused=fused)
-    total = max(1, int(trainer.estimated_stepping_batches))
+    steps = trainer.estimated_stepping_batches
+    if not math.isfinite(steps):  # max_steps -1 and max_epochs -1: no end for the cosine to reach
+        raise ValueError("the learning-rate schedule decays over the run's length, but the run has none: set "
+                         "--trainer.max_steps (or max_epochs)")
+    total = max(1, int(steps))
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(hparams.warmup_steps, total,
                                                                           hparams.min_lr_ratio))
     return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}

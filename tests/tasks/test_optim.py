@@ -21,6 +21,24 @@ def test_matrices_decay_biases_and_norms_do_not_and_tied_weights_count_once():
     assert len(decay["params"]) + len(no_decay["params"]) == len(unique)
 
 
+def test_tokens_and_positions_are_not_decayed_as_the_references_train_them():
+    from tasks.image_classification import ImageClassificationTask
+    from unitok.models import CLIP, CLIPConfig, DeiT, ViTConfig
+
+    def exempt(module) -> set[str]:
+        names = {id(p): n for n, p in module.named_parameters()}
+        decay, no_decay = weight_decay_groups(module, 0.1)
+        return {names[id(p)] for p in no_decay["params"] if p.dim() >= 2}
+
+    deit = DeiT(ViTConfig.from_name("deit-digits"))
+    assert exempt(deit) == {"cls_token", "dist_token", "pos_embed"}  # timm's no_weight_decay()
+    task = ImageClassificationTask(family="deit", preset="deit-digits")
+    assert exempt(task) == {"model.cls_token", "model.dist_token", "model.pos_embed"}  # found under a task too
+    # open_clip decays what has 2 dimensions there: its positions, not its (D,) class embedding;
+    # CLIP's rule holds for its image tower (a ViT, whose own rule would exempt the positions too)
+    assert exempt(CLIP(CLIPConfig.from_name("clip-digits"))) == {"visual.cls_token"}
+
+
 def test_warmup_then_cosine_to_the_floor():
     f = warmup_cosine(warmup_steps=10, total_steps=110, min_ratio=0.1)
     assert f(0) == pytest.approx(0.1) and f(4) == pytest.approx(0.5) and f(9) == pytest.approx(1.0)
@@ -58,6 +76,9 @@ def test_adamw_warmup_cosine_builds_lightnings_optimizer_dict_and_refuses_a_froz
     model.requires_grad_(False)
     with __import__("pytest").raises(ValueError, match="every parameter is frozen"):
         adamw_warmup_cosine(model, trainer, hparams)
+    model.requires_grad_(True)
+    with pytest.raises(ValueError, match="the run has none: set --trainer.max_steps"):  # max_steps -1, max_epochs -1
+        adamw_warmup_cosine(model, SimpleNamespace(estimated_stepping_batches=float("inf")), hparams)
 
 
 def test_the_tasks_adamw_is_fused_on_cpu_and_steps_as_the_reference_adamw():

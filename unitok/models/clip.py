@@ -315,6 +315,12 @@ class CLIP(PretrainedModel):
             if proj.bias is not None:
                 nn.init.zeros_(proj.bias)
 
+    def no_weight_decay(self) -> set[str]:
+        """Parameters AdamW should not decay, as open_clip's training excludes them (every tensor of
+        fewer than 2 dimensions): the image tower's class token, a (D,) vector there (positions,
+        2-D there, decay)."""
+        return {"visual.cls_token"} if self.visual.cls_token is not None else set()
+
     @property
     def tied_keys(self) -> tuple[str, ...]:
         if not self.config.shared_backbone:

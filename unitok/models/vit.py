@@ -140,6 +140,11 @@ class ViT(ImageModel):
                 nn.init.normal_(head.weight, std=0.02)
                 nn.init.zeros_(head.bias)
 
+    def no_weight_decay(self) -> set[str]:
+        """Parameters AdamW should not decay, as timm's ViT names them (``no_weight_decay``): the
+        class, distillation and register tokens and the learned positions."""
+        return {name for name in ("cls_token", "dist_token", "reg_tokens", "pos_embed") if getattr(self, name) is not None}
+
     # ------------------------------------------------------------------ positions
     def position_table(self, grid: tuple[int, int]) -> Tensor | None:
         """(1, n_pos, D) positions for a patch grid: the learned table resampled if the grid differs."""
