@@ -88,7 +88,8 @@ def t5_run(seed: int) -> dict[str, float]:
         runs = {"greedy": task.predict_ids(batch),
                 "beam": task.predict_ids(batch, "beam", num_beams=beams, length_penalty=penalty)}
         for arm, generated in runs.items():
-            hits[arm].append(exact_match(generated, batch["labels"], eos).float())
+            hits[arm].append(exact_match(generated, batch["labels"], eos, data.tokenizer.decode,
+                                         task.model.config.pad_token_id).float())
             logp[arm].append(answer_log_likelihood(task.model, batch, generated))
     em = {arm: 100 * float(torch.cat(v).mean()) for arm, v in hits.items()}
     g, b = torch.cat(logp["greedy"]), torch.cat(logp["beam"])

@@ -9,6 +9,7 @@ Axis legend: B batch, S source tokens, N target tokens, V vocabulary.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import lightning as L
@@ -23,19 +24,29 @@ from unitok.models import T5, T5Config
 IGNORE = -100
 
 
-def exact_match(generated: Tensor, labels: Tensor, eos_token_id: int) -> Tensor:
-    """(B,) bool: does each generated sequence equal its target?
+def exact_match(generated: Tensor, labels: Tensor, eos_token_id: int,
+                decode: Callable[[list[int]], str] | None = None, pad_token_id: int | None = None) -> Tensor:
+    """(B,) bool: does each generated answer equal its target?
 
     ``generated`` (B, 1 + new) starts with the decoder's start token (as ``T5.generate``
     returns it); ``labels`` (B, N) end in EOS and are padded with -100. A prediction counts up
-    to and including its first EOS; one that never ends does not match.
+    to its first EOS; one that never ends does not match. With ``decode`` (a tokenizer's) the
+    texts are compared, as a text-to-text task is scored: an answer spelt with other pieces
+    ("hel" "lo" for "hello") or with a stray pad is right; without it, the ids.
     """
     out = torch.zeros(labels.shape[0], dtype=torch.bool)
     for row, (pred, target) in enumerate(zip(generated[:, 1:].tolist(), labels.tolist())):
         target = [t for t in target if t != IGNORE]
-        if eos_token_id in pred:
-            pred = pred[: pred.index(eos_token_id) + 1]
+        if eos_token_id not in pred:
+            continue
+        pred = pred[: pred.index(eos_token_id) + 1]
+        if decode is None:
             out[row] = pred == target
+        else:
+            def text(ids: list[int]) -> str:
+                return decode([t for t in ids if t not in (eos_token_id, pad_token_id)])
+
+            out[row] = text(pred) == text(target)
     return out
 
 
@@ -154,9 +165,11 @@ class Seq2SeqTask(L.LightningModule):
         if self.hparams.eval_num_beams:
             runs.append(("_beam", self.predict_ids(batch, "beam", num_beams=self.hparams.eval_num_beams,
                                                    length_penalty=self.hparams.length_penalty)))
-        eos = self.model.config.eos_token_id
+        eos, pad = self.model.config.eos_token_id, self.model.config.pad_token_id
+        tokenizer = getattr(getattr(self.trainer, "datamodule", None), "tokenizer", None)
+        decode = tokenizer.decode if tokenizer is not None else None  # texts compared, not their pieces
         for suffix, generated in runs:
-            hits = exact_match(generated.cpu(), labels.cpu(), eos).float()
+            hits = exact_match(generated.cpu(), labels.cpu(), eos, decode, pad).float()
             self.log(f"{stage}_exact_match{suffix}", hits.mean(), prog_bar=True, batch_size=len(hits))
             for prefix in sorted({p for p in prefixes if p}):
                 rows = torch.tensor([p == prefix for p in prefixes])

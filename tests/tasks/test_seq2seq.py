@@ -27,6 +27,19 @@ def test_exact_match_counts_up_to_the_first_eos():
     assert exact_match(generated, labels, eos_token_id=1).tolist() == [True, False, False, True]
 
 
+def test_exact_match_compares_the_texts_when_it_can_read_them():
+    # "hello" is one piece in the target and five in the answer, a stray pad in another: the same text
+    pieces = {5: "hello", 6: "h", 7: "e", 8: "l", 9: "o", 10: "help"}
+    decode = lambda ids: "".join(pieces[i] for i in ids)  # noqa: E731
+    generated = torch.tensor([[0, 6, 7, 8, 8, 9, 1],
+                              [0, 0, 5, 1, 0, 0, 0],
+                              [0, 10, 1, 0, 0, 0, 0],
+                              [0, 6, 7, 8, 8, 9, 9]])  # never ends
+    labels = torch.tensor([[5, 1], [5, 1], [5, 1], [5, 1]])
+    assert exact_match(generated, labels, 1, decode, pad_token_id=0).tolist() == [True, True, False, False]
+    assert exact_match(generated, labels, 1).tolist() == [False, False, False, False]  # ids alone
+
+
 def test_the_loss_is_teacher_forced_cross_entropy_ignoring_padding():
     task = tiny_task().eval()
     batch = {"input_ids": torch.randint(2, V, (2, 7)), "attention_mask": torch.ones(2, 7, dtype=torch.long),
