@@ -554,7 +554,10 @@ class DecisionPipeline(Pipeline):
                 action = int(probs.argmax())
                 answers.append({"action": action, "score": float(probs[action])})
             else:
-                action = tok.unscale_actions(pred.clamp(-1, 1).cpu().numpy())
+                # [-1, 1] is the model's range only with a tanh head or a stored range (as rollouts read it);
+                # otherwise it predicts raw actions in the environment's units
+                bounded = c.action_tanh or tok.action_low is not None
+                action = tok.unscale_actions((pred.clamp(-1, 1) if bounded else pred).cpu().numpy())
                 answers.append({"action": [float(a) for a in action], "score": None})
         return answers
 

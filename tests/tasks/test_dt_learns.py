@@ -124,6 +124,31 @@ def test_a_pretrained_model_fine_tunes_on_matching_data(tmp_path):
     assert task.model.config.return_scale == dm.tokenizer.return_scale
 
 
+def test_a_model_fine_tuned_on_new_data_reads_and_exports_the_new_statistics(tmp_path):
+    # the loaded folder's statistics stayed in its processor (the pipeline's) while the config
+    # (rollouts') took the new data's, and the export then did not load
+    from tokenizers_mm.trajectory import Episode, TrajectoryTokenizer
+
+    rng = np.random.default_rng(0)
+
+    def episodes(shift: float) -> list[Episode]:
+        return [Episode(rng.normal(shift, 1, (20, 4)), rng.integers(0, 2, 20), np.ones(20) * (1 + shift))
+                for _ in range(3)]
+
+    old, new = TrajectoryTokenizer.fit(episodes(0.0), context_length=5), TrajectoryTokenizer.fit(episodes(5.0),
+                                                                                                   context_length=5)
+    DecisionTransformer(DecisionTransformerConfig.from_name("dt-cartpole", context_length=5).with_tokenizer(old)
+                        ).save_pretrained(tmp_path / "first")
+    task = DecisionTransformerTask(preset="dt-cartpole", pretrained=str(tmp_path / "first"))
+    task.adopt_data(new)  # what setup does on the new data
+    read = task.model.processor.part("trajectory")
+    np.testing.assert_allclose(read.state_mean, new.state_mean)
+    assert read.return_scale == new.return_scale
+    task.model.save_pretrained(tmp_path / "second")
+    again = DecisionTransformer.from_pretrained(tmp_path / "second")
+    np.testing.assert_allclose(again.processor.part("trajectory").state_mean, new.state_mean)
+
+
 def test_bad_task_arguments_fail_at_once():
     with pytest.raises(ValueError, match="unknown DecisionTransformerConfig preset 'dt-giant'"):
         DecisionTransformerTask(preset="dt-giant")

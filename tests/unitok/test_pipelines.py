@@ -413,3 +413,15 @@ def test_options_are_checked_the_same_way_in_every_form(tmp_path, bpe, wordpiece
     assert generate("def", do_sample=True, temperature=0.7, seed=0) == generate("def", do_sample=True, temperature=0.7,
                                                                                 seed=0)
 
+
+def test_a_continuous_action_without_a_bounded_head_is_answered_in_its_own_units():
+    # as rollouts send it: only a tanh head or a stored action range bounds the model's actions
+    config = DecisionTransformerConfig(state_dim=3, act_dim=1, action_tanh=False, d_model=16, n_layers=1, n_heads=1,
+                                       max_ep_len=32, dropout=0.0)
+    dt = DecisionTransformer(config).eval()
+    with torch.no_grad():
+        dt.action_head.weight.zero_()
+        dt.action_head.bias.fill_(1.7)
+    answer = pipeline("decision", model=dt)({"observations": [[0.1, 0.2, 0.3]], "target_return": -200.0})
+    assert answer["action"] == [pytest.approx(1.7)]
+

@@ -138,7 +138,11 @@ class PretrainedModel(nn.Module):
         """Raw input -> `Tokens` for this model: the processor saved or set on it, completed by
         what its config knows (image normalisation, spectrogram settings, statistics…)."""
         default = self.default_processor()
-        return default if self._processor is None else self._processor.merge(default)
+        if default is None or self._processor is None:
+            return default if self._processor is None else self._processor
+        # the config's parts first: a task that adapts the config to its data (statistics,
+        # normalisation) after a folder's processor was loaded is read the new way everywhere
+        return default.merge(self._processor)
 
     @processor.setter
     def processor(self, value: Processor | None) -> None:
