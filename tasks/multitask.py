@@ -73,6 +73,15 @@ class MultiTaskTask(L.LightningModule):
             raise ValueError("every sampling_weight is 0: no task could be drawn")
         if not any(o.loss_weight > 0 for o in objectives.values()):
             raise ValueError("every loss_weight is 0: no task's loss would train the model")
+        if tasks_per_step == "one" and not any(o.loss_weight > 0 and o.sampling_weight > 0
+                                               for o in objectives.values()):
+            raise ValueError("no task has both a sampling_weight and a loss_weight above 0: every step would draw a "
+                             "task whose loss counts for nothing")
+        if tasks_per_step == "all":
+            drawn = sorted(name for name, o in objectives.items() if o.sampling_weight != 1.0)
+            if drawn:  # read only when one task is drawn a step: a weight here would be ignored
+                raise ValueError(f"sampling_weight of {drawn} is read with tasks_per_step='one' only; every task "
+                                 "trains every step with 'all' (use loss_weight to weigh them)")
         if preset not in MultimodalConfig.presets:  # fail here, not at setup
             MultimodalConfig.from_name(preset)
         self.objectives = dict(objectives)
@@ -95,7 +104,11 @@ class MultiTaskTask(L.LightningModule):
             raise ValueError("tasks_per_step='one' draws a task each step, which a 'max_size' data mode leaves "
                              "without a batch once its loader ends; use mode 'max_size_cycle' or 'min_size'")
         for name, objective in self.objectives.items():
-            objective.bind(name, tasks[name])
+            try:
+                objective.bind(name, tasks[name])
+            except AttributeError as error:  # an objective given another kind of data (text's to images)
+                raise ValueError(f"task {name!r}: {type(objective).__name__} cannot read "
+                                 f"{type(tasks[name]).__name__} ({error})") from None
         config = self.build_config()
         if self.model is None:
             self.model = MultimodalTransformer(config)
@@ -199,7 +212,9 @@ class MultiTaskTask(L.LightningModule):
     def _epoch_end(self, stage: str) -> None:
         summary = []
         for name, objective in self.objectives.items():
-            values = objective.compute(self.metrics[name]) if self.metrics[name] else {}
+            # a task that had no batch (an empty held-out split) reports nothing, not a 0 torchmetrics made up
+            updated = any(getattr(m, "update_count", 1) > 0 for m in self.metrics[name].values())
+            values = objective.compute(self.metrics[name]) if self.metrics[name] and updated else {}
             if not self.trainer.sanity_checking:
                 values.update(objective.evaluate(self._require_model()))
             for key, value in values.items():

@@ -107,6 +107,34 @@ def test_a_weight_that_is_not_a_finite_number_at_least_0_is_refused(name, bad):
 def test_weights_that_would_train_nothing_are_refused():
     with pytest.raises(ValueError, match="every loss_weight is 0"):
         MultiTaskTask({"a": ImageClassification(loss_weight=0.0), "b": ImageClassification(loss_weight=0.0)})
+    # one task a step: the only task drawn counts for nothing, the only one that counts is never drawn
+    with pytest.raises(ValueError, match="no task has both a sampling_weight and a loss_weight above 0"):
+        MultiTaskTask({"a": ImageClassification(loss_weight=0.0, sampling_weight=1.0),
+                       "b": ImageClassification(loss_weight=1.0, sampling_weight=0.0)}, tasks_per_step="one")
+    # every task a step: a sampling weight would be ignored without a word
+    with pytest.raises(ValueError, match=r"sampling_weight of \['b'\] is read with tasks_per_step='one' only"):
+        MultiTaskTask({"a": ImageClassification(), "b": ImageClassification(sampling_weight=0.0)})
+
+
+def test_a_task_with_no_held_out_batch_reports_no_metric_rather_than_zero(caches):
+    data = MultiTaskDataModule({
+        "cartpole": TrajectoryDataModule(context_length=4, batch_size=8, expert_episodes=2, noisy_episodes=2,
+                                         random_episodes=2, val_fraction=0.0, cache_dir=caches["rl"]),
+        "digits": DigitsDataModule(image_size=8, batch_size=64)})
+    task = MultiTaskTask({"cartpole": ReturnConditionedControl(eval_episodes=0), "digits": ImageClassification()},
+                         preset="mm-tiny")
+    fit = trainer(2, val_check_interval=2)
+    with pytest.warns(UserWarning, match="Total length of `list` across ranks is zero"):  # Lightning: an empty loader
+        fit.fit(task, datamodule=data)
+    logged = set(fit.callback_metrics)
+    assert "digits/val_acc" in logged
+    assert not [name for name in logged if name.startswith("cartpole/val_")]  # it had no batch to score
+
+
+def test_an_objective_given_another_kind_of_data_is_named():
+    data = MultiTaskDataModule({"digits": DigitsDataModule(batch_size=8)})
+    with pytest.raises(ValueError, match="task 'digits': LanguageModelling cannot read DigitsDataModule"):
+        trainer(1).fit(MultiTaskTask({"digits": LanguageModelling()}, preset="mm-tiny"), datamodule=data)
 
 
 def test_tasks_that_share_a_segment_share_its_embedder_and_must_agree_on_it(caches):
