@@ -246,13 +246,14 @@ class BucketBatchSampler(ResumableBatchSampler):
 
     def pass_batches(self, generator: torch.Generator) -> Iterator[list[int]]:
         indices = list(self.sampler)
+        if self.drop_last:  # the remainder dropped in the sampler's (random) order, as a BatchSampler's:
+            # cut after sorting, it would be the longest utterances, left out of every epoch
+            indices = indices[: len(indices) - len(indices) % self.batch_size]
         pool = self.batch_size * self.pool_batches
         batches = []
         for start in range(0, len(indices), pool):
             chunk = sorted(indices[start:start + pool], key=lambda i: self.lengths[i])
             batches += [chunk[i:i + self.batch_size] for i in range(0, len(chunk), self.batch_size)]
-        if self.drop_last:
-            batches = [b for b in batches if len(b) == self.batch_size]
         if self.shuffle:
             order = torch.randperm(len(batches), generator=generator).tolist()
             batches = [batches[i] for i in order]
@@ -337,6 +338,11 @@ class SpeechDataModule(SplitDataModule):
 
     def loader(self, split: Split) -> DataLoader:
         """Batches of utterances of similar duration (`BucketBatchSampler`) unless ``bucketing`` is off."""
+        if split == "train" and len(self.dataset("train")) < self.batch_size:  # type: ignore[arg-type]
+            # the training loader drops its partial batch
+            raise ValueError(f"{len(self.train_utterances)} training utterances are fewer than batch_size="
+                             f"{self.batch_size}: an epoch would have no batch (training would stop at once); "
+                             "add utterances or lower batch_size")
         if not self.bucketing:
             return super().loader(split)
         dataset = self.dataset(split)

@@ -391,6 +391,30 @@ def test_bucketing_batches_similar_lengths_and_covers_every_utterance_once():
     assert spread < 0.1  # random batches of 10 would spread ≈ 0.8
 
 
+def test_the_partial_batch_dropped_each_epoch_is_random_not_the_longest_utterances():
+    # cut after sorting by length, the remainder was the longest four every epoch: never trained on
+    from tasks.data.sampling import SeededRandomSampler
+
+    lengths = list(range(100))  # utterance i lasts i
+    seen: set[int] = set()
+    for epoch in range(20):
+        sampler = BucketBatchSampler(SeededRandomSampler(range(100), seed=epoch), batch_size=16, drop_last=True,
+                                     lengths=lengths, pool_batches=32, seed=epoch)
+        batches = list(sampler)
+        assert len(batches) == len(sampler) == 6 and all(len(b) == 16 for b in batches)
+        seen |= {i for b in batches for i in b}
+    assert seen == set(range(100))
+
+
+def test_fewer_training_utterances_than_a_batch_is_refused(tmp_path):
+    # the loader drops its partial batch: the run stopped at once with "no training batches" and status 0
+    write_jsonl(tmp_path / "train.jsonl", write_wavs(tmp_path, ["one", "two", "one two"] * 4))  # 12 rows
+    dm = ManifestDataModule(str(tmp_path / "train.jsonl"), val_fraction=0.25, batch_size=16, vocabulary=list(" enotw"))
+    with pytest.raises(ValueError, match="9 training utterances are fewer than batch_size=16"):
+        dm.train_dataloader()
+    assert len(list(dm.val_dataloader())) == 1  # evaluating needs no full batch
+
+
 def test_bucketing_under_a_distributed_sampler_splits_the_data_between_devices():
     lengths = list(range(50))
     shares = []
