@@ -95,6 +95,12 @@ class ContrastiveTask(L.LightningModule):
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
+        if isinstance(zero_shot_templates, str):  # its characters would be the templates
+            raise TypeError(f"zero_shot_templates must be a list of templates, got the string {zero_shot_templates!r} "
+                            f"(for one: [{zero_shot_templates!r}])")
+        if image_tower is not None and dropout is not None:
+            raise ValueError("dropout sets the towers built here; an image_tower brings its own (only the text "
+                             "tower's would change): leave dropout out, or set it in the ViT's recipe")
         self.model = self._build_model()
         if lock_image_tower:
             self.model.lock_image_tower()
@@ -145,6 +151,10 @@ class ContrastiveTask(L.LightningModule):
                              f"context_length={c.text.context_length}; set --data.context_length {c.text.context_length}")
         mean, std = getattr(datamodule, "mean", None), getattr(datamodule, "std", None)
         if mean is not None and std is not None and (tuple(mean), tuple(std)) != (c.vision.mean, c.vision.std):
+            if self.hparams.lock_image_tower:  # frozen, it cannot learn to read pixels normalised otherwise
+                raise ValueError(f"the locked image tower reads pixels normalised with mean {c.vision.mean}, std "
+                                 f"{c.vision.std}; the data gives mean {tuple(mean)}, std {tuple(std)}: set the data's "
+                                 "mean and std to the tower's")
             # Stored with the model, so zero-shot on raw images normalises as in training.
             self.model.config = c.replace(vision=c.vision.replace(mean=tuple(mean), std=tuple(std)))
             self.model.visual.config = self.model.config.vision

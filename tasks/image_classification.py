@@ -118,6 +118,8 @@ class ImageClassificationTask(L.LightningModule):
         self.save_hyperparameters(ignore=["teacher_module"])
         if family not in FAMILIES:
             raise ValueError(f"family must be one of {', '.join(FAMILIES)}, got {family!r}")
+        if distillation not in ("none", "hard", "soft"):
+            raise ValueError(f"distillation must be 'none', 'hard' or 'soft', got {distillation!r}")
         if distillation != "none" and family != "deit":
             raise ValueError(f"distillation={distillation!r} needs family='deit' (a distillation token)")
         if distillation == "none" and (teacher is not None or teacher_module is not None):
@@ -248,7 +250,7 @@ class ImageClassificationTask(L.LightningModule):
             raise ValueError(f"distillation={h.distillation!r} needs a teacher: a path, {TRAIN_CNN!r}, "
                              "or a teacher_module")
         if h.teacher != TRAIN_CNN:
-            return load_teacher(h.teacher, c.channels, c.num_classes)
+            return load_teacher(h.teacher, c.channels, c.num_classes, c.mean, c.std, c.image_size)
         if datamodule is None:
             raise ValueError(f"teacher={TRAIN_CNN!r} trains on the data module; fit with datamodule=…")
         rank_zero_info(f"training a SmallCNN teacher for {h.teacher_steps} steps (seed {run_seed()})")
@@ -269,7 +271,11 @@ class ImageClassificationTask(L.LightningModule):
             raise RuntimeError("no teacher: distillation needs a teacher (resolved in setup('fit'))")
         teacher.to(pixel_values.device).eval()
         out = teacher(pixel_values)
-        return (out.logits if isinstance(out, ImageClassifierOutput) else out).float()
+        logits = (out.logits if isinstance(out, ImageClassifierOutput) else out).float()
+        if logits.shape[-1] != self.model.config.num_classes:  # hard labels beyond the student's classes
+            raise ValueError(f"the teacher gives {logits.shape[-1]} class scores; the student has "
+                             f"{self.model.config.num_classes} classes")
+        return logits
 
     def training_loss(self, batch: dict[str, Tensor]) -> Tensor:
         """Cross-entropy (both heads for DeiT, averaged), or DeiT's hard / soft distillation."""

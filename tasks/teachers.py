@@ -11,8 +11,9 @@ CNN's locality is the inductive bias a ViT lacks on small data. ``load_teacher``
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -175,9 +176,29 @@ def load_image_model(folder: str | Path) -> ImageModel:
     return IMAGE_FAMILIES[family].from_pretrained(folder)
 
 
-def load_teacher(spec: str, channels: int, num_classes: int) -> nn.Module:
+class Renormalised(nn.Module):
+    """A teacher fed the student's pixels in its own normalisation: x · s/t_std + (m − t_mean)/t_std
+    per channel, the student's (mean m, std s) undone and the teacher's applied."""
+
+    def __init__(self, teacher: nn.Module, student: tuple[Sequence[float], Sequence[float]],
+                 own: tuple[Sequence[float], Sequence[float]]) -> None:
+        super().__init__()
+        self.teacher = teacher
+        (m, s), (tm, ts) = ([torch.tensor(v, dtype=torch.float32)[:, None, None] for v in pair]
+                            for pair in (student, own))
+        self.register_buffer("scale", s / ts)
+        self.register_buffer("shift", (m - tm) / ts)
+
+    def forward(self, pixel_values: Tensor) -> Any:
+        return self.teacher(pixel_values * self.scale + self.shift)
+
+
+def load_teacher(spec: str, channels: int, num_classes: int, mean: Sequence[float] | None = None,
+                 std: Sequence[float] | None = None, image_size: Sequence[int] | None = None) -> nn.Module:
     """A frozen teacher from a ``.pt`` `SmallCNN` state dict or a ``save_pretrained`` folder.
 
+    A folder's model reads its own image size (another is refused, as for the student) and its
+    own normalisation: given the student's ``mean`` / ``std``, pixels are converted to it.
     (``"cnn:train"`` needs data, so the task trains that one itself with `train_cnn_teacher`.)
     """
     path = Path(spec)
@@ -187,7 +208,13 @@ def load_teacher(spec: str, channels: int, num_classes: int) -> nn.Module:
         if have != (channels, num_classes):  # hard labels beyond the student's classes, or a shape error mid-step
             raise ValueError(f"teacher {path} reads {have[0]} channels into {have[1]} classes; the student "
                              f"{channels} channels into {num_classes} classes")
-        return freeze(model)
+        if image_size is not None and tuple(model.config.image_size) != tuple(image_size):
+            raise ValueError(f"teacher {path} reads {model.config.image_size[0]}×{model.config.image_size[1]} images; "
+                             f"the student {image_size[0]}×{image_size[1]}")
+        model = freeze(model)
+        if mean is not None and std is not None and (tuple(mean), tuple(std)) != (model.config.mean, model.config.std):
+            return freeze(Renormalised(model, (mean, std), (model.config.mean, model.config.std)))
+        return model
     if path.suffix == ".pt":
         if not path.is_file():
             raise FileNotFoundError(f"teacher state dict {path} does not exist")

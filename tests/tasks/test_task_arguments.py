@@ -97,3 +97,21 @@ def test_sample_takes_hugging_faces_top_k_unless_told_and_0_switches_it_off(mode
     sample_module.main([*base, "--top_k", "0"])
     assert seen == [50, 0]
 
+
+def test_clip_training_arguments_that_would_be_misread_are_refused(tmp_path):
+    from types import SimpleNamespace
+
+    from tasks import CaptionedDigitsDataModule, ContrastiveTask
+    from unitok.models import ViT, ViTConfig
+
+    with pytest.raises(TypeError, match="zero_shot_templates must be a list of templates, got the string"):
+        ContrastiveTask(zero_shot_templates="a photo of {}.")  # its characters would be the templates
+    ViT(ViTConfig.from_name("vit-digits", n_layers=1, num_classes=10)).save_pretrained(tmp_path / "vit")
+    with pytest.raises(ValueError, match="an image_tower brings its own"):
+        ContrastiveTask(image_tower=str(tmp_path / "vit"), dropout=0.3)  # only the text tower's would change
+    # LiT: a frozen tower cannot learn to read pixels normalised otherwise than it was trained on
+    task = ContrastiveTask(image_tower=str(tmp_path / "vit"), lock_image_tower=True)
+    task._trainer = SimpleNamespace(datamodule=CaptionedDigitsDataModule(mean=0.1, std=0.3))
+    with pytest.raises(ValueError, match=r"the locked image tower reads pixels normalised with mean \(0.5,\)"):
+        task.setup("fit")
+

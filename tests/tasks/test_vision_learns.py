@@ -22,6 +22,7 @@ from tasks import (
     train_cnn_teacher,
 )
 from tasks.teachers import accuracy, load_teacher, mix_up, training_loader
+from unitok.models import ViT, ViTConfig
 
 # ------------------------------------------------------------------ helpers
 
@@ -142,6 +143,30 @@ def test_teachers_load_from_a_cnn_state_dict_or_a_pretrained_folder(tmp_path):
         load_teacher(str(tmp_path / "vit"), channels=1, num_classes=5)
     with pytest.raises(ValueError, match="the student 3 channels into 10 classes"):
         load_teacher(str(tmp_path / "vit"), channels=3, num_classes=10)
+
+
+def test_a_folder_teacher_reads_the_students_pixels_in_its_own_normalisation_and_size(tmp_path):
+    torch.manual_seed(0)
+    teacher = ViT(ViTConfig.from_name("vit-digits", n_layers=1)).eval()  # trained on (0.5, 0.5)
+    teacher.save_pretrained(tmp_path / "vit")
+    raw = torch.rand(4, 1, 32, 32)
+    loaded = load_teacher(str(tmp_path / "vit"), channels=1, num_classes=10, mean=(0.1,), std=(0.3,),
+                          image_size=(32, 32))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded((raw - 0.1) / 0.3).logits, teacher((raw - 0.5) / 0.5).logits,
+                                   atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match=r"reads 32×32 images; the student 16×16"):
+        load_teacher(str(tmp_path / "vit"), channels=1, num_classes=10, image_size=(16, 16))
+
+
+def test_distillation_settings_are_refused_by_name_not_read_as_soft():
+    for bad in ("Hard", "hard ", "kd"):
+        with pytest.raises(ValueError, match=f"distillation must be 'none', 'hard' or 'soft', got {bad!r}"):
+            ImageClassificationTask(family="deit", distillation=bad, teacher="cnn:train")
+    five = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(32 * 32, 5))  # a teacher of 5 classes
+    task = ImageClassificationTask(family="deit", distillation="hard", teacher_module=five)
+    with pytest.raises(ValueError, match="the teacher gives 5 class scores; the student has 10 classes"):
+        task.training_loss(digits_batch())
 
 
 def fit_with_a_trained_teacher(seed: int, tmp_path: Path) -> ImageClassificationTask:
