@@ -334,3 +334,16 @@ def test_converted_models_keep_the_reference_dropout_but_come_back_in_eval_mode(
                                                                 attn_pdrop=0.2))
     gpt = from_transformers(gpt2)
     assert gpt.config.dropout == 0.2 and not gpt.training
+
+
+def test_a_saved_tokenizer_setting_survives_while_config_parts_come_from_the_config(tmp_path):
+    from tokenizers_mm import CLIPTokenizer
+    from unitok.models import CLIP, CLIPConfig
+
+    clip = CLIP(CLIPConfig.from_name("clip-digits"))
+    clip.processor = Processor(text=CLIPTokenizer(clip.config.text.context_length, truncation="warn"))
+    clip.save_pretrained(tmp_path)
+    loaded = unitok.load(tmp_path)
+    assert loaded.processor.text.truncation == "warn"  # the text part is the processor's
+    assert loaded.processor.image == loaded.visual.config.preprocess_config()  # the image part the config's
+

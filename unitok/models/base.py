@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
@@ -58,6 +59,11 @@ def read_weights(path: Path, map_location: str | torch.device = "cpu") -> dict[s
     if bad:
         raise ValueError(f"{path} holds NaN or inf values in {', '.join(bad)}; refusing to load them")
     return state
+
+
+# Processor parts a model's config can store as well (and so could contradict), compared when a
+# processor is set and taken from the config when it is read.
+CONFIG_PARTS = ("image", "audio", "characters", "trajectory")
 
 
 class CheckpointMismatchError(ValueError):
@@ -140,9 +146,12 @@ class PretrainedModel(nn.Module):
         default = self.default_processor()
         if default is None or self._processor is None:
             return default if self._processor is None else self._processor
-        # the config's parts first: a task that adapts the config to its data (statistics,
-        # normalisation) after a folder's processor was loaded is read the new way everywhere
-        return default.merge(self._processor)
+        # the parts the config stores come from it (`CONFIG_PARTS`): a task that adapts the config to
+        # its data (statistics, normalisation) after a folder's processor was loaded is read the new
+        # way everywhere; the others (a tokenizer and its settings, class names) from the processor
+        merged = self._processor.merge(default)
+        return dataclasses.replace(merged, **{name: getattr(default, name) for name in CONFIG_PARTS
+                                              if getattr(default, name) is not None})
 
     @processor.setter
     def processor(self, value: Processor | None) -> None:
@@ -165,7 +174,7 @@ class PretrainedModel(nn.Module):
         otherwise (images normalised with statistics the model was not trained on would be read
         wrongly by one path and rightly by another), or class names that are not one a class."""
         default = self.default_processor()
-        for name in ("image", "audio", "characters", "trajectory"):
+        for name in CONFIG_PARTS:
             given, stored = getattr(processor, name), getattr(default, name, None)
             if given is None or stored is None:
                 continue
