@@ -50,13 +50,11 @@ from __future__ import annotations
 
 import atexit
 import json
-import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import lightning as L
-import numpy as np
 import torch
 import torch.distributed as dist
 from lightning.pytorch.callbacks import BasePredictionWriter
@@ -64,6 +62,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
+from tasks.plain import plain
 from tasks.run_folder import log_dir
 
 Record = dict[str, Any]
@@ -158,23 +157,6 @@ def prompt_loader(prompts: Sequence[str] | None, file: str | Path | None = None,
 
 
 # --------------------------------------------------------------------------- writer
-def _plain(value: Any) -> Any:
-    """Tensors, NumPy values, paths and tuples -> JSON types; NaN / ±inf -> None."""
-    if isinstance(value, Tensor):
-        value = value.detach().cpu().tolist()
-    elif isinstance(value, np.generic | np.ndarray):
-        value = value.tolist()
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, Path):
-        return str(value)
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    return value
-
-
 def _ordered(record: Record) -> Record:
     first = {k: record[k] for k in FIRST_FIELDS if k in record}
     return {**first, **{k: v for k, v in record.items() if k not in first}}
@@ -254,7 +236,7 @@ class PredictionWriter(BasePredictionWriter):
                 record["id"] = name(index) if callable(name) else int(index)
             if several and "task" not in record:
                 record.setdefault("dataloader", dataloader_idx)
-            self._rows.append((dataloader_idx, int(index), _ordered(_plain(record))))
+            self._rows.append((dataloader_idx, int(index), _ordered(plain(record))))
 
     def on_predict_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         rows = self._rows

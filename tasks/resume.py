@@ -24,6 +24,8 @@ import lightning as L
 import numpy as np
 import torch
 
+from tasks.plain import plain
+
 RNG_KEY = "rng_states"
 
 
@@ -158,17 +160,7 @@ def plain_settings(node: Any, prefix: str = "") -> dict[str, Any]:
         for key, value in node.items():
             out.update(plain_settings(value, f"{prefix}{key}."))
         return out
-    return {prefix.rstrip("."): _plain(node)}
-
-
-def _plain(value: Any) -> Any:
-    if hasattr(value, "as_dict"):
-        value = value.as_dict()
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    return value if value is None or isinstance(value, bool | int | float | str) else str(value)
+    return {prefix.rstrip("."): plain(node)}
 
 
 class RecordSettings(L.Callback):
