@@ -103,6 +103,9 @@ class MultiTaskTask(L.LightningModule):
             # an ended loader gives None in "max_size" mode: a step that draws its task has nothing to train
             raise ValueError("tasks_per_step='one' draws a task each step, which a 'max_size' data mode leaves "
                              "without a batch once its loader ends; use mode 'max_size_cycle' or 'min_size'")
+        processor = getattr(data, "processor", None)
+        if callable(processor):  # one model reads one text vocabulary: refuse two tokenizers now, not at export
+            processor()
         for name, objective in self.objectives.items():
             try:
                 objective.bind(name, tasks[name])

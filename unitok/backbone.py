@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from torch.nn.modules import module as _module
 
 from unitok.config import Config
-from unitok.embed.relative import RelativePositionBias
+from unitok.embed.relative import RelativePositionBias, check_relative_buckets
 from unitok.layers.activations import Activation, activate_fresh
 from unitok.layers.attention import (
     AttentionContext,
@@ -103,6 +103,8 @@ class BackboneConfig(Config):
             raise ValueError(f"head_dim must be positive, got {self.head_dim}")
         if self.relative_buckets < 0 or (self.relative_buckets and self.relative_buckets < 4):
             raise ValueError(f"relative_buckets must be 0 (none) or ≥ 4, got {self.relative_buckets}")
+        if self.relative_buckets:  # bidirectional unless causal, as the Backbone builds its bias
+            check_relative_buckets(self.relative_buckets, self.relative_max_distance, bidirectional=not self.causal)
         if self.d_ff is not None and self.d_ff <= 0:
             raise ValueError(f"d_ff must be positive, got {self.d_ff}")
         unknown = [s for s in self.block if s not in SUBLAYERS]

@@ -192,6 +192,20 @@ def test_tasks_must_read_text_with_the_same_tokenizer(caches):
         MultiTaskDataModule({"a": text(300), "b": text(320)}).processor()
 
 
+def test_two_tokenizers_of_one_size_are_refused_before_the_model_is_built(caches):
+    # Same size, other pieces: the two tasks would share one text embedder, each id meaning another
+    # piece in each task; the refusal must come at setup, not at export after training.
+    def text(first):
+        return TextDataModule(builtin_max_bytes=60_000, builtin_first=first, vocab_size=300, context_length=16,
+                              batch_size=4, cache_dir=caches["text"])
+    data = MultiTaskDataModule({"code": text(None), "json": text(["json"])})
+    task = MultiTaskTask({"code": LanguageModelling(), "json": LanguageModelling()}, preset="mm-tiny")
+    with pytest.raises(ValueError, match=r"tasks \['json'\] read text with another tokenizer than task 'code' "
+                                         r"\(code: BPETokenizer of 300 tokens, json: BPETokenizer of 300 tokens\)"):
+        trainer(1).fit(task, datamodule=data)
+    assert task.model is None and data.tasks["code"].vocab_size == data.tasks["json"].vocab_size
+
+
 def test_the_checkpoint_rebuilds_the_model_without_the_data(caches, tmp_path):
     data = MultiTaskDataModule({"digits": DigitsDataModule(batch_size=8),
                                 "cartpole": TrajectoryDataModule(context_length=4, batch_size=8, expert_episodes=2,
@@ -207,6 +221,21 @@ def test_the_checkpoint_rebuilds_the_model_without_the_data(caches, tmp_path):
     assert loaded.model is not None and loaded.model.config == task.model.config
     for key, value in task.model.state_dict().items():
         torch.testing.assert_close(loaded.model.state_dict()[key], value, msg=key)
+
+
+def test_a_checkpoint_of_globally_normalised_audio_reads_its_data_again(caches, tmp_path):
+    # "global" normalisation stores a mean and std per mel bin, which the checkpoint's JSON turns into lists
+    data = MultiTaskDataModule({"speech": SpokenDigitsDataModule(cache_dir=caches["speech"],
+                                                                 spectrogram={"normalize": "global", "n_mels": 40},
+                                                                 **SPEECH)})
+    task = MultiTaskTask({"speech": SpeechRecognition(max_frames=128)}, preset="mm-tiny")
+    t = trainer(1, default_root_dir=str(tmp_path))
+    t.fit(task, datamodule=data)
+    assert task.model.config.modalities["audio"].spectrogram["normalize"] == "global"
+    t.save_checkpoint(tmp_path / "step1.ckpt")
+    loaded = MultiTaskTask.load_from_checkpoint(tmp_path / "step1.ckpt", weights_only=False)
+    assert loaded.model.config == task.model.config
+    trainer().test(loaded, datamodule=data, verbose=False)  # setup checks the checkpoint reads what the data gives
 
 
 def test_the_pairs_are_balanced_and_hold_out_voices_and_scans(caches):

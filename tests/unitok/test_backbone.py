@@ -127,6 +127,40 @@ def test_bad_config_is_refused(kwargs, message):
         BackboneConfig(**kwargs)
 
 
+@pytest.mark.parametrize("causal, buckets, distance, exact", [
+    (False, 32, 8, 8),  # the log-spaced buckets' scale is log(8/8) = 0: ids overflowed to -2⁶³
+    (False, 32, 4, 8),  # a negative scale: ids went negative (wrapping to the table's end) and folded back
+    (True, 32, 16, 16),  # causal: all 32 buckets look back, 16 of them exact
+    (True, 8, 3, 4),
+])
+def test_a_relative_bias_whose_max_distance_is_within_its_exact_buckets_is_refused(causal, buckets, distance, exact):
+    from unitok.embed.relative import RelativePositionBias
+
+    message = (f"a {'causal' if causal else 'bidirectional'} relative position bias of {buckets} buckets has "
+               f"{exact} exact ones .*max_distance must be > {exact}, got {distance}")
+    with pytest.raises(ValueError, match=message):
+        BackboneConfig(d_model=16, n_layers=1, n_heads=2, causal=causal, relative_buckets=buckets,
+                       relative_max_distance=distance)
+    with pytest.raises(ValueError, match=message):
+        RelativePositionBias(2, buckets, distance, bidirectional=not causal)
+    # one past the exact buckets is the least T5's formula maps: every offset gets a bucket of the table
+    ids = RelativePositionBias(2, buckets, exact + 1, bidirectional=not causal).buckets(300, 300)
+    assert int(ids.min()) == 0 and int(ids.max()) < buckets
+
+
+def test_a_relative_bias_needs_an_exact_bucket_each_way():
+    from unitok.embed.relative import RelativePositionBias
+
+    with pytest.raises(ValueError, match="a bidirectional relative position bias needs num_buckets ≥ 4, got 3"):
+        RelativePositionBias(2, num_buckets=3, max_distance=16)
+    with pytest.raises(ValueError, match="a causal relative position bias needs num_buckets ≥ 2, got 1"):
+        RelativePositionBias(2, num_buckets=1, max_distance=16, bidirectional=False)
+    RelativePositionBias(2, num_buckets=2, max_distance=2, bidirectional=False)  # one exact bucket, one beyond
+    # T5's own settings (Hugging Face's default: 32 buckets up to 128) build both ways
+    BackboneConfig(d_model=16, n_layers=1, n_heads=2, relative_buckets=32, relative_max_distance=128)
+    BackboneConfig(d_model=16, n_layers=1, n_heads=2, causal=True, relative_buckets=32, relative_max_distance=128)
+
+
 def test_wrong_width_input_is_refused():
     model = Backbone(BackboneConfig(d_model=8, n_layers=1, n_heads=2))
     with pytest.raises(ValueError, match="expects \\(batch, tokens, 8\\)"):

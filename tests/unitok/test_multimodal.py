@@ -11,7 +11,8 @@ import json
 import pytest
 import torch
 
-from tokenizers_mm import Tokens, TrajectoryWindows
+from tokenizers_mm import SpectrogramConfig, Tokens, TrajectoryWindows
+from unitok.backbone import Backbone, BackboneConfig
 from unitok.models import (
     GPT,
     ActionHeadConfig,
@@ -241,6 +242,22 @@ def test_save_and_load_round_trip_with_tied_lm_head(tmp_path):
         torch.testing.assert_close(a.heads[name], b.heads[name], atol=0, rtol=0)
 
 
+def test_an_audio_segments_spectrogram_settings_equal_themselves_after_a_save_and_load(tmp_path):
+    # global normalisation stores one mean and std per mel bin: tuples here, lists in config.json
+    spectrogram = SpectrogramConfig(n_mels=16, normalize="global", global_mean=(0.5,) * 16, global_std=(2.0,) * 16)
+    config = MultimodalConfig(modalities={"audio": AudioModality(n_mels=16, spectrogram=spectrogram.to_dict())},
+                              heads={"asr": CTCHeadConfig(vocabulary=tuple("ab "))}, d_model=32, n_layers=1, n_heads=4)
+    MultimodalTransformer(config).save_pretrained(tmp_path)
+    loaded = MultimodalTransformer.from_pretrained(tmp_path)
+    assert loaded.config == config and loaded.config.modalities == config.modalities
+    assert loaded.processor.audio == spectrogram
+    # settings given in part are stored whole, at the segment's n_mels
+    partial = AudioModality(n_mels=16, spectrogram={"hop_ms": 20.0})
+    assert partial.spectrogram == SpectrogramConfig(n_mels=16, hop_ms=20.0).to_dict()
+    with pytest.raises(ValueError, match="global_mean / global_std need 16 values"):
+        AudioModality(n_mels=16, spectrogram={"normalize": "global", "global_mean": [0.0], "global_std": [1.0]})
+
+
 def test_configs_are_data_and_say_what_is_wrong():
     config = MultimodalConfig.from_name("mm-tiny", modalities={"text": {"kind": "text", "vocab_size": 10}},
                                         heads={"lm": {"kind": "lm", "segment": "text"}})
@@ -262,7 +279,7 @@ def test_configs_are_data_and_say_what_is_wrong():
 
 
 def test_load_backbone_and_freeze_it():
-    model = four_modalities()
+    model = four_modalities(norm_eps=1e-6)  # a ViT's LayerNorm epsilon
     vit = ViT(ViTConfig.from_name("vit-digits", n_layers=2, d_model=32, n_heads=4))
     model.load_backbone(vit)
     torch.testing.assert_close(model.backbone.blocks[0].sublayers["attn"].qkv.weight,
@@ -272,6 +289,35 @@ def test_load_backbone_and_freeze_it():
     assert all(p.requires_grad for p in model.embedders.parameters())
     with pytest.raises(TypeError, match="takes a Backbone"):
         model.load_backbone(torch.nn.Linear(2, 2))
+
+
+def test_load_backbone_refuses_a_stack_that_computes_something_else():
+    # Same parameter names and shapes, another function: each would load and silently change the outputs.
+    def backbone(**fields):
+        return Backbone(BackboneConfig(**{"d_model": 32, "n_layers": 2, "n_heads": 4, **fields}))
+    model = four_modalities()
+    for source, message in [
+        (DecisionTransformer(DecisionTransformerConfig(d_model=32, n_layers=2, n_heads=4)),
+         r"activation='relu' \(this model: 'gelu'\)"),
+        (GPT(GPTConfig(vocab_size=V, context_length=16, d_model=32, n_layers=2, n_heads=4)),
+         r"activation='gelu_tanh' \(this model: 'gelu'\)"),
+        (backbone(norm_position="post", attn_scale=1.0, norm_eps=1e-12),
+         r"attn_scale=1.0 \(this model: None\), norm_eps=1e-12 \(this model: 1e-05\), "
+         r"norm_position='post' \(this model: 'pre'\)"),
+        (backbone(n_heads=8), r"n_heads=8 \(this model: 4\)"),
+        (backbone(norm="rmsnorm"), r"norm='rmsnorm' \(this model: 'layernorm'\)"),
+        (ViT(ViTConfig.from_name("vit-digits", n_layers=2, d_model=32, n_heads=4)),
+         r"norm_eps=1e-06 \(this model: 1e-05\)"),
+    ]:
+        with pytest.raises(ValueError, match="this backbone was built differently from the multimodal model's: "
+                                             + message):
+            model.load_backbone(source)
+    # what a stack does not compute with may differ: causality (the segments set it), dropout,
+    # and defaults spelled out
+    model.load_backbone(backbone(causal=True, dropout=0.1, attn_dropout=0.1, d_ff=128, attn_scale=8 ** -0.5))
+    gpt = GPT(GPTConfig(vocab_size=V, context_length=16, d_model=32, n_layers=2, n_heads=4))
+    four_modalities(activation=gpt.config.activation).load_backbone(gpt)
+    MultimodalTransformer.from_gpt(gpt).load_backbone(gpt)  # from_gpt carries the GPT's activation
 
 
 # --------------------------------------------------------------------------- bad input

@@ -14,10 +14,33 @@ from torch import Tensor, nn
 CACHE_LIMIT = 2048  # positions up to which the (query, key) bucket table is kept (2048² ids: 32 MiB)
 
 
+def exact_buckets(num_buckets: int, bidirectional: bool) -> int:
+    """How many of a direction's buckets hold one distance each (0, 1, …): half of its buckets,
+    where a bidirectional bias gives each direction half of ``num_buckets``."""
+    return (num_buckets // 2 if bidirectional else num_buckets) // 2
+
+
+def check_relative_buckets(num_buckets: int, max_distance: int, bidirectional: bool) -> None:
+    """Refuse bucket settings T5's formula cannot map: it needs at least one exact bucket per
+    direction, and ``max_distance`` beyond the exact ones (the log-spaced buckets span
+    exact … max_distance; at or below it the log's scale is 0 or negative and the ids fold
+    back, go negative or overflow)."""
+    direction = "bidirectional" if bidirectional else "causal"
+    exact = exact_buckets(num_buckets, bidirectional)
+    if exact < 1:
+        raise ValueError(f"a {direction} relative position bias needs num_buckets ≥ {4 if bidirectional else 2}, "
+                         f"got {num_buckets}")
+    if max_distance <= exact:
+        raise ValueError(f"a {direction} relative position bias of {num_buckets} buckets has {exact} exact ones "
+                         f"(distances 0…{exact - 1}): max_distance must be > {exact}, got {max_distance}")
+
+
 def relative_position_bucket(relative: Tensor, bidirectional: bool, num_buckets: int, max_distance: int) -> Tensor:
     """Map key − query offsets to buckets: exact for small distances, log-spaced up to
     ``max_distance``, one bucket beyond. Bidirectional: half the buckets for each direction;
     causal: only offsets ≤ 0 (looking back) are distinguished."""
+    check_relative_buckets(num_buckets, max_distance, bidirectional)
+    exact = exact_buckets(num_buckets, bidirectional)
     buckets = torch.zeros_like(relative)
     if bidirectional:
         num_buckets //= 2
@@ -25,7 +48,6 @@ def relative_position_bucket(relative: Tensor, bidirectional: bool, num_buckets:
         distance = relative.abs()
     else:
         distance = (-relative).clamp(min=0)
-    exact = num_buckets // 2
     # log-spaced buckets for distances in [exact, max_distance); clamp before the log keeps it finite
     scaled = torch.log(distance.clamp(min=1).float() / exact) / math.log(max_distance / exact) * (num_buckets - exact)
     far = (exact + scaled.long()).clamp(max=num_buckets - 1)
@@ -38,8 +60,7 @@ class RelativePositionBias(nn.Module):
     def __init__(self, n_heads: int, num_buckets: int = 32, max_distance: int = 128, bidirectional: bool = True,
                  device=None, dtype=None) -> None:
         super().__init__()
-        if num_buckets < 2 or max_distance < 2:
-            raise ValueError(f"need num_buckets ≥ 2 and max_distance ≥ 2, got {num_buckets}, {max_distance}")
+        check_relative_buckets(num_buckets, max_distance, bidirectional)
         self.num_buckets, self.max_distance, self.bidirectional = num_buckets, max_distance, bidirectional
         self.weight = nn.Parameter(torch.zeros(num_buckets, n_heads, device=device, dtype=dtype))
         self._table: Tensor | None = None  # buckets of every (query, key) pair up to a size, built once

@@ -100,7 +100,8 @@ class ImageModality(Config):
 @dataclass(frozen=True)
 class AudioModality(Config):
     """Log-mel frames through the ×4 convolutional front end, with time positions;
-    ``spectrogram`` holds the `SpectrogramConfig` fields that turn raw audio into its frames."""
+    ``spectrogram`` holds the `SpectrogramConfig` fields that turn raw audio into its frames
+    (given in part, stored whole at this ``n_mels``; empty: the defaults)."""
 
     kind: Literal["audio"] = "audio"
     n_mels: int = 80
@@ -112,12 +113,16 @@ class AudioModality(Config):
 
     def __post_init__(self) -> None:
         _check_kind(self, "audio")
-        object.__setattr__(self, "spectrogram", dict(self.spectrogram))
         if self.n_mels < 7 or self.max_frames < 1:
             raise ValueError(f"need n_mels ≥ 7 (×4 subsampling) and max_frames ≥ 1, got {self.n_mels}, "
                              f"{self.max_frames}")
-        if self.spectrogram.get("n_mels", self.n_mels) != self.n_mels:
-            raise ValueError(f"spectrogram n_mels={self.spectrogram['n_mels']} differs from n_mels={self.n_mels}")
+        spectrogram = dict(self.spectrogram)
+        if spectrogram.get("n_mels", self.n_mels) != self.n_mels:
+            raise ValueError(f"spectrogram n_mels={spectrogram['n_mels']} differs from n_mels={self.n_mels}")
+        if spectrogram:  # every field, as SpectrogramConfig gives them (tuples, not JSON's lists), so the
+            # config equals itself read back from a checkpoint; empty: the defaults at this n_mels
+            spectrogram = SpectrogramConfig.from_dict({"n_mels": self.n_mels, **spectrogram}).to_dict()
+        object.__setattr__(self, "spectrogram", spectrogram)
 
 
 @dataclass(frozen=True)
@@ -418,6 +423,43 @@ def _embedder(modality: Any, d_model: int) -> nn.Module:
                               modality.condition_on_returns, modality.embed_norm_eps)
 
 
+# BackboneConfig fields a copied stack may differ in: the segments' mask sets causality, and
+# dropout acts in training only; every other field changes what the stack computes.
+_PER_MODEL_FIELDS = ("causal", "dropout", "attn_dropout", "mlp_dropout")
+
+
+def _stack_function(config: BackboneConfig) -> dict[str, Any]:
+    """The fields that decide what a stack computes (those of sublayers it lacks left out)."""
+    values = {k: v for k, v in config.to_dict().items() if k not in _PER_MODEL_FIELDS}
+    unused = {"token_mlp": ("n_tokens", "token_mlp_dim"), "conv": ("conv_kernel_size", "conv_norm", "conv_mask_padding")}
+    for sublayer, names in unused.items():
+        if sublayer not in config.block:
+            for name in names:
+                del values[name]
+    if not config.relative_buckets:
+        del values["relative_max_distance"]
+    return values
+
+
+# fields whose None stands for a value: None and that value spelled out are the same stack
+_DEFAULTED = {"d_ff": lambda c: c.hidden_dim, "head_dim": lambda c: c.head_width,
+              "attn_scale": lambda c: c.attn_scale if c.attn_scale is not None else c.head_width ** -0.5}
+
+
+def _check_same_stack(ours: BackboneConfig, theirs: BackboneConfig) -> None:
+    """Refuse a backbone built differently from this model's: its weights would load (same
+    names and shapes) into a stack that computes something else (another activation, norm
+    placement or epsilon, attention scale, head count…)."""
+    mine, given = _stack_function(ours), _stack_function(theirs)
+    differ = [k for k in sorted(mine.keys() | given.keys()) if mine.get(k) != given.get(k)
+              and not (k in _DEFAULTED and _DEFAULTED[k](ours) == _DEFAULTED[k](theirs))]
+    if differ:
+        detail = ", ".join(f"{k}={given.get(k)!r} (this model: {mine.get(k)!r})" for k in differ)
+        raise ValueError(f"this backbone was built differently from the multimodal model's: {detail}; build the "
+                         "MultimodalConfig with the same settings (its d_model / n_layers / n_heads / d_ff / "
+                         "activation / norm_eps; the multimodal stack is pre-norm LayerNorm with biases)")
+
+
 class MultimodalTransformer(PretrainedModel):
     """One set of transformer weights for every modality; see the module docstring.
 
@@ -553,6 +595,7 @@ class MultimodalTransformer(PretrainedModel):
     @classmethod
     def _from_state(cls, config: MultimodalConfig, state: dict[str, Tensor], backbone: Backbone) -> MultimodalTransformer:
         model = cls(config)
+        _check_same_stack(model.backbone.config, backbone.config)
         state = {**state, **{f"backbone.{k}": v for k, v in backbone.state_dict().items()}}
         ignore = (*model.tied_keys, "modality_embed.weight")
         load_state_dict_strict(model, {k: v.detach().clone() for k, v in state.items()}, ignore=ignore)
@@ -562,12 +605,13 @@ class MultimodalTransformer(PretrainedModel):
 
     def load_backbone(self, source: nn.Module | Backbone) -> None:
         """Copy a trained backbone (a `Backbone`, or any family's ``.backbone``) into this model,
-        e.g. an image-trained ViT's stack to read audio or trajectories through new embedders."""
+        e.g. an image-trained ViT's stack to read audio or trajectories through new embedders.
+        The two must be built alike (width, heads, activation, norm epsilon…; causality and
+        dropout aside): build this model's config with the source's settings."""
         backbone = source if isinstance(source, Backbone) else getattr(source, "backbone", None)
         if not isinstance(backbone, Backbone):
             raise TypeError(f"load_backbone takes a Backbone or a model with .backbone, got {type(source).__name__}")
-        if backbone.config.block != ("attn", "mlp"):
-            raise ValueError(f"the multimodal backbone has ('attn', 'mlp') blocks, this one {backbone.config.block}")
+        _check_same_stack(self.backbone.config, backbone.config)
         load_state_dict_strict(self.backbone, backbone.state_dict())
 
     def policy(self, segment: str = "trajectory", head: str = "action") -> TrajectoryPolicy:
