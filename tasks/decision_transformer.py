@@ -26,8 +26,9 @@ from torch import Tensor
 from tasks.optim import adamw_warmup_cosine
 from tasks.predictions import Record, class_records, records
 from tasks.run_folder import log_dir
+from tokenizers_mm.checks import check_int
 from unitok.models import DecisionTransformer, DecisionTransformerConfig, DecisionTransformerOutput
-from unitok.rollouts import EvaluationResult, check_target_returns
+from unitok.rollouts import EvaluationResult, check_env_id, check_target_returns
 
 PLOT_FILE = "returns_vs_target.png"
 RESULTS_FILE = "eval_returns.json"
@@ -82,21 +83,28 @@ class DecisionTransformerTask(L.LightningModule):
     Args:
         preset: a `DecisionTransformerConfig` preset; ``d_model``, ``n_layers``, ``n_heads``,
             ``dropout`` override it when given. context_length: K (the CLI links the data's).
-        condition_on_returns: False gives the behaviour-cloning baseline (no return tokens).
+        condition_on_returns: False gives the behaviour-cloning baseline (no return tokens);
+            None (default): True for a fresh model.
         pretrained: a ``save_pretrained`` folder to start from; its state and action spaces
-            must match the data's.
+            must match the data's. It keeps its own architecture (``preset`` is not read): an
+            architecture option or ``condition_on_returns`` given with a different value than
+            the folder's is an error, not ignored.
         model_config: a full config as a dict (set automatically; wins over the other options).
         learning_rate / weight_decay / betas / warmup_steps / min_lr_ratio: AdamW (no decay
             on biases and norm gains), linear warm-up then cosine decay.
         eval_env: gymnasium id for rollouts (default: the data module's ``env_id``).
         eval_targets: target returns (default: quartiles and maximum of the data's returns).
-        eval_episodes: episodes per target (0: no rollouts). eval_max_steps: cap per episode.
-        eval_seed: episode e starts from seed eval_seed + e for every target.
+        eval_episodes: episodes per target (0: no rollouts). eval_max_steps: cap per episode
+            (≥ 1, None: the environment's time limit).
+        eval_seed: episode e starts from seed eval_seed + e for every target (≥ 0).
         eval_sample: how rollouts choose discrete actions: True draws them from the softmax
             (seeded per episode), False takes the argmax; None (default) samples, as
             `unitok.rollouts.evaluate_returns` does. Which tracks the target closer depends on
             how sharply the model reads the return: configs/dt/cartpole.yaml takes the argmax
-            and gives both. Continuous actions are used as predicted.
+            and gives both. Continuous actions are used as predicted (True is refused for them).
+
+    Rollout options and the environment's spaces are checked before training starts, not at
+    the first validation.
     """
 
     def __init__(
@@ -107,7 +115,7 @@ class DecisionTransformerTask(L.LightningModule):
         n_layers: int | None = None,
         n_heads: int | None = None,
         dropout: float | None = None,
-        condition_on_returns: bool = True,
+        condition_on_returns: bool | None = None,
         pretrained: str | None = None,
         model_config: dict[str, Any] | None = None,
         learning_rate: float = 1e-3,
@@ -127,16 +135,32 @@ class DecisionTransformerTask(L.LightningModule):
         DecisionTransformerConfig.from_name(preset)  # an unknown preset fails here, not mid-fit
         if eval_targets is not None:
             check_target_returns(eval_targets)
-        if eval_episodes < 0:
-            raise ValueError(f"eval_episodes must be ≥ 0, got {eval_episodes}")
+        check_int("eval_episodes", eval_episodes, 0, note="(0: no rollouts)")
+        check_int("eval_max_steps", eval_max_steps, or_none=True)
+        check_int("eval_seed", eval_seed, 0)
+        if eval_sample is not None and not isinstance(eval_sample, bool):
+            raise TypeError(f"eval_sample must be True, False or None, got {eval_sample!r}")
         self.model: DecisionTransformer | None = None
         if model_config is not None:
             self.model = DecisionTransformer(DecisionTransformerConfig.from_dict(dict(model_config)))
         elif pretrained is not None:
             self.model = DecisionTransformer.from_pretrained(pretrained).train()  # loading gives eval mode
+            self._check_pretrained_options(pretrained)
         self.evaluation: EvaluationResult | None = None
 
     # ------------------------------------------------------------------ model
+    def _check_pretrained_options(self, folder: str) -> None:
+        """A pretrained model keeps its architecture: an option given with another value would
+        otherwise be silently ignored (a behaviour-cloning baseline that reads returns)."""
+        c = self.model.config  # type: ignore[union-attr]
+        given = {**self._overrides(), "condition_on_returns": self.hparams.condition_on_returns}
+        differ = {k: (v, getattr(c, k)) for k, v in given.items() if v is not None and v != getattr(c, k)}
+        if differ:
+            listed = ", ".join(f"{k}={v!r} (the model's: {had!r})" for k, (v, had) in differ.items())
+            hint = (f"; set data.context_length: {c.context_length}" if "context_length" in differ else "")
+            raise ValueError(f"the pretrained model in {folder} keeps its own architecture; given {listed}: "
+                             f"leave these options out, or train a fresh model{hint}")
+
     def _overrides(self) -> dict[str, Any]:
         h = self.hparams
         return {k: v for k, v in dict(d_model=h.d_model, n_layers=h.n_layers, n_heads=h.n_heads, dropout=h.dropout,
@@ -153,6 +177,12 @@ class DecisionTransformerTask(L.LightningModule):
             self.model = self.build_model(tokenizer)
         elif tokenizer is not None:
             self.adopt_data(tokenizer)
+        if self.hparams.eval_sample and not self.model.config.discrete:
+            raise ValueError("eval_sample=True draws discrete actions from the softmax, but this model has "
+                             "continuous actions (used as predicted): leave eval_sample unset")
+        if stage in ("fit", "validate", "test") and self.hparams.eval_env and self.hparams.eval_episodes:
+            # (the data module checks its own env_id against the data)
+            check_env_id(self.hparams.eval_env, self.model.config)
         longest = getattr(datamodule, "max_episode_length", None)
         if longest is not None and longest > self.model.config.max_ep_len:
             raise ValueError(f"the data has episodes of {longest} steps but the model's timestep embedding "
@@ -168,7 +198,8 @@ class DecisionTransformerTask(L.LightningModule):
                              f"{tokenizer.context_length}; set one value for both")
         overrides.pop("context_length", None)
         config = DecisionTransformerConfig.from_name(self.hparams.preset, **overrides)
-        config = config.replace(condition_on_returns=self.hparams.condition_on_returns).with_tokenizer(tokenizer)
+        conditioned = self.hparams.condition_on_returns is not False  # None: a fresh model reads returns
+        config = config.replace(condition_on_returns=conditioned).with_tokenizer(tokenizer)
         return DecisionTransformer(config)
 
     def adopt_data(self, tokenizer: Any) -> None:

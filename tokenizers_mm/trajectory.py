@@ -464,7 +464,8 @@ class TrajectoryTokenizer:
 
     def decode(self, windows: TrajectoryWindows) -> Episode:
         """Rebuild the episode from windows that together cover its every step (e.g. the output
-        of ``encode``): states un-normalised, actions back in their own range."""
+        of ``encode``): states un-normalised, actions back in their own range. Windows of more
+        than one episode (a loader's batch) are refused: they disagree on some step."""
         if not isinstance(windows, TrajectoryWindows):
             raise TypeError(f"decode takes TrajectoryWindows, got {type(windows).__name__}")
         real = windows.attention_mask.bool().numpy()
@@ -475,7 +476,18 @@ class TrajectoryTokenizer:
             raise ValueError(f"the windows do not cover the episode: steps {missing[:8]} are missing")
         order = np.zeros(T, dtype=np.int64)
         flat = np.flatnonzero(real.reshape(-1))
-        order[steps] = flat  # any window holding step t will do: they agree
+        order[steps] = flat  # any window holding step t will do, once they are known to agree
+        for name in ("states", "actions", "returns_to_go", "rewards", "terminals"):
+            values = getattr(windows, name)
+            if values is None:
+                continue
+            values = values.reshape(-1, *values.shape[2:]).numpy()
+            held, picked = values[flat], values[order[steps]]  # every real slot, and its step's pick
+            differ = ~(held == picked).reshape(len(held), -1).all(axis=1)
+            if differ.any():
+                t = int(steps[np.argmax(differ)])
+                raise ValueError(f"the windows come from more than one episode: their {name} at step {t} differ; "
+                                 "decode the windows of one episode (as encode gives them)")
         pick = lambda t: t.reshape(-1, *t.shape[2:]).numpy()[order]  # noqa: E731
         actions = pick(windows.actions)
         return Episode(

@@ -76,21 +76,33 @@ def check_target_returns(target_returns: Any) -> list[float]:
     return out
 
 
-def _check_env(env: Any, model: DecisionTransformer, env_id: str) -> None:
+def check_env_spaces(env: Any, spec: Any, env_id: str, source: str = "the model (checkpoint) was trained with") -> None:
+    """Refuse an environment whose observations or actions differ from ``spec``'s (anything with
+    ``state_dim``, ``act_dim`` and ``discrete``: a model config, a `TrajectoryTokenizer`), in a
+    ValueError naming both; ``source`` says whose dimensions they are ("the data has")."""
     from gymnasium import spaces
 
-    c = model.config
     obs_space, act_space = env.observation_space, env.action_space
-    if not isinstance(obs_space, spaces.Box) or int(np.prod(obs_space.shape)) != c.state_dim:
-        raise ValueError(f"{env_id} observations are {obs_space}, but the model was trained with "
-                         f"state_dim={c.state_dim}")
-    if c.discrete:
-        if not isinstance(act_space, spaces.Discrete) or int(act_space.n) != c.act_dim:
-            raise ValueError(f"{env_id} actions are {act_space}, but the model (checkpoint) was trained with "
-                             f"{c.act_dim} discrete actions")
-    elif not isinstance(act_space, spaces.Box) or int(np.prod(act_space.shape)) != c.act_dim:
-        raise ValueError(f"{env_id} actions are {act_space}, but the model (checkpoint) was trained with "
-                         f"act_dim={c.act_dim} continuous actions")
+    if not isinstance(obs_space, spaces.Box) or int(np.prod(obs_space.shape)) != spec.state_dim:
+        raise ValueError(f"{env_id} observations are {obs_space}, but {source} state_dim={spec.state_dim}")
+    if spec.discrete:
+        if not isinstance(act_space, spaces.Discrete) or int(act_space.n) != spec.act_dim:
+            raise ValueError(f"{env_id} actions are {act_space}, but {source} {spec.act_dim} discrete actions")
+    elif not isinstance(act_space, spaces.Box) or int(np.prod(act_space.shape)) != spec.act_dim:
+        raise ValueError(f"{env_id} actions are {act_space}, but {source} act_dim={spec.act_dim} continuous actions")
+
+
+def check_env_id(env_id: str, spec: Any, source: str = "the model (checkpoint) was trained with",
+                 env_kwargs: dict[str, Any] | None = None) -> None:
+    """`check_env_spaces` for the gymnasium environment ``env_id``, made and closed here: before a
+    training run whose rollouts would otherwise fail (or mean nothing) only once it is over."""
+    import gymnasium as gym
+
+    env = gym.make(env_id, **(env_kwargs or {}))
+    try:
+        check_env_spaces(env, spec, env_id, source)
+    finally:
+        env.close()
 
 
 @torch.no_grad()
@@ -121,24 +133,27 @@ def evaluate_returns(
 
     targets = check_target_returns(target_returns)
     check_int("episodes", episodes)
+    seed = check_int("seed", seed, 0)  # gymnasium takes Python ints only
     check_int("max_steps", max_steps, or_none=True)
     c, tok = model.config, model.tokenizer()
     sample = c.discrete if sample is None else bool(sample)
     if sample and not c.discrete:
         raise ValueError("sample=True draws discrete actions; this model has continuous actions")
-    device = torch.device(device) if device is not None else next(model.parameters()).device
+    weight = next(p for p in model.parameters() if p.is_floating_point())
+    device = torch.device(device) if device is not None else weight.device
+    dtype = weight.dtype  # a bfloat16 or float64 model reads states, actions and returns in its own precision
     E = len(targets) * episodes
     envs = [gym.make(env_id, **(env_kwargs or {})) for _ in range(E)]
     try:
-        _check_env(envs[0], model, env_id)
+        check_env_spaces(envs[0], c, env_id)
         limit = getattr(envs[0].spec, "max_episode_steps", None) or c.max_ep_len
         horizon = min(limit, c.max_ep_len, max_steps if max_steps is not None else limit)
         obs = np.stack([env.reset(seed=seed + i % episodes)[0].reshape(-1) for i, env in enumerate(envs)])
         S, A, K = c.state_dim, c.act_dim, c.context_length
-        states = torch.zeros(E, horizon, S, device=device)
+        states = torch.zeros(E, horizon, S, dtype=dtype, device=device)
         actions = (torch.zeros(E, horizon, dtype=torch.long, device=device) if c.discrete
-                   else torch.zeros(E, horizon, A, device=device))
-        rtg = torch.zeros(E, horizon, 1, device=device)
+                   else torch.zeros(E, horizon, A, dtype=dtype, device=device))
+        rtg = torch.zeros(E, horizon, 1, dtype=dtype, device=device)
         timesteps = torch.arange(horizon, device=device).expand(E, horizon)
         remaining = np.repeat(np.asarray(targets, dtype=np.float64), episodes)  # R̂ in reward units
         returns, lengths = np.zeros(E), np.zeros(E, dtype=np.int64)
@@ -155,9 +170,8 @@ def evaluate_returns(
             for t in range(horizon):
                 idx = np.flatnonzero(alive)
                 rows = torch.as_tensor(idx, device=device)
-                states[rows, t] = torch.as_tensor(tok.normalize_states(obs[idx]), device=device)
-                rtg[rows, t, 0] = torch.as_tensor(remaining[idx] / tok.return_scale, dtype=torch.float32,
-                                                  device=device)
+                states[rows, t] = torch.as_tensor(tok.normalize_states(obs[idx]), dtype=dtype, device=device)
+                rtg[rows, t, 0] = torch.as_tensor(remaining[idx] / tok.return_scale, dtype=dtype, device=device)
                 window = slice(max(0, t + 1 - K), t + 1)  # every episode started at 0: no padding
                 out = model(states[rows, window], actions[rows, window], rtg[rows, window], timesteps[rows, window])
                 pred = out.action_preds[:, -1]  # (E', A)
@@ -175,7 +189,7 @@ def evaluate_returns(
                     # otherwise it predicts raw actions, which only the environment's bounds limit
                     chosen = pred.clamp(-1.0, 1.0) if c.action_tanh or tok.action_low is not None else pred
                     actions[rows, t] = chosen
-                    env_actions = np.clip(tok.unscale_actions(chosen.cpu().numpy()), low, high)
+                    env_actions = np.clip(tok.unscale_actions(chosen.float().cpu().numpy()), low, high)
                 for j, i in enumerate(idx):
                     a = env_actions[j] if c.discrete else env_actions[j].reshape(envs[i].action_space.shape)
                     obs_i, reward, terminated, truncated, _ = envs[i].step(int(a) if c.discrete else a)

@@ -40,7 +40,10 @@ from tokenizers_mm.trajectory import (
     episodes_from_arrays,
     episodes_to_arrays,
 )
+from unitok.rollouts import check_env_id
 
+DEFAULT_ENV = "default"  # env_id's default: the built-in data's BUILTIN_ENV, or none for a user's file
+BUILTIN_ENV = "CartPole-v1"
 GENERATOR_VERSION = 1  # bump when recording changes, so old caches are not reused
 QUALITIES = ("expert", "noisy", "random")
 
@@ -267,7 +270,10 @@ class TrajectoryDataModule(SplitDataModule):
     Args:
         path: a ``.npz`` / ``.hdf5`` file of users' episodes (then no built-in data).
         env_id: the gymnasium environment: the built-in data's (CartPole-v1, Pendulum-v1)
-            and, for either source, the one the task evaluates in (None: no rollouts).
+            and, for either source, the one the task evaluates in (None: no rollouts). The
+            default, ``"default"``, is CartPole-v1 for the built-in data and none (no rollouts)
+            with ``path``: a file does not say where it was recorded, so name that environment to
+            score rollouts in it. ``setup`` checks its observations and actions against the data.
         context_length: K, steps per window.
         expert_episodes / noisy_episodes / random_episodes / noise_range: the built-in mix.
         return_scale: divide returns-to-go by this (default: the largest |episode return|).
@@ -283,7 +289,7 @@ class TrajectoryDataModule(SplitDataModule):
     def __init__(
         self,
         path: str | None = None,
-        env_id: str | None = "CartPole-v1",
+        env_id: str | None = DEFAULT_ENV,
         context_length: int = 20,
         expert_episodes: int = 40,
         noisy_episodes: int = 150,
@@ -298,6 +304,8 @@ class TrajectoryDataModule(SplitDataModule):
         val_share: float = 0.5,
     ) -> None:
         super().__init__(batch_size, num_workers)
+        if env_id == DEFAULT_ENV:
+            env_id = BUILTIN_ENV if path is None else None
         if path is None and env_id is None:
             raise ValueError("give a trajectory file (path: my_data.npz) or a built-in env_id "
                              f"({', '.join(EXPERTS)})")
@@ -347,8 +355,11 @@ class TrajectoryDataModule(SplitDataModule):
         act_dim = None
         if all_discrete:  # the action count of the whole data, even if the split misses an id
             act_dim = max(2, int(max(ep.actions.max() for ep in episodes)) + 1)
-        self._tokenizer = TrajectoryTokenizer.fit(self._train, self.context_length, act_dim=act_dim,
-                                                  return_scale=self.return_scale)
+        tokenizer = TrajectoryTokenizer.fit(self._train, self.context_length, act_dim=act_dim,
+                                            return_scale=self.return_scale)
+        if self.env_id is not None:  # rollouts in another environment fail (or mean nothing) after training
+            check_env_id(self.env_id, tokenizer, source="the data has")
+        self._tokenizer = tokenizer
 
     @property
     def train_episodes(self) -> list[Episode]:

@@ -1,7 +1,8 @@
 """The Decision Transformer recipes run through `unitok`: both parse; cartpole.yaml fits on
 built-in data (tiny overrides), leaves a checkpoint, a model folder with the tokenizer
 statistics, per-target returns (argmax actions) and the achieved-vs-target plot, and tests from
-the checkpoint; offline.yaml trains on a user's .npz and says so when the file is missing."""
+the checkpoint; offline.yaml trains on a user's .npz and says so when the file is missing; rollout
+options, the environment and a pretrained model's options are checked before any training step."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from tasks import record_episodes, save_trajectories
+from tasks import DecisionTransformerTask, record_episodes, save_trajectories
 from tasks.cli import main
 from tokenizers_mm import Processor
-from unitok.models import DecisionTransformer
+from unitok.models import DecisionTransformer, DecisionTransformerConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 CARTPOLE = ROOT / "configs" / "dt" / "cartpole.yaml"
@@ -71,3 +72,50 @@ def test_offline_recipe_without_a_file_says_what_to_give(tmp_path, monkeypatch, 
         main(["fit", "--config", str(OFFLINE), *QUICK])
     assert exit_info.value.code == 2
     assert "error: give a trajectory file (path: my_data.npz)" in capsys.readouterr().err
+
+
+@pytest.fixture
+def pendulum_file(tmp_path, monkeypatch):
+    path = save_trajectories(record_episodes("Pendulum-v1", 3, "noisy", seed=0), tmp_path / "trajectories.npz")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(DecisionTransformerTask, "training_step",
+                        lambda *a, **k: pytest.fail("a training step ran before the options were checked"))
+    return path
+
+
+@pytest.mark.parametrize("option, message", [
+    (["--model.eval_max_steps", "0"], "eval_max_steps must be an integer ≥ 1 or None, got 0"),
+    (["--model.eval_seed", "-1"], "eval_seed must be an integer ≥ 0, got -1"),
+    (["--model.eval_episodes", "-1"], "eval_episodes must be an integer ≥ 0 (0: no rollouts), got -1"),
+], ids=["max-steps-0", "negative-seed", "negative-episodes"])
+def test_bad_rollout_options_are_parser_errors(pendulum_file, capsys, option, message):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", str(OFFLINE), "--data.path", str(pendulum_file), "--data.env_id", "Pendulum-v1",
+              *QUICK, *option])
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("option, message", [
+    (["--data.env_id", "Pendulum-v1", "--model.eval_sample", "true"],
+     "eval_sample=True draws discrete actions from the softmax, but this model has continuous actions"),
+    (["--model.eval_env", "CartPole-v1"],
+     "but the model (checkpoint) was trained with state_dim=3"),  # CartPole's observations have 4
+], ids=["sampled-continuous-actions", "eval-env-of-other-spaces"])
+def test_rollouts_that_would_fail_are_refused_before_training(pendulum_file, capsys, option, message):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", str(OFFLINE), "--data.path", str(pendulum_file), *QUICK, *option])
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_options_a_pretrained_model_cannot_honour_are_refused(pendulum_file, capsys):
+    # Left out, the pretrained architecture is used; given with another value, it used to be ignored
+    # silently (a "behaviour-cloning baseline" that reads returns).
+    folder = DecisionTransformer(DecisionTransformerConfig.from_name(
+        "dt-tiny", state_dim=3, act_dim=1, context_length=20)).save_pretrained(pendulum_file.parent / "pre")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", str(OFFLINE), "--data.path", str(pendulum_file), *QUICK,
+              "--model.pretrained", str(folder), "--model.condition_on_returns", "false", "--model.d_model", "64"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "keeps its own architecture; given d_model=64 (the model's: 32), condition_on_returns=False " \
+           "(the model's: True)" in err

@@ -169,6 +169,24 @@ def test_a_users_file_feeds_the_data_module(tmp_path):
     np.testing.assert_allclose(dm.tokenizer.action_high, [max(float(e.actions.max()) for e in pendulum)], rtol=1e-6)
 
 
+def test_a_users_file_is_rolled_out_only_in_the_environment_named(tmp_path):
+    # A file does not say where it was recorded: by default its policy is not scored in CartPole.
+    path = save_trajectories(record_episodes("Pendulum-v1", 2, "random", seed=0), tmp_path / "pendulum.npz")
+    assert TrajectoryDataModule(path=str(path)).env_id is None
+    assert TrajectoryDataModule(path=str(path), env_id="Pendulum-v1").env_id == "Pendulum-v1"
+    assert TrajectoryDataModule().env_id == "CartPole-v1"  # the built-in data's environment
+    assert TrajectoryDataModule(env_id="Pendulum-v1").env_id == "Pendulum-v1"
+
+
+def test_an_environment_unlike_the_data_is_refused_at_setup(tmp_path):
+    path = save_trajectories(record_episodes("Pendulum-v1", 2, "random", seed=0), tmp_path / "pendulum.npz")
+    dm = TrajectoryDataModule(path=str(path), env_id="CartPole-v1", context_length=4, val_fraction=0.0)
+    with pytest.raises(ValueError, match=r"CartPole-v1 observations are Box.* but the data has state_dim=3"):
+        dm.setup("fit")  # before training, not when the first validation rolls the policy out
+    matching = TrajectoryDataModule(path=str(path), env_id="Pendulum-v1", context_length=4, val_fraction=0.0)
+    assert matching.state_dim == 3
+
+
 def test_data_module_arguments_are_checked():
     with pytest.raises(ValueError, match="give a trajectory file"):
         TrajectoryDataModule(path=None, env_id=None)

@@ -110,6 +110,27 @@ def test_decode_needs_every_step():
         tok.decode(tok.encode(ep, ends=[1, 7]))
 
 
+@pytest.mark.parametrize("make", [continuous_episode, discrete_episode], ids=["continuous", "discrete"])
+def test_decode_refuses_windows_of_more_than_one_episode(make):
+    # e.g. a data loader's batch: the windows holding step t disagree, and picking one per step
+    # would splice the episodes together
+    a, b = make(T=6), make(T=4, seed=1)
+    tok = TrajectoryTokenizer.fit([a, b], context_length=3)
+    mixed = TrajectoryTokenizer.collate([tok.encode(a), tok.encode(b)])
+    with pytest.raises(ValueError, match="the windows come from more than one episode: their states at step 0 differ"):
+        tok.decode(mixed)
+    same = TrajectoryTokenizer.collate([tok.encode(a, ends=[5, 2]), tok.encode(a)])  # overlapping, one episode
+    np.testing.assert_allclose(tok.decode(same).observations, a.observations, rtol=1e-5, atol=1e-5)
+
+
+def test_decode_refuses_episodes_that_differ_only_in_their_rewards():
+    a = discrete_episode(T=5)
+    b = Episode(a.observations, a.actions, a.rewards + 1.0, terminated=a.terminated)
+    tok = TrajectoryTokenizer.fit([a, b], context_length=2)
+    with pytest.raises(ValueError, match="more than one episode: their returns_to_go at step 0 differ"):
+        tok.decode(TrajectoryTokenizer.collate([tok.encode(a), tok.encode(b)]))
+
+
 def test_collate_concatenates_windows():
     ep = continuous_episode()
     tok = TrajectoryTokenizer.fit([ep], context_length=3)

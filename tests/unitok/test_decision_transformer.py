@@ -202,6 +202,31 @@ def test_get_action_reads_the_last_context_window():
     assert m.get_action(**{k: x[k] for k in hist}).shape == (1,)
 
 
+@pytest.mark.parametrize("short", ["actions", "returns_to_go", "timesteps"])
+def test_get_action_refuses_a_history_one_step_short_in_any_tensor(short):
+    # Each tensor is cut to its own last K steps: with T > K, a tensor one step short would be
+    # read shifted against the states (the T − 1 actions taken, without the placeholder).
+    m = model(discrete=False)
+    x = inputs(m, B=1, K=9)  # T = 9 steps of history, K = 6
+    hist = {k: x[k][0] for k in ("states", "actions", "returns_to_go", "timesteps")}
+    with pytest.raises(ValueError, match=rf"{short} must have the states' \(steps,\) = \(9,\) first, one entry per "
+                                         r"step.*got shape \(8"):
+        m.get_action(**{**hist, short: hist[short][:-1]})
+    batched = {k: x[k] for k in hist}
+    with pytest.raises(ValueError, match=rf"{short} must have the states' \(batch, steps\) = \(1, 9\) first"):
+        m.get_action(**{**batched, short: batched[short][:, :-1]})
+
+
+def test_get_action_names_a_timestep_row_given_for_a_batch():
+    m = model(discrete=True)
+    x = inputs(m, B=3, K=7)
+    hist = {k: x[k] for k in ("states", "actions", "returns_to_go")}
+    with pytest.raises(ValueError, match=r"timesteps must have the states' \(batch, steps\) = \(3, 7\) first.*"
+                                         r"timesteps.expand\(3, -1\); got shape \(7,\)"):
+        m.get_action(**hist, timesteps=torch.arange(7))
+    assert m.get_action(**hist, timesteps=torch.arange(7).expand(3, -1)).shape == (3,)
+
+
 # --------------------------------------------------------------------------- bad input
 
 

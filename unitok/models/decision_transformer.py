@@ -317,23 +317,45 @@ class DecisionTransformer(PretrainedModel):
         self,
         states: Tensor,
         actions: Tensor,
-        returns_to_go: Tensor,
+        returns_to_go: Tensor | None,
         timesteps: Tensor,
     ) -> Tensor:
-        """The next action from a history in the model's units: (B, T, …) or unbatched (T, …)
-        tensors whose last step holds the current state (its action entry is a placeholder).
-        Only the last ``context_length`` steps are read. Returns (B, A) continuous actions in
-        [-1, 1] or (B,) ids (argmax), without the batch axis for unbatched input."""
+        """The next action from a history in the model's units, as Hugging Face's example acts:
+        (B, T, …) tensors — states (B, T, S), actions (B, T, A) or (B, T) ids, returns_to_go
+        (B, T, 1) or (B, T), timesteps (B, T) — or the same without the batch axis, all of the
+        same T steps. The last step holds the current state; its action entry is a placeholder
+        (zeros will do), so ``actions`` has T entries, not the T − 1 taken. Only the last
+        ``context_length`` steps are read. Returns (B, A) continuous actions in [-1, 1] or (B,)
+        ids (argmax), without the batch axis for unbatched input."""
+        if not isinstance(states, Tensor) or states.dim() not in (2, 3):
+            shape = tuple(states.shape) if isinstance(states, Tensor) else type(states).__name__
+            raise ValueError(f"states must be (steps, state_dim) or (batch, steps, state_dim), got {shape}")
         unbatched = states.dim() == 2
+        # Each tensor is cut to its own last K steps below: a history one step short in any of
+        # them would be read shifted against the states, so all must cover the same steps.
+        lead = tuple(states.shape[:1 if unbatched else 2])
+        history = {"actions": actions, "returns_to_go": returns_to_go, "timesteps": timesteps}
+        for name, value in history.items():
+            if value is None and name == "returns_to_go":  # a behaviour-cloning model reads none
+                continue
+            if not isinstance(value, Tensor) or tuple(value.shape[:len(lead)]) != lead:
+                shape = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
+                what = "(steps,)" if unbatched else "(batch, steps)"
+                note = ("; the action at the last step is a placeholder (zeros), so T actions, not the T − 1 taken"
+                        if name == "actions" else "")
+                if not unbatched and isinstance(value, Tensor) and value.dim() == 1 and name == "timesteps":
+                    note = f"; a row shared by the batch: timesteps.expand({lead[0]}, -1)"
+                raise ValueError(f"{name} must have the states' {what} = {lead} first, one entry per step{note}; "
+                                 f"got shape {shape}")
         if unbatched:
-            states, actions = states[None], actions[None]
-            returns_to_go, timesteps = returns_to_go[None], timesteps[None]
+            states, actions, timesteps = states[None], actions[None], timesteps[None]
+            returns_to_go = None if returns_to_go is None else returns_to_go[None]
         K = self.config.context_length
         was_training = self.training
         self.eval()
         try:
-            out = self(states[:, -K:], actions[:, -K:], returns_to_go[:, -K:], timesteps[:, -K:],
-                       actions_only=True)
+            out = self(states[:, -K:], actions[:, -K:], None if returns_to_go is None else returns_to_go[:, -K:],
+                       timesteps[:, -K:], actions_only=True)
         finally:
             self.train(was_training)
         last = out.action_preds[:, -1]
