@@ -24,6 +24,7 @@ from torch import Tensor
 from torchmetrics.classification import MulticlassAccuracy
 
 from tasks.contrastive import MAX_LOGIT_SCALE, ContrastiveTask, contrastive_loss
+from tasks.data.image import DigitsDataModule
 from tasks.predictions import Record, class_records
 from tokenizers_mm.checks import check_number
 from unitok.zero_shot import ZeroShotClassifier
@@ -43,7 +44,9 @@ class BindTask(ContrastiveTask):
             ``clip-digits-audio-shared``: one backbone for all three modalities).
         image_text / audio_image: the data's task names of the (image, caption) pairs (a
             caption data module) and of the (audio, image) pairs (``pixel_values``,
-            ``features``, ``feature_lengths``; ``audio_digits`` / ``image_digits`` for scoring).
+            ``features``, ``feature_lengths``; ``audio_digits`` / ``image_digits`` for scoring),
+            every row a matched pair (``same_fraction: 1.0``). Both read images as the image
+            tower does, and built-in digits split the scans alike in both.
         audio_weight: the audio–image term's weight in the sum.
         The rest: as `ContrastiveTask`.
     """
@@ -89,9 +92,34 @@ class BindTask(ContrastiveTask):
     def caption_data(self) -> Any:
         return self._tasks()[self.hparams.image_text]
 
+    def image_data(self) -> dict[str, Any]:
+        """Both pair types' data: one image tower reads their images, so they must agree."""
+        return {f"the {name!r} data": data for name, data in self._tasks().items()}
+
+    def _check_pairs(self, tasks: dict[str, Any], stage: str) -> None:
+        """Refuse data that would train on what it should not: rows that are no pairs, scans held
+        out by one pair type but trained on by the other, a pair type without a batch."""
+        h = self.hparams
+        if stage == "fit" and getattr(self.trainer.datamodule, "mode", None) == "max_size":
+            raise ValueError("BindTask trains both pair types every step, which the data's mode 'max_size' leaves "
+                             "without a batch once the shorter loader ends; use mode 'max_size_cycle' or 'min_size'")
+        same_fraction = getattr(tasks[h.audio_image], "same_fraction", 1.0)
+        if same_fraction != 1.0:
+            raise ValueError(f"the {h.audio_image!r} data has same_fraction={same_fraction}: that share of its rows "
+                             "show the same digit, the rest another, yet BindTask trains every row as a matched "
+                             "(audio, image) pair; set same_fraction: 1.0")
+        splits = {name: {key: getattr(task.digits, key) for key in ("test_fraction", "val_share", "split_seed")}
+                  for name, task in tasks.items() if isinstance(getattr(task, "digits", None), DigitsDataModule)}
+        if len(splits) == 2 and splits[h.image_text] != splits[h.audio_image]:
+            # else scans that one pair type holds out (to score zero-shot) the other trains on
+            raise ValueError(f"the two pair types split the digit scans differently ({h.image_text!r}: "
+                             f"{splits[h.image_text]}, {h.audio_image!r}: {splits[h.audio_image]}): give them the "
+                             "same test_fraction, val_share and split_seed")
+
     def setup(self, stage: str) -> None:
-        super().setup(stage)
         tasks = self._tasks()
+        self._check_pairs(tasks, stage)
+        super().setup(stage)
         self.pair_names = list(tasks)  # validation's dataloader_idx follows the data's order
         audio_data = tasks[self.hparams.audio_image]
         spectrogram = getattr(audio_data, "spectrogram_config", None)

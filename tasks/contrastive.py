@@ -134,29 +134,42 @@ class ContrastiveTask(L.LightningModule):
         """The data module of (image, caption) pairs (None outside a trainer)."""
         return getattr(self.trainer, "datamodule", None)
 
+    def image_data(self) -> dict[str, Any]:
+        """Every data module whose images the image tower reads, by the name errors give it."""
+        datamodule = self.caption_data()
+        return {} if datamodule is None else {"the data": datamodule}
+
     def setup(self, stage: str) -> None:
         datamodule = self.caption_data()
         if datamodule is None:
             return
         c = self.model.config
-        for name in ("channels", "image_size"):
-            data_value = getattr(datamodule, name, None)
-            model_value = getattr(c.vision, name)
-            if data_value is not None and tuple(_pair(data_value)) != tuple(_pair(model_value)):
-                raise ValueError(f"the data has {name}={data_value} but the image tower {model_value}; "
-                                 "match them (e.g. --data.image_size)")
+        images = self.image_data()
+        for what, data in images.items():
+            for name in ("channels", "image_size"):
+                data_value = getattr(data, name, None)
+                model_value = getattr(c.vision, name)
+                if data_value is not None and tuple(_pair(data_value)) != tuple(_pair(model_value)):
+                    raise ValueError(f"{what} has {name}={data_value} but the image tower {model_value}; "
+                                     f"match them (the data's {name})")
         context = getattr(datamodule, "context_length", None)
         if context is not None and context > c.text.context_length:
             raise ValueError(f"the data tokenizes captions up to {context} tokens but the text tower has "
                              f"context_length={c.text.context_length}; set --data.context_length {c.text.context_length}")
-        mean, std = getattr(datamodule, "mean", None), getattr(datamodule, "std", None)
-        if mean is not None and std is not None and (tuple(mean), tuple(std)) != (c.vision.mean, c.vision.std):
+        stats = {what: (tuple(data.mean), tuple(data.std)) for what, data in images.items()
+                 if getattr(data, "mean", None) is not None and getattr(data, "std", None) is not None}
+        if len(set(stats.values())) > 1:  # one tower would learn to read one scan normalised two ways
+            given = "; ".join(f"{what} mean {mean}, std {std}" for what, (mean, std) in stats.items())
+            raise ValueError(f"the image tower reads pixels normalised one way, but the data differ: {given}; "
+                             "give them the same mean and std")
+        mean, std = next(iter(stats.values()), (c.vision.mean, c.vision.std))
+        if (mean, std) != (c.vision.mean, c.vision.std):
             if self.hparams.lock_image_tower:  # frozen, it cannot learn to read pixels normalised otherwise
                 raise ValueError(f"the locked image tower reads pixels normalised with mean {c.vision.mean}, std "
-                                 f"{c.vision.std}; the data gives mean {tuple(mean)}, std {tuple(std)}: set the data's "
+                                 f"{c.vision.std}; the data gives mean {mean}, std {std}: set the data's "
                                  "mean and std to the tower's")
             # Stored with the model, so zero-shot on raw images normalises as in training.
-            self.model.config = c.replace(vision=c.vision.replace(mean=tuple(mean), std=tuple(std)))
+            self.model.config = c.replace(vision=c.vision.replace(mean=mean, std=std))
             self.model.visual.config = self.model.config.vision
         names = getattr(datamodule, "class_names", None)
         templates = self.hparams.zero_shot_templates or getattr(datamodule, "zero_shot_templates", None)

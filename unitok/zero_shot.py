@@ -79,6 +79,32 @@ def class_prompts(
     return out
 
 
+def _embedding_width(model: nn.Module) -> int | None:
+    """E of a unitok CLIP (``config.embed_dim``) or an open_clip one (``visual.output_dim``); None if unknown."""
+    width = getattr(getattr(model, "config", None), "embed_dim", None)
+    if width is None:
+        width = getattr(getattr(model, "visual", None), "output_dim", None)
+    return width if isinstance(width, int) else None
+
+
+def _check_class_embeddings(embeddings: Tensor, K: int, E: int | None) -> None:
+    """Cached class embeddings must be what `ZeroShotClassifier.build` returns: a (K, E) float
+    tensor of unit rows (another width fails later on the images; other norms would stop the
+    logits being scaled cosines and reweight the classes)."""
+    if not isinstance(embeddings, Tensor) or not embeddings.is_floating_point():
+        got = f"a {embeddings.dtype} tensor" if isinstance(embeddings, Tensor) else type(embeddings).__name__
+        raise TypeError(f"class_embeddings must be a float tensor, got {got}")
+    if embeddings.dim() != 2 or embeddings.shape[0] != K or (E is not None and embeddings.shape[1] != E):
+        raise ValueError(f"class_embeddings must be ({K}, {E if E is not None else 'E'}): one row per class, the "
+                         f"model's embedding width; got {tuple(embeddings.shape)}")
+    norms = embeddings.detach().float().norm(dim=-1)
+    off = (~((norms - 1).abs() <= 1e-2)).nonzero().flatten().tolist()  # 1e-2: rows kept in half precision pass
+    if off:
+        shown = ", ".join(f"row {k}: {float(norms[k]):.4g}" for k in off[:5])
+        raise ValueError(f"class_embeddings rows must have norm 1 (as build() returns them), got {len(off)} that "
+                         f"do not ({shown}{', …' if len(off) > 5 else ''}); normalise them (F.normalize(x, dim=-1))")
+
+
 class ZeroShotClassifier:
     """A CLIP model turned into a K-way classifier of images (or audio) by text prompts.
 
@@ -97,7 +123,8 @@ class ZeroShotClassifier:
             it a unitok model prepares raw images itself (``resize`` to its configured size).
         logit_scale: multiplies the cosine similarities; default the model's learned exp(scale).
         batch_size: prompts (and images) per forward pass. progress: a tqdm bar while building.
-        class_embeddings: (K, E) cached embeddings from an earlier build.
+        class_embeddings: (K, E) cached embeddings from an earlier build (unit rows; other
+            shapes or norms are refused).
         modality: what is classified: "image", or "audio" (a unitok CLIP with an audio tower;
             raw audio is file paths, or waveforms with ``sample_rate=``, read with the model's
             stored spectrogram settings).
@@ -139,9 +166,8 @@ class ZeroShotClassifier:
         if logit_scale is not None:  # a scale ≤ 0 would invert or flatten the ranking, NaN every probability
             logit_scale = check_number("logit_scale", logit_scale, 0, low_open=True)
         self._logit_scale, self.batch_size, self.progress = logit_scale, batch_size, progress
-        if class_embeddings is not None and tuple(class_embeddings.shape[:1]) != (len(self.classnames),):
-            raise ValueError(f"class_embeddings have {class_embeddings.shape[0]} rows for "
-                             f"{len(self.classnames)} classes")
+        if class_embeddings is not None:
+            _check_class_embeddings(class_embeddings, len(self.classnames), _embedding_width(model))
         self._class_embeddings = class_embeddings
 
     @property

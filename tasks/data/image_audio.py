@@ -105,13 +105,17 @@ def collate_pairs(items: Sequence[dict[str, Any]]) -> dict[str, Tensor]:
 class ImageAudioPairsDataModule(SplitDataModule):
     """Digit scans × spoken digits (see the module docstring).
 
+    Each row is one scan and one utterance, drawn independently of the other rows (with
+    replacement): a batch may repeat a scan or an utterance, and under a contrastive loss its
+    other rows of the same digit are negatives, as other captions of a class are in CLIP.
+
     Args:
         same_fraction: share of same-digit pairs (0.5: the balanced "same digit?" task; 1.0:
             positive pairs for contrastive training).
         train_pairs / held_out_pairs: pairs per training epoch / in the validation set (and
             as many in the test set).
-        image_size / test_fraction / split_seed / augment_images / degrees / translate: the
-            scans, as in `DigitsDataModule` (the same stratified split).
+        image_size / mean / std / test_fraction / split_seed / augment_images / degrees /
+            translate: the scans, as in `DigitsDataModule` (the same stratified split).
         val_share: the share of the held-out scans, and of each digit's held-out utterances
             (`tasks.data.speech.validation_rows`), that validate; the rest are for test pairs.
             1.0: no test split (the test loader serves the validation pairs).
@@ -149,13 +153,15 @@ class ImageAudioPairsDataModule(SplitDataModule):
         batch_size: int = 64,
         num_workers: int = 0,
         val_share: float = 0.5,
+        mean: float | tuple[float, ...] = 0.5,
+        std: float | tuple[float, ...] = 0.5,
     ) -> None:
         super().__init__(batch_size, num_workers)
         if train_pairs < 2 or held_out_pairs < 2:
             raise ValueError(f"need at least 2 training and 2 held-out pairs, got {train_pairs}, {held_out_pairs}")
-        self.digits = DigitsDataModule(image_size=image_size, test_fraction=test_fraction, split_seed=split_seed,
-                                       augment=augment_images, degrees=degrees, translate=translate,
-                                       val_share=val_share)
+        self.digits = DigitsDataModule(image_size=image_size, mean=mean, std=std, test_fraction=test_fraction,
+                                       split_seed=split_seed, augment=augment_images, degrees=degrees,
+                                       translate=translate, val_share=val_share)
         self.val_share = val_share
         self.image_size, self.channels = self.digits.image_size, self.digits.channels
         self.mean, self.std = self.digits.mean, self.digits.std
@@ -256,12 +262,34 @@ def read_audio_image_pairs(path: Path, audio_key: str = "audio", image_key: str 
     return pairs
 
 
+def linked_groups(pairs: Sequence[tuple[Path, Path]]) -> dict[tuple[Path, Path], tuple[str, Path]]:
+    """Each (audio, image) pair's group: pairs that share an audio file or an image (files compared
+    resolved), directly or through other pairs, are one group, so a split that keeps groups whole
+    shares no file between its parts. Without shared audio the groups are the images."""
+    parent: dict[tuple[str, Path], tuple[str, Path]] = {}
+
+    def root(node: tuple[str, Path]) -> tuple[str, Path]:
+        parent.setdefault(node, node)
+        while parent[node] != node:
+            parent[node] = parent[parent[node]]
+            node = parent[node]
+        return node
+
+    nodes = {pair: (("audio", pair[0].resolve()), ("image", pair[1].resolve())) for pair in pairs}
+    for audio, image in nodes.values():
+        a, b = root(audio), root(image)
+        if a != b:
+            parent[a] = b
+    return {pair: root(image) for pair, (_, image) in nodes.items()}
+
+
 class AudioImageManifestDataModule(SplitDataModule):
     """Users' (audio, image) pairs for binding speech to images: a JSONL / CSV manifest with one
     ``{"audio": path, "image": path}`` per line. Images are converted to ``channels``, resized
     (short side) and centre-cropped to ``image_size`` and normalised; audio becomes log-mel
     frames with ``spectrogram`` settings. Validation: ``val_manifest`` or a seeded
-    ``val_fraction`` of the training rows. Test: ``test_manifest`` when given (else
+    ``val_fraction`` of the training rows (rows that share an image or an audio file are held out
+    together, `linked_groups`). Test: ``test_manifest`` when given (else
     ``unitok test`` scores the validation pairs).
     """
 
@@ -295,9 +323,10 @@ class AudioImageManifestDataModule(SplitDataModule):
         self.train_pairs = read_audio_image_pairs(Path(train_manifest), audio_key, image_key)
         if val_manifest is not None:
             self.val_pairs = read_audio_image_pairs(Path(val_manifest), audio_key, image_key)
-        else:  # an image's clips stay together
-            self.train_pairs, self.val_pairs = hold_out(self.train_pairs, val_fraction, split_seed,
-                                                        lambda pair: pair[1].resolve(), "images")
+        else:  # pairs that share an image or an audio file stay together
+            groups = linked_groups(self.train_pairs)
+            self.train_pairs, self.val_pairs = hold_out(self.train_pairs, val_fraction, split_seed, groups.__getitem__,
+                                                        "groups of pairs linked by a shared image or audio file")
         self.test_pairs = (read_audio_image_pairs(Path(test_manifest), audio_key, image_key)
                            if test_manifest is not None else None)
         splits = {"the training pairs": self.train_pairs, "the validation pairs": self.val_pairs,

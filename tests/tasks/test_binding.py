@@ -108,6 +108,39 @@ def test_bind_task_refuses_what_it_cannot_train(cache):
         trainer(1).fit(BindTask(), datamodule=other)
 
 
+@pytest.mark.parametrize("captions, pairs, mode, message", [
+    # half the rows would show another digit, yet every row trains as a matched pair
+    ({}, {"same_fraction": 0.5}, "max_size_cycle",
+     r"the 'audio_image' data has same_fraction=0.5: .* set same_fraction: 1.0"),
+    # scans held out for image zero-shot would be trained on through (audio, image) pairs
+    ({"split_seed": 1}, {}, "max_size_cycle", r"split the digit scans differently \('image_text': \{.*'split_seed': 1\}, "
+                                              r"'audio_image': \{.*'split_seed': 0\}\)"),
+    ({"val_share": 0.4}, {}, "max_size_cycle", r"'val_share': 0.4, .*'audio_image': \{.*'val_share': 0.5, "),
+    # one image tower, two normalisations of the same scans
+    ({"mean": 0.1307, "std": 0.3081}, {}, "max_size_cycle",
+     r"the 'image_text' data mean \(0.1307,\), std \(0.3081,\); the 'audio_image' data mean \(0.5,\), std \(0.5,\)"),
+    ({}, {"image_size": 28}, "max_size_cycle", r"the 'audio_image' data has image_size=\(28, 28\) but the image tower "
+                                                r"\(32, 32\)"),
+    # an ended loader leaves its pair type without a batch
+    ({}, {}, "max_size", r"BindTask trains both pair types every step, which the data's mode 'max_size'"),
+])
+def test_bind_task_refuses_data_it_would_train_wrongly_on(cache, captions, pairs, mode, message):
+    data = MultiTaskDataModule({"image_text": CaptionedDigitsDataModule(batch_size=8, **captions),
+                                "audio_image": ImageAudioPairsDataModule(cache_dir=cache, **{**PAIRS, **pairs})},
+                               mode=mode)
+    with pytest.raises(ValueError, match=message):
+        trainer(1).fit(BindTask(), datamodule=data)
+
+
+def test_both_pair_types_normalised_alike_train_and_the_model_keeps_their_statistics(cache):
+    stats = dict(mean=0.1307, std=0.3081)
+    data = MultiTaskDataModule({"image_text": CaptionedDigitsDataModule(batch_size=8, **stats),
+                                "audio_image": ImageAudioPairsDataModule(cache_dir=cache, **PAIRS, **stats)})
+    task = BindTask()
+    trainer(1, limit_val_batches=0).fit(task, datamodule=data)
+    assert (task.model.config.vision.mean, task.model.config.vision.std) == ((0.1307,), (0.3081,))
+
+
 def test_users_audio_image_manifest(tmp_path):
     rng = np.random.default_rng(0)
     rows = []
@@ -150,6 +183,23 @@ def test_users_audio_image_splits_share_no_image_and_no_audio_file(tmp_path):
     with pytest.raises(ValueError, match=r"1 audio file\(s\) of the test pairs are also in the training pairs"):
         AudioImageManifestDataModule(train, val_manifest=manifest("val.jsonl", [(4, 4)]),
                                      test_manifest=manifest("test.jsonl", [(0, 5)]), batch_size=2)
+
+
+def test_users_pairs_linked_by_a_shared_file_are_held_out_together(tmp_path):
+    rng = np.random.default_rng(0)
+    for i in range(10):
+        soundfile.write(tmp_path / f"{i}.wav", (0.1 * rng.standard_normal(8000)).astype("float32"), 16000)
+        Image.fromarray(rng.integers(0, 255, (20, 24, 3), dtype=np.uint8)).save(tmp_path / f"{i}.png")
+    # each narration goes with two photos; clip 9 goes with photos 9, 8 and 0: clips 0, 4, 9 form one group
+    rows = [(a, 2 * a % 10 + j) for a in range(5) for j in range(2)] + [(9, 9), (9, 8), (9, 0)]
+    (tmp_path / "pairs.jsonl").write_text("".join(json.dumps({"audio": f"{a}.wav", "image": f"{b}.png"}) + "\n"
+                                                  for a, b in rows))
+    for seed in range(4):  # the automatic split never makes splits that share a file (and refuses them)
+        data = AudioImageManifestDataModule(str(tmp_path / "pairs.jsonl"), val_fraction=0.3, split_seed=seed,
+                                            batch_size=2)
+        assert data.val_pairs and len(data.train_pairs) + len(data.val_pairs) == len(rows)
+        for side in (0, 1):
+            assert {p[side] for p in data.train_pairs}.isdisjoint(p[side] for p in data.val_pairs)
 
 
 def test_bind_recipe_fits_exports_and_tests(tmp_path, monkeypatch, cache, capsys):

@@ -130,3 +130,20 @@ def test_bad_audio_is_a_clear_error(tmp_path):
     frames[0, 3, 3] = float("inf")
     with pytest.raises(ValueError, match="NaN/inf"):
         model.encode_audio(Tokens(features=frames))
+
+
+def test_audio_lengths_give_each_utterance_its_frame_count():
+    model = tiny()
+    frames = torch.randn(4, 40, 20)
+    with pytest.raises(ValueError, match=r"audio lengths must be \(4,\), one frame count per utterance, got shape "
+                                         r"\(1,\)"):
+        model.encode_audio(frames, torch.tensor([30]))  # would be broadcast to every utterance
+    with pytest.raises(ValueError, match=r"must be \(4,\).*got shape \(3,\)"):
+        model.encode_audio(frames, torch.tensor([30, 30, 30]))
+    with pytest.raises(ValueError, match=r"frame counts in \[1, 40\] \(the frames given\), got \[40, 900, 40, 40\]"):
+        model.encode_audio(frames, torch.tensor([40, 900, 40, 40]))
+    with pytest.raises(ValueError, match=r"in \[1, 40\].*got \[0, 40, 40, 40\]"):
+        model.encode_audio(frames, torch.tensor([0, 40, 40, 40]))
+    with pytest.raises(TypeError, match="audio lengths must be an integer tensor of frame counts, got a torch.float32"):
+        model.encode_audio(frames, torch.tensor([40.0, 40.0, 40.0, 40.0]))
+    torch.testing.assert_close(model.encode_audio(frames, torch.tensor([40, 40, 40, 40])), model.encode_audio(frames))

@@ -56,6 +56,19 @@ def test_class_embeddings_are_built_once_in_batches_and_can_be_passed_back(model
     assert torch.equal(again.predict(images), clf.predict(images)) and calls == [4, 2]
 
 
+def test_cached_class_embeddings_must_be_unit_rows_of_the_models_width(model):
+    built = ZeroShotClassifier(model, NAMES, TEMPLATES).class_embeddings  # (3, 16) unit rows
+    with pytest.raises(ValueError, match=r"class_embeddings must be \(3, 16\).*got \(3, 32\)"):
+        ZeroShotClassifier(model, NAMES, TEMPLATES, class_embeddings=torch.randn(3, 32))
+    with pytest.raises(ValueError, match=r"class_embeddings must be \(3, 16\).*got \(2, 16\)"):
+        ZeroShotClassifier(model, NAMES, TEMPLATES, class_embeddings=built[:2])
+    with pytest.raises(ValueError, match=r"rows must have norm 1 .* got 1 that do not \(row 2: 3\); normalise"):
+        ZeroShotClassifier(model, NAMES, TEMPLATES, class_embeddings=built * torch.tensor([[1.0], [1.0], [3.0]]))
+    with pytest.raises(TypeError, match="class_embeddings must be a float tensor, got a torch.int64 tensor"):
+        ZeroShotClassifier(model, NAMES, TEMPLATES, class_embeddings=built.long())
+    assert ZeroShotClassifier(model, NAMES, TEMPLATES, class_embeddings=built.half()).class_embeddings.shape == (3, 16)
+
+
 def test_predictions_probabilities_and_topk_agree(model):
     clf = ZeroShotClassifier(model, NAMES, TEMPLATES)
     images = (torch.rand(6, 1, 16, 16) * 255).to(torch.uint8)  # raw images: the model's preprocessing applies

@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from tokenizers_mm import CLIPTokenizer, PatchTokenizer, Processor, SpectrogramConfig, Tokens
 from unitok.backbone import Backbone, BackboneConfig, init_weights
-from unitok.checks import check_dtype, check_finite, deferred_checks
+from unitok.checks import check_dtype, check_finite, deferred_checks, defers, host_values, raise_if
 from unitok.config import Config
 from unitok.embed import TokenEmbedding
 from unitok.embed.modalities import AudioEmbedder
@@ -281,6 +281,24 @@ class AudioTower(nn.Module):
         return h[:, 0] if self.cls_token is not None else pool_tokens(h, mask, "mean")
 
 
+def _check_audio_lengths(lengths: Tensor, B: int, N: int) -> None:
+    """``lengths`` must give each of the B utterances its count of real frames, 1 to N: a wrong
+    shape would broadcast one count to every utterance, a count past N names frames not given."""
+    if not isinstance(lengths, Tensor) or lengths.dtype == torch.bool or lengths.is_floating_point() \
+            or lengths.is_complex():
+        got = f"a {lengths.dtype} tensor" if isinstance(lengths, Tensor) else type(lengths).__name__
+        raise TypeError(f"audio lengths must be an integer tensor of frame counts, got {got}")
+    if lengths.shape != (B,):
+        raise ValueError(f"audio lengths must be ({B},), one frame count per utterance, got shape "
+                         f"{tuple(lengths.shape)}")
+    values = host_values(lengths)
+
+    def fail() -> None:
+        raise ValueError(f"audio lengths must be frame counts in [1, {N}] (the frames given), got {values.tolist()}")
+
+    raise_if(((values < 1) | (values > N)).any(), fail, defers(values))
+
+
 class CLIP(PretrainedModel):
     """Contrastive image–text model: ``encode_image`` and ``encode_text`` into one space.
 
@@ -401,7 +419,8 @@ class CLIP(PretrainedModel):
         return self.config.audio
 
     def encode_audio(self, audio: Tensor | Tokens, lengths: Tensor | None = None, normalize: bool = False) -> Tensor:
-        """(B, N, F) log-mel frames with (B,) lengths, or audio `Tokens` from `audio_tokenizer`, -> (B, E)."""
+        """(B, N, F) log-mel frames with (B,) integer lengths in [1, N] (default: all N), or audio
+        `Tokens` from `audio_tokenizer`, -> (B, E)."""
         config = self._audio_config()
         if isinstance(audio, Tokens):
             if audio.features is None or audio.grid is not None:
@@ -417,6 +436,7 @@ class CLIP(PretrainedModel):
         check_finite(audio, "audio frames")
         if lengths is None:
             lengths = torch.full((audio.shape[0],), audio.shape[1], dtype=torch.long, device=audio.device)
+        _check_audio_lengths(lengths, *audio.shape[:2])
         backbone = self.visual.backbone if self.config.shared_backbone else None
         x = self.audio_proj(self.audio(audio, lengths.to(audio.device), backbone))
         return F.normalize(x, dim=-1) if normalize else x
