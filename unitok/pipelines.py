@@ -77,6 +77,11 @@ class Pipeline:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The model's floating-point dtype: what the features a pipeline computes are cast to."""
+        return next(p.dtype for p in self.model.parameters() if p.is_floating_point())
+
     def check_model(self) -> None:
         """Fail at construction when the model lacks what the task needs (a head, a tokenizer)."""
 
@@ -501,7 +506,8 @@ class SpeechRecognitionPipeline(Pipeline):
         check_decoder(decoder, lexicon)
         words = Lexicon.from_words(lexicon, self.processor.characters) if lexicon is not None else None
         tokens = _audio_tokens(self.processor, items, sample_rate).to(self.device)
-        out = self.model(tokens.features, tokens.attention_mask.sum(dim=1))
+        # the frames are float32; a bf16 or half model reads them in its own dtype, as transcribe does
+        out = self.model(tokens.features.to(self.dtype), tokens.attention_mask.sum(dim=1))
         paths = ctc_decode(out.logits.float().log_softmax(-1), out.lengths, decoder, beam_size, words)  # type: ignore[arg-type]
         return [{"text": self.processor.characters.decode(p)} for p in paths]
 
@@ -523,7 +529,15 @@ class ZeroShotAudioClassificationPipeline(ZeroShotImageClassificationPipeline):
         return super().run_batch(items, candidate_labels, hypothesis_template, resize=False)
 
     def inputs(self, items: list[Any]) -> Any:
-        return _audio_tokens(self.processor, items, self._sample_rate)
+        # As ZeroShotClassifier refuses it: silence holds no sound to embed, so any label would be made up.
+        for i, (wave, _) in enumerate(_audio_items(items, self._sample_rate)):
+            if not isinstance(wave, (str, Path)) and np.asarray(wave).size and not np.asarray(wave).any():
+                raise ValueError(f"audio input {i} is all silence (every sample is 0): nothing to classify")
+        tokens = _audio_tokens(self.processor, items, self._sample_rate)
+        silent = [i for i, row in enumerate(tokens.features) if float(row.abs().max()) == 0.0]
+        if silent:
+            raise ValueError(f"audio inputs {silent} are all silence: nothing to classify")
+        return tokens
 
 
 # --------------------------------------------------------------------------- control
@@ -600,16 +614,17 @@ class DecisionPipeline(Pipeline):
             if not np.isfinite(values).all():
                 raise ValueError(f"decision input {i}: {what} contain NaN/inf values")
         K = min(T, c.context_length)
-        states = torch.as_tensor(tok.normalize_states(obs[-K:]), dtype=torch.float32)
+        dtype = self.dtype  # a float64 or bf16 model reads its window in its own dtype
+        states = torch.as_tensor(tok.normalize_states(obs[-K:]), dtype=dtype)
         remaining = float(target) - np.concatenate([[0.0], np.cumsum(rewards)])  # R̂ at each step
-        rtg = torch.as_tensor(remaining[-K:] / tok.return_scale, dtype=torch.float32)[:, None]
+        rtg = torch.as_tensor(remaining[-K:] / tok.return_scale, dtype=dtype)[:, None]
         if c.discrete:
             acts = torch.zeros(T, dtype=torch.long)
             acts[: T - 1] = torch.as_tensor(past.reshape(-1), dtype=torch.long)
         else:
-            acts = torch.zeros(T, c.act_dim)
+            acts = torch.zeros(T, c.act_dim, dtype=dtype)
             if T > 1:
-                acts[: T - 1] = torch.as_tensor(tok.scale_actions(past.reshape(T - 1, c.act_dim)))
+                acts[: T - 1] = torch.as_tensor(tok.scale_actions(past.reshape(T - 1, c.act_dim)), dtype=dtype)
         steps = torch.arange(T - K, T)
         d = self.device
         return states[None].to(d), acts[-K:][None].to(d), rtg[None].to(d), steps[None].to(d)

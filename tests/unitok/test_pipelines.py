@@ -425,3 +425,34 @@ def test_a_continuous_action_without_a_bounded_head_is_answered_in_its_own_units
     answer = pipeline("decision", model=dt)({"observations": [[0.1, 0.2, 0.3]], "target_return": -200.0})
     assert answer["action"] == [pytest.approx(1.7)]
 
+
+
+def test_a_bf16_or_float64_model_reads_its_pipeline_inputs_in_its_own_dtype(tmp_path):
+    """Pipelines compute features and windows in float32; a model in another dtype is read in its
+    own, as `transcribe` does, instead of failing on inputs the user never handles."""
+    torch.manual_seed(0)
+    conformer = ConformerCTC(ConformerConfig.from_name("conformer-digits", vocabulary=tuple("onetw "))).eval()
+    wave = (0.1 * np.random.default_rng(0).standard_normal(8000)).astype(np.float32)
+    half = conformer.to(torch.bfloat16)
+    asr = pipeline("automatic-speech-recognition", model=half)
+    assert asr(wave, sample_rate=16000) == {"text": half.transcribe(wave, sample_rate=16000)[0]}
+
+    dt = DecisionTransformer(DecisionTransformerConfig.from_name("dt-cartpole", return_scale=100.0)).eval()
+    obs = np.random.default_rng(0).standard_normal((3, 4))
+    item = {"observations": obs, "actions": [1, 0], "rewards": [1.0, 1.0], "target_return": 200}
+    expected = pipeline("decision", model=dt)(item)
+    for dtype in (torch.float64, torch.bfloat16):
+        answer = pipeline("decision", model=dt.to(dtype))(item)
+        assert answer["action"] == expected["action"]
+        assert answer["score"] == pytest.approx(expected["score"], abs=0.02 if dtype == torch.bfloat16 else 1e-6)
+
+
+def test_zero_shot_audio_classification_refuses_silence_as_the_classifier_does(tmp_path):
+    torch.manual_seed(0)
+    audio = pipeline("zero-shot-audio-classification", model=CLIP(CLIPConfig.from_name("clip-digits-audio")))
+    silence = np.zeros(16000, dtype=np.float32)
+    with pytest.raises(ValueError, match="audio input 0 is all silence"):
+        audio(silence, candidate_labels=["seven", "two"], sample_rate=16000)
+    with pytest.raises(ValueError, match="audio input 1 is all silence"):
+        audio([np.ones(16000, dtype=np.float32) * 0.1, {"raw": np.zeros(8000, np.int16), "sampling_rate": 8000}],
+              candidate_labels=["seven", "two"], sample_rate=16000)
