@@ -11,6 +11,7 @@ from torch import Tensor
 
 from tasks.optim import adamw_warmup_cosine
 from tasks.predictions import Record, mean_log_likelihood, records, until_eos
+from tokenizers_mm.checks import check_int
 from unitok.compile import loss_backend
 from unitok.losses import linear_cross_entropy
 from unitok.models import GPT, GPTConfig
@@ -48,6 +49,7 @@ class CausalLMTask(L.LightningModule):
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
+        check_int("generate_max_new_tokens", generate_max_new_tokens)  # now, not when predict runs
         overrides = {k: v for k, v in dict(d_model=d_model, n_layers=n_layers, n_heads=n_heads,
                                            dropout=dropout).items() if v is not None}
         config = GPTConfig.from_name(preset, vocab_size=vocab_size, context_length=context_length,

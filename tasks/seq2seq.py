@@ -9,6 +9,7 @@ Axis legend: B batch, S source tokens, N target tokens, V vocabulary.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -55,7 +56,8 @@ class Seq2SeqTask(L.LightningModule):
 
     Logs ``train_loss``, ``val_loss`` / ``test_loss``; on text-to-text batches (they carry a
     ``prefix`` list) also ``val_exact_match`` (greedy), ``val_exact_match_<prefix>`` per task
-    and, with ``eval_num_beams``, ``val_exact_match_beam``.
+    and, with ``eval_num_beams``, ``val_exact_match_beam``. The model's config is stored in the
+    checkpoint's hyperparameters (``model_config``), so a checkpoint rebuilds its own model.
 
     Args:
         vocab_size / eos_token_id: linked from the data module by the CLI.
@@ -65,6 +67,8 @@ class Seq2SeqTask(L.LightningModule):
             ``n_heads``, ``d_ff``, ``dropout`` override it when given.
         pretrained: a ``save_pretrained`` folder (e.g. a span-corruption run's) to fine-tune;
             then the preset and overrides are not used.
+        model_config: a full `T5Config` as a dict (set automatically, so a checkpoint rebuilds
+            its model without ``pretrained``'s folder; wins over the other model options).
         learning_rate / weight_decay / betas: AdamW (no decay on norm gains).
         warmup_steps / min_lr_ratio: linear warm-up, then cosine decay to
             ``min_lr_ratio × learning_rate``.
@@ -86,6 +90,7 @@ class Seq2SeqTask(L.LightningModule):
         d_ff: int | None = None,
         dropout: float | None = None,
         pretrained: str | None = None,
+        model_config: dict[str, Any] | None = None,
         learning_rate: float = 1e-3,
         weight_decay: float = 0.01,
         betas: tuple[float, float] = (0.9, 0.999),
@@ -101,7 +106,9 @@ class Seq2SeqTask(L.LightningModule):
         check_int("eval_num_beams", eval_num_beams, at_least=2, or_none=True, note="(None: greedy only)")
         check_int("max_new_tokens", max_new_tokens)
         check_number("length_penalty", length_penalty)
-        if pretrained is not None:
+        if model_config is not None:  # a checkpoint: its weights follow, the starting folder is not read
+            self.model = T5(T5Config.from_dict(dict(model_config)))
+        elif pretrained is not None:
             self.model = T5.from_pretrained(pretrained).train()  # loading gives eval mode; Lightning keeps it
             c = self.model.config
             for name, given, have in (("vocab_size", vocab_size, c.vocab_size),
@@ -121,6 +128,9 @@ class Seq2SeqTask(L.LightningModule):
             config = T5Config.from_name(preset, vocab_size=vocab_size, pad_token_id=pad_token_id,
                                         decoder_start_token_id=pad_token_id, **eos, **overrides)
             self.model = T5(config)
+        # JSON types, so the hyperparameters round-trip through YAML and `load_from_checkpoint`
+        # rebuilds this model from them alone, whatever became of ``pretrained``'s folder.
+        self.hparams["model_config"] = json.loads(json.dumps(self.model.config.to_dict()))
         limit = self.model.config.max_decoder_length - 1  # the decoder start token takes one position
         if max_new_tokens > limit:
             raise ValueError(f"max_new_tokens={max_new_tokens} is more than the decoder's max_decoder_length - 1 = "
@@ -223,6 +233,20 @@ class Seq2SeqTask(L.LightningModule):
             if given is not None and given != have:
                 raise ValueError(f"the data module's {name}={given} differs from the model's {name}={have}; "
                                  f"set model.init_args.{name}: {given} (or use the model's tokenizer)")
+        self._check_tokenizer(getattr(datamodule, "tokenizer", None), getattr(datamodule, "tokenizer_path", None))
+
+    def _check_tokenizer(self, tokenizer: Any, source: str | None) -> None:
+        """A pretrained model reads the data with the tokenizer saved with it: another one of the
+        same size passes the id checks, but every id would mean another piece."""
+        pretrained = self.hparams.pretrained
+        processor = self.model.processor if pretrained is not None else None
+        saved = processor.text if processor is not None else None
+        if saved is None or tokenizer is None or saved == tokenizer:
+            return
+        data = f"from {source}" if source is not None else "trained by the data module"
+        raise ValueError(f"the data module's tokenizer ({data}) differs from the one saved with the pretrained "
+                         f"model ({pretrained}): the same ids would mean other pieces; set "
+                         f"data.init_args.tokenizer: {pretrained}")
 
     def configure_optimizers(self):
         return adamw_warmup_cosine(self.model, self.trainer, self.hparams)

@@ -28,12 +28,14 @@ from tasks.data.text import (
     read_texts,
     split_test_files,
     text_file_paths,
+    tokenizer_key,
     without_labelled_docstrings,
 )
 from tasks.predictions import prompt_loader
 from tokenizers_mm import WordPieceTokenizer, encode_pair_ids, pad_pairs
 from tokenizers_mm.checks import check_int
 from tokenizers_mm.pairs import pair_lengths
+from tokenizers_mm.wordpiece import VOCAB_FILE
 
 IGNORE = -100
 
@@ -192,6 +194,7 @@ class LineCorpus:
 
 
 def corpus_cache_key(files: Sequence[Path], *parts: object) -> str:
+    """A cache folder's name: ``files`` (path, size, modification time) and ``parts``."""
     h = hashlib.sha1()
     for f in files:
         stat = f.stat()
@@ -200,10 +203,23 @@ def corpus_cache_key(files: Sequence[Path], *parts: object) -> str:
     return h.hexdigest()[:16]
 
 
+def wordpiece_key(path: str | Path | None) -> str | None:
+    """A saved BERT-family tokenizer's contents as a hash: every file `WordPieceTokenizer.load`
+    may read from ``path`` (``tokenizer.json``, else ``vocab.txt``; ``tokenizer_config.json``),
+    so a tokenizer replaced in the same folder gets its own cache; None: none."""
+    if path is None:
+        return None
+    path = Path(path)
+    if not path.is_dir():
+        return tokenizer_key(path)
+    return f"{tokenizer_key(path)}+{tokenizer_key(path / VOCAB_FILE)}"
+
+
 def prepare_wordpiece_corpus(files: Sequence[Path], cache_dir: Path, tokenizer: str | None = None,
                              vocab_size: int = 4096, lowercase: bool = False) -> tuple[WordPieceTokenizer, LineCorpus]:
-    """Train (or load) a WordPiece tokenizer and tokenize every line of ``files``, cached."""
-    folder = cache_dir / f"wordpiece-{corpus_cache_key(files, vocab_size, lowercase, tokenizer)}"
+    """Train (or load) a WordPiece tokenizer and tokenize every line of ``files``, cached (by the
+    tokenizer's contents, not its path)."""
+    folder = cache_dir / f"wordpiece-{corpus_cache_key(files, vocab_size, lowercase, wordpiece_key(tokenizer))}"
     if (folder / "meta.json").is_file():
         return WordPieceTokenizer.load(folder), LineCorpus.load(folder)
     folder.mkdir(parents=True, exist_ok=True)

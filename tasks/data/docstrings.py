@@ -33,6 +33,13 @@ class Docstring:
     name: str
 
 
+def source_lines(source: str, keepends: bool = False) -> list[str]:
+    """``source``'s lines as Python (ast, tokenize) numbers them: ended by \\n, \\r\\n or \\r only,
+    where ``str.splitlines`` also ends one at \\f, \\v, \\x1c–\\x1e, \\x85, \\u2028 and \\u2029."""
+    lines = io.StringIO(source, newline="").readlines()
+    return lines if keepends else [line.rstrip("\r\n") for line in lines]
+
+
 def package_of(path: Path, root: Path = STDLIB) -> tuple[str, str]:
     """(top-level package, dotted module) of a source file under ``root``."""
     parts = path.relative_to(root).with_suffix("").parts
@@ -60,7 +67,7 @@ def extract_docstrings(files: Sequence[Path], min_chars: int = 30, max_chars: in
             tree = ast.parse(source)
         except SyntaxError:
             continue
-        lines = source.splitlines()
+        lines = source_lines(source)
         package, module = package_of(path)
         for node in ast.walk(tree):
             if not isinstance(node, _DEFINITIONS):
@@ -91,10 +98,11 @@ def strip_docstrings(source: str, keys: Iterable[str]) -> str:
     keys = [k for k in keys if k]
     try:
         tree = ast.parse(source)
-        comments = [t for t in tokenize.generate_tokens(io.StringIO(source).readline) if t.type == tokenize.COMMENT]
+        readline = io.StringIO(source, newline="").readline  # the rows of `source_lines`, as ast counts them
+        comments = [t for t in tokenize.generate_tokens(readline) if t.type == tokenize.COMMENT]
     except (SyntaxError, tokenize.TokenError):
         return source
-    lines = source.splitlines(keepends=True)
+    lines = source_lines(source, keepends=True)
     starts = [0]
     for line in lines:
         starts.append(starts[-1] + len(line))

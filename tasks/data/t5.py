@@ -38,6 +38,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader
 
 from tasks.data.base import Split, SplitDataModule, default_cache_dir, refuse_repeated_files
+from tasks.data.docstrings import source_lines
 from tasks.data.span_corruption import (
     IGNORE,
     SpanCorruptionCollator,
@@ -198,6 +199,12 @@ def _name_examples(tree: ast.AST, lines: list[str], max_chars: int) -> list[tupl
     return found
 
 
+def _one_line_code(lines: list[str], node: ast.stmt) -> str:
+    """A one-line statement's source, stripped: ast's columns count UTF-8 bytes, not characters."""
+    line = lines[node.lineno - 1].encode("utf-8")
+    return line[node.col_offset:node.end_col_offset].decode("utf-8").strip()
+
+
 _SIMPLE_STATEMENTS = (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Return, ast.Expr, ast.Raise, ast.Assert,
                       ast.Import, ast.ImportFrom, ast.Delete)
 
@@ -206,7 +213,7 @@ def _identifier_examples(tree: ast.AST, lines: list[str], max_chars: int) -> lis
     found = []
     for node in ast.walk(tree):
         if isinstance(node, _SIMPLE_STATEMENTS) and node.lineno == node.end_lineno:
-            code = lines[node.lineno - 1][node.col_offset:node.end_col_offset].strip()
+            code = _one_line_code(lines, node)
             if not code or len(code) > max_chars or isinstance(getattr(node, "value", None), ast.Constant):
                 continue  # docstrings and bare constants hold no names
             names = _code_names(code)
@@ -226,7 +233,7 @@ def _statement_examples(tree: ast.AST, lines: list[str], max_chars: int) -> list
     for node in ast.walk(tree):
         kind = _STATEMENT_KINDS.get(type(node))
         if kind is not None and node.lineno == node.end_lineno:
-            code = lines[node.lineno - 1][node.col_offset:node.end_col_offset].strip()
+            code = _one_line_code(lines, node)
             if code and len(code) <= max_chars and not isinstance(getattr(node, "value", None), ast.Constant):
                 found.append((code, kind))
     return found
@@ -254,8 +261,13 @@ BUILTIN_TASKS: dict[str, Callable[[ast.AST, list[str], int], list[tuple[str, str
 }
 
 
-def prefix_of(text: str) -> str | None:
-    """The task prefix of an input (``"name: …"`` → ``"name"``); None when it has none."""
+def prefix_of(text: str, allowed: Sequence[str] | None = None) -> str | None:
+    """The task prefix of an input: one word before ``": "`` (``"name: …"`` → ``"name"``), or the
+    longest of ``allowed`` it starts with (T5's ``"translate English to German: …"``); None
+    when it has none."""
+    known = [p for p in allowed or () if text.startswith(f"{p}: ")]
+    if known:
+        return max(known, key=len)
     head, sep, _ = text.partition(": ")
     return head if sep and head and " " not in head else None
 
@@ -304,7 +316,7 @@ def builtin_text_to_text_examples(
             tree = ast.parse(source)
         except (SyntaxError, ValueError):
             continue
-        lines = source.splitlines()
+        lines = source_lines(source)  # numbered as ast numbers them
         relative = str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
         split = "test" if path in test_set else "val" if path in val_files else "train"
         for task in tasks:
@@ -324,7 +336,8 @@ def load_jsonl_examples(paths: Sequence[str | Path]) -> list[Example]:
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"JSONL file not found: {path}")
-        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        # JSONL rows end at "\n" only: a JSON string may hold U+2028 or U+0085 as they are
+        for number, line in enumerate(path.read_text(encoding="utf-8").split("\n"), start=1):
             if not line.strip():
                 continue
             where = f"{path}:{number}"
@@ -402,7 +415,8 @@ class TextToTextDataModule(SplitDataModule):
             ``builtin_max_bytes``, ``test_fraction`` of that many bytes (0, or
             ``builtin_max_bytes`` None: none). Without any test example ``unitok test``
             scores the validation split.
-        allowed_prefixes: when given, every example's prefix must be one of them (else an error).
+        allowed_prefixes: when given, every example's prefix must be one of them (else an error);
+            one may have several words (``"translate English to German"``).
         builtin_max_bytes: how much of the standard library to read (built-in tasks and tokenizer).
         tokenizer: a saved BPE folder with T5's specials (a span-corruption run's ``pretrained``
             folder); None trains (or reuses) the one `SpanCorruptionDataModule` trains.
@@ -519,11 +533,16 @@ class TextToTextDataModule(SplitDataModule):
         return self.tokenizer.eos_id
 
     # ------------------------------------------------------------------ examples
+    def task_prefix(self, text: str) -> str | None:
+        """The text's task prefix (`prefix_of`; ``allowed_prefixes`` may have several words)."""
+        return prefix_of(text, self.allowed_prefixes)
+
     def check_prefix(self, text: str, where: str = "input") -> str | None:
         """The text's prefix; an error when ``allowed_prefixes`` is set and it is not one of them."""
-        prefix = prefix_of(text)
+        prefix = self.task_prefix(text)
         if self.allowed_prefixes is not None and prefix not in self.allowed_prefixes:
-            shown = f"prefix {prefix!r}" if prefix is not None else "no 'prefix: ' at its start"
+            head, sep, _ = text.partition(": ")
+            shown = f"prefix {prefix or head!r}" if prefix or (sep and head) else "no 'prefix: ' at its start"
             raise ValueError(f"{where} has {shown}; allowed_prefixes={self.allowed_prefixes} "
                              f"(input {text[:80]!r})")
         return prefix
@@ -569,7 +588,7 @@ class TextToTextDataModule(SplitDataModule):
         counts: dict[str | None, int] = {}
         kept = []
         for i in order:
-            prefix = prefix_of(rows[i]["input"])
+            prefix = self.task_prefix(rows[i]["input"])
             if limit is None or counts.get(prefix, 0) < limit:
                 counts[prefix] = counts.get(prefix, 0) + 1
                 kept.append(rows[i])
@@ -600,7 +619,7 @@ class TextToTextDataModule(SplitDataModule):
                 src = self._fit(src, self.max_input_length, ex, "input")
                 tgt = self._fit(tgt, self.max_target_length, ex, "target")
                 if src is not None and tgt is not None:
-                    out.append({"input_ids": src, "labels": tgt, "prefix": prefix_of(ex["input"]),
+                    out.append({"input_ids": src, "labels": tgt, "prefix": self.task_prefix(ex["input"]),
                                 "input": ex["input"], "target": ex["target"]})
             if not out:
                 raise ValueError(f"no {split} example fits max_input_length={self.max_input_length} and "
@@ -611,7 +630,7 @@ class TextToTextDataModule(SplitDataModule):
     @property
     def prefixes(self) -> list[str]:
         """The task prefixes in the training data."""
-        return sorted({p for p in (prefix_of(ex["input"]) for ex in self.examples()["train"]) if p})
+        return sorted({p for p in (self.task_prefix(ex["input"]) for ex in self.examples()["train"]) if p})
 
     # ------------------------------------------------------------------ Lightning
     def prepare_data(self) -> None:

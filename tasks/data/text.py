@@ -19,6 +19,7 @@ from tasks.data.docstrings import docstring_key, extract_docstrings, package_of,
 from tasks.predictions import prompt_loader
 from tokenizers_mm import BPETokenizer
 from tokenizers_mm.checks import check_int
+from tokenizers_mm.text import CONFIG_FILE, TOKENIZER_FILE
 
 # Parts of the standard library that are tests, vendored code or generated tables, not prose-like code.
 _SKIP_PARTS = {"site-packages", "dist-packages", "test", "tests", "idlelib", "lib2to3", "__pycache__", "encodings"}
@@ -212,6 +213,19 @@ class TokenWindows(Dataset):
         return {**self.__dict__, "_tokens": None}
 
 
+def tokenizer_key(path: str | Path | None) -> str | None:
+    """A saved tokenizer's contents as a hash (of the files `BPETokenizer.load` reads from
+    ``path``), so a tokenizer replaced in the same folder gets its own token cache; None: none."""
+    if path is None:
+        return None
+    path = Path(path)
+    file = path / TOKENIZER_FILE if path.is_dir() else path
+    h = hashlib.sha1()
+    for part in (file, file.parent / CONFIG_FILE):
+        h.update(hashlib.sha1(part.read_bytes()).digest() if part.is_file() else b"-")  # missing: fails on loading
+    return h.hexdigest()
+
+
 class TextDataModule(SplitDataModule):
     """Language-modelling windows from text files, or from the built-in corpus when none are given.
 
@@ -310,7 +324,7 @@ class TextDataModule(SplitDataModule):
         for f in files:
             stat = f.stat()
             h.update(f"{f.resolve()}|{stat.st_size}|{stat.st_mtime_ns}\n".encode())
-        h.update(f"vocab={self.requested_vocab_size}|tok={self.tokenizer_path}".encode())
+        h.update(f"vocab={self.requested_vocab_size}|tok={tokenizer_key(self.tokenizer_path)}".encode())
         return h.hexdigest()[:16]
 
     @property

@@ -7,7 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tasks.data.bert import BERTDataModule, MaskingCollator, mask_tokens
+from tasks.data.bert import (
+    BERTDataModule,
+    MaskingCollator,
+    mask_tokens,
+    prepare_wordpiece_corpus,
+    wordpiece_key,
+)
 from tasks.data.labelled_text import (
     TOKEN_CLASSES,
     CodeTokensDataModule,
@@ -15,6 +21,7 @@ from tasks.data.labelled_text import (
     DocstringQADataModule,
     classify_token,
 )
+from tokenizers_mm import WordPieceTokenizer
 
 V, MASK, PAD, CLS, SEP = 1000, 4, 0, 2, 3
 SPECIAL = [0, 1, 2, 3, 4]
@@ -253,3 +260,26 @@ def test_bert_train_samples_fill_at_least_one_training_batch(tmp_path):
             BERTDataModule(train_samples=bad, cache_dir=str(tmp_path))
     with pytest.raises(ValueError, match="train_samples=10 is fewer than batch_size=32"):
         BERTDataModule(train_samples=10, batch_size=32, cache_dir=str(tmp_path))
+
+
+@pytest.mark.parametrize("saved_as", ["tokenizer.json", "vocab.txt"])
+def test_a_tokenizer_replaced_in_its_folder_gets_a_cache_of_its_own(tmp_path, saved_as):
+    text = tmp_path / "corpus.txt"
+    text.write_text("alpha beta gamma\ndelta epsilon\n" * 50)
+
+    def save_tokenizer(words: str, vocab_size: int) -> int:
+        tok = WordPieceTokenizer.train(iterator=iter([words] * 20), vocab_size=vocab_size)
+        tok.save(tmp_path / "tokenizer")
+        if saved_as == "vocab.txt":  # a folder as BERT checkpoints ship it: vocab.txt and its config only
+            (tmp_path / "tokenizer" / "tokenizer.json").unlink()
+        return WordPieceTokenizer.load(tmp_path / "tokenizer").vocab_size
+
+    first = save_tokenizer("alpha beta gamma delta epsilon", 60)
+    tok, _ = prepare_wordpiece_corpus([text], tmp_path / "cache", str(tmp_path / "tokenizer"))
+    assert tok.vocab_size == first
+    second = save_tokenizer("zulu yankee xray whiskey victor", 70)  # another tokenizer, the same path
+    assert second != first
+    tok, _ = prepare_wordpiece_corpus([text], tmp_path / "cache", str(tmp_path / "tokenizer"))
+    assert tok.vocab_size == second
+    assert len(list((tmp_path / "cache").iterdir())) == 2
+    assert wordpiece_key(None) is None  # no tokenizer: the cache key (and existing caches) stay as they were

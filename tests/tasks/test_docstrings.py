@@ -9,6 +9,7 @@ import ast
 
 import yaml
 
+from tasks.data import docstrings
 from tasks.data.docstrings import (
     Docstring,
     docstring_key,
@@ -62,6 +63,17 @@ def test_strip_docstrings_cuts_the_docstrings_and_comments_holding_a_key_and_not
     assert strip_docstrings(SOURCE, [docstring_key("Module docstring: tools for the café.")]).startswith("...\n#")
     assert strip_docstrings(SOURCE, ["no such words"]) == SOURCE
     assert strip_docstrings("def broken(:\n", ["broken"]) == "def broken(:\n"  # not Python: kept as it is
+
+
+def test_lines_are_counted_as_python_counts_them_past_a_form_feed(tmp_path, monkeypatch):
+    # str.splitlines would end a line at \f too, one more than ast counts, so rows after it shift
+    source = 'import os\n\f\ndef run(self):\n    """Return the event loop for this context."""\n    # café\n'
+    key = docstring_key("Return the event loop for this context.")
+    assert strip_docstrings(source, [key]) == 'import os\n\f\ndef run(self):\n    ...\n    # café\n'
+    assert strip_docstrings(source, ["cafe", "café"]) == source.replace("# café", "#")
+    (tmp_path / "m.py").write_text(source, encoding="utf-8")
+    monkeypatch.setattr(docstrings, "package_of", lambda path: ("pkg", "pkg.m"))  # a file outside the stdlib
+    assert [d.signature for d in extract_docstrings([tmp_path / "m.py"])] == ["def run(self):"]
 
 
 def test_without_docstrings_copies_only_the_files_it_changes(tmp_path):

@@ -1,14 +1,25 @@
 """`Seq2SeqTask`: exact match counts a prediction up to its EOS, the loss is teacher-forced
-cross-entropy that ignores padding, and mismatched vocabularies or special ids are clear errors."""
+cross-entropy that ignores padding, and mismatched vocabularies, special ids or tokenizers are
+clear errors."""
 
 from __future__ import annotations
+
+import ast
+import json
+import re
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
 
 import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
 
+from tasks.data.t5 import TextToTextDataModule, train_t5_tokenizer
 from tasks.seq2seq import Seq2SeqTask, exact_match
+from tokenizers_mm import Processor
+from unitok.models import T5, T5Config
 
 V = 50
 
@@ -62,6 +73,62 @@ def test_fine_tuning_checks_the_pretrained_models_vocabulary(tmp_path):
         Seq2SeqTask()
     with pytest.raises(ValueError, match=r"eval_num_beams must be an integer ≥ 2 or None \(None: greedy only\), got 1"):
         tiny_task(eval_num_beams=1)
+
+
+def test_fine_tuning_refuses_a_data_tokenizer_other_than_the_one_saved_with_the_model(tmp_path):
+    # two tokenizers of one size and the same special ids: only their pieces differ
+    texts = [Path(ast.__file__).read_text(), Path(json.__file__).read_text()]
+    saved, other = (train_t5_tokenizer([text], vocab_size=300, num_sentinels=2) for text in texts)
+    assert saved.vocab_size == other.vocab_size == 300 and saved != other
+    model = T5(T5Config.from_name("t5-tiny", vocab_size=300, n_layers=1))
+    model.processor = Processor(text=saved)
+    model.save_pretrained(tmp_path / "pretrained")
+    other.save(tmp_path / "other")
+    task = Seq2SeqTask(vocab_size=300, eos_token_id=1, pretrained=str(tmp_path / "pretrained"))
+    task._trainer = SimpleNamespace(datamodule=TextToTextDataModule(tokenizer=str(tmp_path / "other")))
+    message = (f"the data module's tokenizer (from {tmp_path / 'other'}) differs from the one saved with the "
+               f"pretrained model ({tmp_path / 'pretrained'}): the same ids would mean other pieces; "
+               f"set data.init_args.tokenizer: {tmp_path / 'pretrained'}")
+    with pytest.raises(ValueError, match=re.escape(message)):
+        task.setup("fit")
+    task._trainer = SimpleNamespace(datamodule=TextToTextDataModule(tokenizer=str(tmp_path / "pretrained")))
+    task.setup("fit")  # the model's own tokenizer
+
+
+def save_checkpoint(task: Seq2SeqTask, path: Path, drop: tuple[str, ...] = ()) -> Path:
+    """What ModelCheckpoint stores (``drop``: hyperparameters an older checkpoint lacks)."""
+    hparams = {k: v for k, v in task.hparams.items() if k not in drop}
+    torch.save({"state_dict": task.state_dict(), "hyper_parameters": hparams,
+                "pytorch-lightning_version": L.__version__}, path)
+    return path
+
+
+@pytest.mark.parametrize("folder_then", ["deleted", "replaced"])
+def test_a_checkpoint_fine_tuned_from_a_folder_reloads_its_own_model_without_the_folder(tmp_path, folder_then):
+    torch.manual_seed(0)
+    folder = tmp_path / "pretrained"
+    T5(T5Config.from_name("t5-tiny", vocab_size=V, n_layers=1, dropout=0.0)).save_pretrained(folder)
+    task = Seq2SeqTask(vocab_size=V, eos_token_id=1, pretrained=str(folder))
+    checkpoint = save_checkpoint(task, tmp_path / "fine_tuned.ckpt")
+    shutil.rmtree(folder)
+    if folder_then == "replaced":  # the pretraining recipe run again: same shapes, another activation
+        T5(T5Config.from_name("t5-tiny", vocab_size=V, n_layers=1, dropout=0.0,
+                              activation="gelu")).save_pretrained(folder)
+    loaded = Seq2SeqTask.load_from_checkpoint(checkpoint).eval()
+    assert loaded.model.config == task.model.config and loaded.model.config.activation == "relu"
+    ids = torch.tensor([[4, 5, 6, 1]])
+    torch.testing.assert_close(loaded(ids, decoder_input_ids=ids).logits,
+                               task.eval()(ids, decoder_input_ids=ids).logits)
+
+
+def test_a_checkpoint_without_a_model_config_still_rebuilds_from_its_folder(tmp_path):
+    folder = tmp_path / "pretrained"
+    T5(T5Config.from_name("t5-tiny", vocab_size=V, n_layers=1)).save_pretrained(folder)
+    task = Seq2SeqTask(vocab_size=V, eos_token_id=1, pretrained=str(folder))
+    checkpoint = save_checkpoint(task, tmp_path / "older.ckpt", drop=("model_config",))
+    loaded = Seq2SeqTask.load_from_checkpoint(checkpoint)
+    assert loaded.model.config == task.model.config
+    assert loaded.hparams.model_config == json.loads(json.dumps(task.model.config.to_dict()))
 
 
 class _Data(L.LightningDataModule):

@@ -122,6 +122,19 @@ def test_builtin_tasks_give_the_right_answers(tmp_path):
     assert len(splits["val"]) > 0 and len(splits["train"]) > 0  # one file each
 
 
+def test_code_is_read_whole_on_lines_with_non_ascii_text_and_after_a_form_feed(tmp_path):
+    # ast counts columns in UTF-8 bytes and ends lines at \n only (str.splitlines also at \f)
+    (tmp_path / "a.py").write_text('greeting = "héllo"; n = len(greeting)\n\f\ndef wave(hand, café):\n'
+                                   '    send(café, hand)\n', encoding="utf-8")
+    (tmp_path / "b.py").write_text("def other(x):\n    return x\n")
+    splits = builtin_text_to_text_examples([tmp_path / "a.py", tmp_path / "b.py"], val_fraction=0.5)
+    pairs = {(ex["input"], ex["target"]) for split in splits.values() for ex in split}
+    assert ("statement: n = len(greeting)", "assignment") in pairs
+    assert ("identifiers: n = len(greeting)", "n len greeting") in pairs
+    assert ("identifiers: send(café, hand)", "send café hand") in pairs
+    assert ("params: def wave(hand, café):", "hand café") in pairs
+
+
 def test_an_input_stays_in_the_first_split_it_occurs_in_whatever_its_answer(tmp_path):
     # The same docstring names `wait` in a training file and `_wait` in a held-out one: the
     # held-out copy is dropped, or the model would be scored on an input it trained on.
@@ -209,6 +222,16 @@ def test_users_jsonl_examples(tmp_path, cache):
     assert [ex["target"] for ex in dm.examples()["test"]] == ["-100"] and len(dm.dataset("test")) == 1
 
 
+def test_jsonl_rows_end_at_newlines_only(tmp_path):
+    # json.dumps(..., ensure_ascii=False) leaves U+2028 and U+0085 in a string as they are
+    rows = [{"input": "say: a\u2028b", "target": "c\x85d"}, {"input": "say: e", "target": "f"}]
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    examples = load_jsonl_examples([path])
+    assert [(ex["input"], ex["target"]) for ex in examples] == [(r["input"], r["target"]) for r in rows]
+    assert examples[1]["source"] == f"{path}:2"
+
+
 def test_bad_jsonl_lines_are_errors_naming_the_line(tmp_path):
     bad = write_jsonl(tmp_path / "bad.jsonl", [{"input": "a: b", "target": "c"}, "{not json"])
     with pytest.raises(ValueError, match=r"bad.jsonl:2 is not valid JSON"):
@@ -231,6 +254,20 @@ def test_an_unknown_prefix_is_an_error_when_prefixes_are_restricted(tmp_path, ca
         dm.check_prefix("what is this", "predict input")
     with pytest.raises(ValueError, match="unknown built-in tasks \\['summarize'\\]"):
         TextToTextDataModule(tasks=["summarize"], cache_dir=cache)
+
+
+def test_a_prefix_of_several_words_is_read_when_allowed_prefixes_name_it(tmp_path, cache):
+    rows = [{"input": f"translate English to German: sentence {i}", "target": f"Satz {i}"} for i in range(20)]
+    dm = TextToTextDataModule(jsonl=[write_jsonl(tmp_path / "t.jsonl", rows)],
+                              allowed_prefixes=["translate English to German"], **SMALL, cache_dir=cache)
+    assert dm.prefixes == ["translate English to German"]  # T5's own prefixes have spaces
+    assert {ex["prefix"] for ex in dm.encoded("train")} == {"translate English to German"}
+    with pytest.raises(ValueError, match=r"predict input has prefix 'translate English to French'; "
+                                         r"allowed_prefixes=\['translate English to German'\]"):
+        dm.check_prefix("translate English to French: Hello.", "predict input")  # not "no 'prefix: '"
+    assert prefix_of("translate English to German: x", ["translate", "translate English to German"]) == \
+        "translate English to German"  # the longest that is allowed
+    assert prefix_of("translate English to German: x") is None  # without allowed prefixes: one word only
 
 
 def test_a_target_longer_than_max_target_length_is_an_error_naming_the_example(tmp_path, cache):

@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 
-from tasks import BindTask, ImageClassificationTask
+from tasks import BindTask, CausalLMTask, ImageClassificationTask
 from tasks.sample import main as sample
 from tasks.seq2seq import Seq2SeqTask
 from tokenizers_mm import BPETokenizer
@@ -42,6 +42,12 @@ def test_bind_refuses_a_nan_audio_weight():
 def test_seq2seq_refuses_decoding_settings_at_construction(options, message):
     with pytest.raises(ValueError, match=message):
         Seq2SeqTask(vocab_size=64, eos_token_id=1, **options)
+
+
+@pytest.mark.parametrize("value", [0, 2.5])
+def test_causal_lm_refuses_a_continuation_length_at_construction_not_at_predict(value):
+    with pytest.raises(ValueError, match=f"generate_max_new_tokens must be an integer ≥ 1, got {value}"):
+        CausalLMTask(vocab_size=64, context_length=16, preset="gpt-nano", generate_max_new_tokens=value)
 
 
 def test_generation_refuses_a_nan_temperature_or_length_penalty():

@@ -15,6 +15,7 @@ import yaml
 from tasks import BERTDataModule, DocstringDataModule, TextDataModule, stdlib_source_files
 from tasks.data.docstrings import docstring_key, package_of
 from tasks.data.text import read_texts, split_test_files, stdlib_test_files
+from tokenizers_mm import BPETokenizer
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
@@ -80,6 +81,25 @@ def test_user_files_become_cached_windows(tmp_path, corpus):
     # A second module over the same inputs reuses the cache (same token file, no retraining).
     again = TextDataModule(files=[str(corpus)], vocab_size=300, context_length=16, cache_dir=str(tmp_path / "cache"))
     assert again.tokenizer.vocab_size == dm.vocab_size and again._token_file == dm._token_file
+
+
+def test_a_tokenizer_replaced_in_its_folder_gets_a_token_file_of_its_own(tmp_path, corpus):
+    # the token cache is keyed by the tokenizer's contents, not by the folder's name
+    folder = tmp_path / "tokenizer"
+
+    def windows_with(tokenizer: BPETokenizer) -> TextDataModule:
+        tokenizer.save(folder)
+        dm = TextDataModule(files=[str(corpus)], tokenizer=str(folder), context_length=16,
+                            cache_dir=str(tmp_path / "cache"))
+        dm.prepare_data()
+        return dm
+
+    small = windows_with(BPETokenizer.train(iterator=[corpus.read_text()], vocab_size=300))
+    large = windows_with(BPETokenizer.train(iterator=[corpus.read_text()], vocab_size=400))
+    assert small.vocab_size == 300 and large.vocab_size == 400 and large._token_file != small._token_file
+    window = large.train_dataset()[0]["input_ids"]
+    assert large.tokenizer.decode(window) in corpus.read_text()  # the new tokenizer's ids
+    assert windows_with(small.tokenizer)._token_file == small._token_file  # the same tokenizer again: reused
 
 
 def test_validation_is_a_held_out_tail(tmp_path, corpus):

@@ -97,6 +97,21 @@ def test_bad_input_is_refused():
         backbone(torch.randn(1, 3, 16))
 
 
+def test_labels_without_a_batch_axis_are_refused_naming_their_shape():
+    with pytest.raises(ValueError, match=r"labels must be \(batch, tokens\) target ids, got \(3,\); one example's "
+                                         r"targets need a batch axis"):
+        tiny()(torch.tensor([[3, 4, 1]]), labels=torch.tensor([7, 8, 1]))
+
+
+def test_a_speech_t5_names_the_utterances_too_short_for_subsampling():
+    config = T5Config.from_name("t5-speech-tiny", n_mels=16, vocab_size=12, d_model=32, d_kv=8, n_layers=1,
+                                n_decoder_layers=1, d_ff=64)
+    mask = torch.ones(3, 20, dtype=torch.long)
+    mask[1, 5:] = 0
+    with pytest.raises(ValueError, match=r"rows \[1\] have \[5\] frames, too short for the ×4 subsampling"):
+        T5(config).encode(torch.randn(3, 20, 16), mask)
+
+
 def test_whisper_style_t5_reads_spectrogram_frames_and_learns_to_transcribe():
     torch.manual_seed(0)
     config = T5Config.from_name("t5-speech-tiny", n_mels=16, vocab_size=12, d_model=32, d_kv=8, n_layers=2,

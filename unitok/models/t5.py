@@ -185,9 +185,11 @@ class T5Encoder(PretrainedModel):
         B, N, _ = inputs.shape
         lengths = (attention_mask.sum(dim=1) if attention_mask is not None
                    else torch.full((B,), N, device=inputs.device)).long()
+        short = (lengths < 7).nonzero().flatten().tolist()
+        if short:  # the two stride-2 convolutions (kernel 3) leave such an utterance no frame
+            raise ValueError(f"rows {short} have {lengths[short].tolist()} frames, too short for the ×4 "
+                             "subsampling (it needs at least 7 frames)")
         x, lengths = self.frontend(inputs, lengths)
-        if bool((lengths < 1).any()):
-            raise ValueError("an utterance is too short for ×4 subsampling (needs ≥ 7 frames)")
         return x, (torch.arange(x.shape[1], device=x.device)[None, :] < lengths[:, None]).long()
 
     def encode(self, input_ids: Tensor | Tokens, attention_mask: Tensor | None = None,
@@ -279,6 +281,10 @@ class T5(T5Encoder):
         ``labels`` are then scored by the LM head fused with the loss
         (`unitok.losses.linear_cross_entropy`: the same loss, the logits never whole) — for training.
         """
+        if labels is not None and (not isinstance(labels, Tensor) or labels.dim() != 2):
+            shape = tuple(labels.shape) if isinstance(labels, Tensor) else type(labels).__name__
+            raise ValueError(f"labels must be (batch, tokens) target ids, got {shape}; one example's targets "
+                             "need a batch axis (labels[None])")
         if decoder_input_ids is None:
             if labels is None:
                 raise ValueError("give decoder_input_ids or labels (the targets) to run the decoder")
