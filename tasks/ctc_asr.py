@@ -5,6 +5,7 @@ Axis legend: B batch, N frames in, N' frames after subsampling, V = 1 + characte
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -55,8 +56,8 @@ class CTCSpeechTask(L.LightningModule):
 
     The model's vocabulary and spectrogram settings come from the data module (``vocabulary``,
     ``spectrogram_config``) when fitting starts, or from ``vocabulary`` / ``spectrogram`` here;
-    they are stored in the model's config and the checkpoint's hyperparameters, so a checkpoint
-    or an exported folder transcribes audio on its own.
+    they are stored in the model's config, and that config in the checkpoint's hyperparameters
+    (``model_config``), so a checkpoint or an exported folder transcribes audio on its own.
 
     Logs ``train_loss``, ``val_loss``, ``val_cer``, ``val_wer`` (greedy decoding), ``test_loss``,
     ``test_cer``, ``test_wer`` (with ``decoder``); ``predict`` returns transcript records.
@@ -65,9 +66,12 @@ class CTCSpeechTask(L.LightningModule):
         preset: a `ConformerConfig` preset. d_model / n_layers / n_heads / conv_kernel_size /
             dropout: override it.
         pretrained: a ``save_pretrained`` folder to start from (its vocabulary and spectrogram
-            settings must match the data's).
+            settings must match the data's, and ``vocabulary`` / ``spectrogram`` when given).
         vocabulary / spectrogram: the characters (ids 1..) and `SpectrogramConfig` fields, to
             build the model now instead of from the data module.
+        model_config: a full `ConformerConfig` as a dict (set automatically once the model
+            exists, so a checkpoint rebuilds it without ``pretrained``'s folder; wins over the
+            other model options).
         learning_rate / weight_decay / betas / warmup_steps / min_lr_ratio: AdamW (no decay on
             biases and norm gains), linear warm-up then cosine decay.
         decoder / beam_size: decoding for test and predict: "greedy" or CTC prefix beam search.
@@ -86,6 +90,7 @@ class CTCSpeechTask(L.LightningModule):
         pretrained: str | None = None,
         vocabulary: list[str] | None = None,
         spectrogram: dict[str, Any] | None = None,
+        model_config: dict[str, Any] | None = None,
         learning_rate: float = 2e-3,
         weight_decay: float = 1e-2,
         betas: tuple[float, float] = (0.9, 0.98),
@@ -107,10 +112,15 @@ class CTCSpeechTask(L.LightningModule):
         if pretrained is not None and overrides:
             raise ValueError(f"a pretrained model's {', '.join(overrides)} cannot be overridden")
         self.model: ConformerCTC | None = None
-        if pretrained is not None:
+        if model_config is not None:  # a checkpoint: its weights follow, the starting folder is not read
+            self.model = ConformerCTC(ConformerConfig.from_dict(dict(model_config)))
+        elif pretrained is not None:
             self.model = ConformerCTC.from_pretrained(pretrained).train()  # loading gives eval mode
+            self._check_given(self.model.config, vocabulary, spectrogram)
         elif vocabulary is not None:
             self.model = self._build(CharacterVocabulary(vocabulary), SpectrogramConfig.from_dict(spectrogram or {}))
+        if self.model is not None:
+            self._record_config()
         self.val_cer, self.val_wer = CharErrorRate(), WordErrorRate()
         self.test_cer, self.test_wer = CharErrorRate(), WordErrorRate()
 
@@ -124,6 +134,27 @@ class CTCSpeechTask(L.LightningModule):
                                            vocabulary=tuple(vocabulary.chars), spectrogram=spectrogram.to_dict(),
                                            **self._overrides())
         return ConformerCTC(config)
+
+    @staticmethod
+    def _check_given(config: ConformerConfig, vocabulary: list[str] | None,
+                     spectrogram: dict[str, Any] | None) -> None:
+        """``vocabulary`` / ``spectrogram`` given with ``pretrained`` must be the loaded model's:
+        they would otherwise be ignored."""
+        if vocabulary is not None and tuple(vocabulary) != config.vocabulary:
+            raise ValueError(f"vocabulary={list(vocabulary)} differs from the pretrained model's "
+                             f"{list(config.vocabulary)}; leave vocabulary out to use the model's")
+        if spectrogram is not None:  # the fields given (as SpectrogramConfig reads them) against the model's
+            given = SpectrogramConfig.from_dict(spectrogram).to_dict()
+            model = SpectrogramConfig.for_model(config.spectrogram, config.n_mels).to_dict()
+            differ = [f"{k}={given[k]!r} (the model's {model[k]!r})" for k in spectrogram if given[k] != model[k]]
+            if differ:
+                raise ValueError(f"spectrogram {', '.join(differ)} differs from the pretrained model's; "
+                                 "leave spectrogram out to use the model's")
+
+    def _record_config(self) -> None:
+        # JSON types (lists, not tuples), so the hyper-parameters round-trip through YAML, and
+        # `load_from_checkpoint` rebuilds the model from them alone.
+        self.hparams["model_config"] = json.loads(json.dumps(self._model.config.to_dict()))
 
     def configure_model(self) -> None:
         """Build the model from the data module's vocabulary and spectrogram settings, unless it
@@ -139,6 +170,7 @@ class CTCSpeechTask(L.LightningModule):
             # Recorded so `load_from_checkpoint` rebuilds the same model without the data module.
             self.hparams["vocabulary"] = list(vocabulary.chars)
             self.hparams["spectrogram"] = spectrogram.to_dict()
+            self._record_config()
             self._lexicon()  # a lexicon word the characters cannot spell fails now, not after a run
             return
         c = self.model.config

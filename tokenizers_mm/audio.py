@@ -159,6 +159,23 @@ class SpectrogramConfig:
             raise ValueError(f"unknown SpectrogramConfig key(s) {unknown}; known keys: {', '.join(sorted(known))}")
         return cls(**data)
 
+    @classmethod
+    def stored(cls, settings: dict[str, Any], n_mels: int) -> dict[str, Any]:
+        """What a model's config keeps of ``settings`` (fields given in part) for a model reading
+        ``n_mels`` bins: every field, as `to_dict` gives them (tuples, not JSON's lists, so a config
+        equals itself read back from a checkpoint); empty stays empty (the defaults). Settings of
+        another ``n_mels`` are refused: the model could not read their frames."""
+        settings = dict(settings)
+        if settings.get("n_mels", n_mels) != n_mels:
+            raise ValueError(f"spectrogram n_mels={settings['n_mels']} differs from n_mels={n_mels}")
+        return cls.from_dict({"n_mels": n_mels, **settings}).to_dict() if settings else {}
+
+    @classmethod
+    def for_model(cls, settings: dict[str, Any], n_mels: int) -> SpectrogramConfig:
+        """The frames a model reading ``n_mels`` bins is fed: its stored ``settings``, else the
+        defaults at ``n_mels`` (not the default 80 bins)."""
+        return cls.from_dict(settings or {"n_mels": n_mels})
+
 
 class SpectrogramTokenizer:
     """Audio (file paths, 1-D / (1, T) tensors or arrays, or a list of them) -> log-mel `Tokens`.

@@ -95,21 +95,27 @@ class Utterance:
 
 def read_manifest(path: str | Path, lowercase: bool = False) -> list[Utterance]:
     """A JSONL manifest (one ``{"audio_filepath", "text", "duration"}`` object a line, NeMo's
-    format) -> utterances. Relative audio paths are taken from the manifest's folder; a missing
-    ``duration`` is read from the file's header. Bad rows are errors naming the line."""
+    format, UTF-8 whatever the locale) -> utterances. Relative audio paths are taken from the
+    manifest's folder; a missing ``duration`` is read from the file's header. Bad rows are errors
+    naming the line."""
     import soundfile
 
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"manifest {path} does not exist")
     rows = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
+    for n, line in enumerate(path.read_text(encoding="utf-8").split("\n"), 1):  # not at U+2028 in a transcript
         if not line.strip():
             continue
         try:
             row = json.loads(line)
         except json.JSONDecodeError as error:
-            raise ValueError(f"{path}:{n} is not JSON: {error}") from error
+            raise ValueError(f"{path}:{n} is not JSON: {error}; a manifest is one JSON object per line "
+                             "(JSONL)") from error
+        if not isinstance(row, dict):  # e.g. a JSON array of the rows on one line
+            kind = {list: "array", str: "string", int: "number", float: "number", bool: "boolean"}.get(type(row), "null")
+            raise ValueError(f"{path}:{n} is a JSON {kind}, not an object; a manifest is one JSON object per line "
+                             "(JSONL)")
         missing = [k for k in ("audio_filepath", "text") if k not in row]
         if missing:
             raise ValueError(f"{path}:{n} lacks {missing}; a manifest row needs audio_filepath, text "
@@ -124,7 +130,7 @@ def read_manifest(path: str | Path, lowercase: bool = False) -> list[Utterance]:
         duration = row.get("duration")
         if duration is None:
             duration = soundfile.info(str(audio)).duration
-        if not isinstance(duration, (int, float)) or not duration > 0:
+        if isinstance(duration, bool) or not isinstance(duration, (int, float)) or not duration > 0:
             raise ValueError(f"{path}:{n} has duration {duration!r}; expected seconds > 0")
         rows.append(Utterance(audio, text.lower() if lowercase else text, float(duration)))
     if not rows:
@@ -133,10 +139,11 @@ def read_manifest(path: str | Path, lowercase: bool = False) -> list[Utterance]:
 
 
 def write_manifest(path: str | Path, rows: Sequence[dict[str, Any]]) -> Path:
-    """Write manifest rows as JSONL (audio paths as given: relative ones are read from ``path``'s folder)."""
+    """Write manifest rows as UTF-8 JSONL (audio paths as given: relative ones are read from
+    ``path``'s folder)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
     return path
 
 
@@ -653,7 +660,7 @@ def spoken_digits_corpus(spec: DigitsCorpusSpec | None = None, cache_dir: str | 
         for split in ("train", "held_out"):
             write_manifest(staging / f"{split}.jsonl",
                            [r for r in written if r["audio_filepath"].startswith(split + "/")])
-        (staging / "spec.json").write_text(json.dumps(spec.__dict__, indent=2) + "\n")
+        (staging / "spec.json").write_text(json.dumps(spec.__dict__, indent=2) + "\n", encoding="utf-8")
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

@@ -1,19 +1,24 @@
 """The Conformer recipes run through `unitok`: spoken digits fit, export (a folder that
 transcribes audio files on its own) and test with beam search from the checkpoint; the
-manifest recipe reads a user's JSONL manifest."""
+manifest recipe reads a user's JSONL manifest; a checkpoint fine-tuned from a folder reloads
+without that folder, and settings a pretrained model would ignore are refused."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
+import lightning as L
 import pytest
 import soundfile
+import torch
 import yaml
 
+from tasks import CTCSpeechTask
 from tasks.cli import main
 from tasks.data.speech import read_manifest
-from unitok.models import ConformerCTC
+from unitok.models import ConformerConfig, ConformerCTC
 
 ROOT = Path(__file__).resolve().parents[2]
 DIGITS = ROOT / "configs" / "conformer" / "spoken_digits.yaml"
@@ -23,6 +28,44 @@ QUICK = ["--trainer.max_steps", "3", "--trainer.val_check_interval", "3", "--tra
          "--trainer.enable_model_summary", "false", "--trainer.log_every_n_steps", "1"]
 SMALL_CORPUS = ["--data.train_utterances", "12", "--data.held_out_utterances", "6", "--data.batch_size", "4"]
 
+
+def save_folder(folder: Path, characters: str) -> Path:
+    """A one-layer Conformer-CTC for ``characters``, saved to ``folder``."""
+    config = ConformerConfig.from_name("conformer-digits", n_layers=1, vocabulary=tuple(characters),
+                                       spectrogram={"n_mels": 80, "normalize": "speech"})
+    ConformerCTC(config).save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("folder_then", ["deleted", "replaced"])
+def test_a_checkpoint_fine_tuned_from_a_folder_reloads_its_own_model_without_the_folder(tmp_path, folder_then):
+    torch.manual_seed(0)
+    folder = save_folder(tmp_path / "pretrained", "abc ")
+    task = CTCSpeechTask(pretrained=str(folder))
+    task.configure_model()
+    checkpoint = tmp_path / "fine_tuned.ckpt"  # what ModelCheckpoint stores
+    torch.save({"state_dict": task.state_dict(), "hyper_parameters": dict(task.hparams),
+                "pytorch-lightning_version": L.__version__}, checkpoint)
+    shutil.rmtree(folder)
+    if folder_then == "replaced":  # e.g. the pretraining recipe run again, with another vocabulary of the same size
+        save_folder(folder, "xyz ")
+    loaded = CTCSpeechTask.load_from_checkpoint(checkpoint).eval()
+    assert loaded.model.config == task.model.config and loaded.model.config.vocabulary == tuple("abc ")
+    frames = torch.randn(1, 40, 80)
+    torch.testing.assert_close(loaded(frames).logits, task.eval()(frames).logits)
+
+
+def test_a_pretrained_model_refuses_a_vocabulary_or_spectrogram_it_would_ignore(tmp_path):
+    folder = str(save_folder(tmp_path, "abc "))
+    with pytest.raises(ValueError, match=r"vocabulary=\['x', 'y', 'z'\] differs from the pretrained model's "
+                                         r"\['a', 'b', 'c', ' '\]"):
+        CTCSpeechTask(pretrained=folder, vocabulary=list("xyz"))
+    with pytest.raises(ValueError, match=r"spectrogram n_mels=40 \(the model's 80\) differs from the pretrained "
+                                         r"model's"):
+        CTCSpeechTask(pretrained=folder, spectrogram={"n_mels": 40})
+    # the model's own settings, restated, are accepted
+    task = CTCSpeechTask(pretrained=folder, vocabulary=list("abc "), spectrogram={"normalize": "speech"})
+    assert task.model.config.vocabulary == tuple("abc ")
 
 
 @pytest.mark.parametrize("path", [DIGITS, MANIFEST], ids=lambda p: p.name)

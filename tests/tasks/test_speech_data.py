@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -34,6 +38,7 @@ from tasks.data.speech import (
 )
 from tokenizers_mm import CharacterVocabulary, SpectrogramTokenizer, WaveAugment
 
+ROOT = Path(__file__).resolve().parents[2]
 TINY = dict(train_voices=("en-us+m1", "en+f2"), held_out_voices=("en-us+m4",), train_utterances=6,
             held_out_utterances=3, max_digits=3)
 
@@ -351,12 +356,44 @@ def test_lowercase_max_duration_and_a_missing_duration(tmp_path):
     ({"audio_filepath": "nowhere.wav", "text": "one", "duration": 1.0}, "nowhere.wav does not exist"),
     ({"audio_filepath": "0.wav", "text": "", "duration": 1.0}, "empty or non-string text"),
     ({"audio_filepath": "0.wav", "text": "one", "duration": -1}, "duration -1"),
+    ({"audio_filepath": "0.wav", "text": "one", "duration": True}, "duration True"),  # not 1 s
 ])
 def test_bad_manifest_rows_are_named(tmp_path, row, message):
     write_wavs(tmp_path, ["x"])
     write_jsonl(tmp_path / "train.jsonl", [row])
     with pytest.raises((ValueError, FileNotFoundError), match=message):
         read_manifest(tmp_path / "train.jsonl")
+
+
+def test_a_manifest_written_as_one_json_array_is_refused_naming_the_line_and_the_format(tmp_path):
+    rows = write_wavs(tmp_path, ["one", "two"])
+    (tmp_path / "train.json").write_text(json.dumps(rows))
+    with pytest.raises(ValueError, match=r"train.json:1 is a JSON array, not an object; a manifest is one JSON "
+                                         r"object per line \(JSONL\)"):
+        read_manifest(tmp_path / "train.json")
+    (tmp_path / "train.json").write_text(json.dumps(rows, indent=2))  # its first line "[" is not JSON at all
+    with pytest.raises(ValueError, match=r"train.json:1 is not JSON: .*one JSON object per line \(JSONL\)"):
+        read_manifest(tmp_path / "train.json")
+
+
+def test_manifest_rows_end_at_newlines_only(tmp_path):
+    rows = write_wavs(tmp_path, ["one\u2028two", "three"])  # json.dumps(ensure_ascii=False) keeps U+2028 as it is
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows),
+                                          encoding="utf-8")
+    assert [u.text for u in read_manifest(tmp_path / "train.jsonl")] == ["one\u2028two", "three"]
+
+
+def test_a_manifest_is_read_as_utf_8_whatever_the_locale(tmp_path):
+    rows = write_wavs(tmp_path, ["café crème", "naïve"])
+    (tmp_path / "train.jsonl").write_bytes("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode())
+    # A C locale without Python's UTF-8 mode: the locale's encoding is ASCII, as on a bare server or container.
+    env = {**os.environ, "LC_ALL": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0"}
+    script = ("import sys; from tasks.data.speech import read_manifest; "
+              "print(ascii([u.text for u in read_manifest(sys.argv[1])]))")
+    run = subprocess.run([sys.executable, "-c", script, str(tmp_path / "train.jsonl")], env=env, cwd=ROOT,
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip() == ascii(["café crème", "naïve"])
 
 
 def test_a_manifest_module_needs_a_manifest(tmp_path):

@@ -147,3 +147,19 @@ def test_audio_lengths_give_each_utterance_its_frame_count():
     with pytest.raises(TypeError, match="audio lengths must be an integer tensor of frame counts, got a torch.float32"):
         model.encode_audio(frames, torch.tensor([40.0, 40.0, 40.0, 40.0]))
     torch.testing.assert_close(model.encode_audio(frames, torch.tensor([40, 40, 40, 40])), model.encode_audio(frames))
+
+
+def test_an_audio_towers_spectrogram_settings_equal_themselves_after_a_save_and_load(tmp_path):
+    """Settings given in part are stored whole (tuples, as a fresh config holds them), so a saved
+    model's config equals the one it was saved from; empty settings read the tower's n_mels."""
+    config = CLIPConfig.from_name("clip-digits-audio")
+    audio = config.audio.replace(spectrogram={"normalize": "global", "global_mean": (0.0,) * config.audio.n_mels,
+                                              "global_std": (1.0,) * config.audio.n_mels})
+    model = CLIP(config.replace(audio=audio))
+    model.save_pretrained(tmp_path)
+    loaded = CLIP.from_pretrained(tmp_path)
+    assert loaded.config == model.config
+    assert loaded.config.audio.spectrogram["n_mels"] == config.audio.n_mels
+    with pytest.raises(ValueError, match="spectrogram n_mels=40 differs from n_mels=32"):
+        config.audio.replace(n_mels=32, spectrogram={"n_mels": 40})
+    assert CLIP(config.replace(audio=config.audio.replace(n_mels=32, spectrogram={}))).processor.part("audio").n_mels == 32

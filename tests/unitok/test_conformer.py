@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tokenizers_mm import SpectrogramConfig
 from unitok.backbone import Backbone, BackboneConfig
 from unitok.embed.frames import subsampled_length
 from unitok.layers.attention import AttentionContext
@@ -17,8 +18,8 @@ from unitok.models import ConformerConfig, ConformerCTC
 
 
 def tiny(**overrides) -> ConformerCTC:
-    config = ConformerConfig.from_name("conformer-digits", n_mels=16, d_model=32, n_layers=2, dropout=0.0,
-                                       vocabulary=tuple("ab "), spectrogram={"n_mels": 16}, **overrides)
+    options = dict(n_mels=16, d_model=32, n_layers=2, dropout=0.0, vocabulary=tuple("ab "), spectrogram={"n_mels": 16})
+    config = ConformerConfig.from_name("conformer-digits", **{**options, **overrides})
     return ConformerCTC(config).eval()
 
 
@@ -97,9 +98,34 @@ def test_checkpoint_keeps_vocabulary_and_spectrogram_settings(tmp_path):
     model = tiny()
     model.save_pretrained(tmp_path)
     loaded = ConformerCTC.from_pretrained(tmp_path).eval()
-    assert loaded.config.vocabulary == ("a", "b", " ") and loaded.config.spectrogram == {"n_mels": 16}
+    assert loaded.config.vocabulary == ("a", "b", " ") and loaded.config.spectrogram == SpectrogramConfig(n_mels=16).to_dict()
     frames = torch.randn(1, 40, 16)
     torch.testing.assert_close(loaded(frames).logits, model(frames).logits)
+
+
+def test_a_config_with_global_statistics_equals_itself_read_back(tmp_path):
+    # the statistics are tuples as given, lists after JSON: stored whole, as SpectrogramConfig gives them
+    stats = {"normalize": "global", "global_mean": (0.5,) * 16, "global_std": (2.0,) * 16}
+    model = tiny(spectrogram=stats)
+    assert model.config.spectrogram == SpectrogramConfig(n_mels=16, **stats).to_dict()
+    model.save_pretrained(tmp_path)
+    loaded = ConformerCTC.from_pretrained(tmp_path)
+    assert loaded.config == model.config
+    assert loaded.processor.audio == SpectrogramConfig(n_mels=16, **stats)
+    # given in part: the rest are SpectrogramConfig's defaults at this n_mels; none given stays empty
+    assert tiny(spectrogram={"normalize": "speech"}).config.spectrogram == SpectrogramConfig(n_mels=16, normalize="speech").to_dict()
+    assert tiny(spectrogram={}).config.spectrogram == {}
+    with pytest.raises(ValueError, match="spectrogram n_mels=80 differs from n_mels=16"):
+        tiny(spectrogram={"n_mels": 80})
+
+
+def test_utterances_too_short_for_subsampling_are_named_with_their_frame_counts():
+    # 25–60 ms clips pass the tokenizer and a manifest; the model names the rows it cannot read
+    model = tiny()
+    with pytest.raises(ValueError, match=r"rows \[1, 3\] have \[6, 3\] frames, too short for the ×4 subsampling "
+                                         r"\(it needs at least 7 frames\)"):
+        model(torch.randn(4, 40, 16), torch.tensor([40, 6, 7, 3]))
+    assert model(torch.randn(2, 40, 16), torch.tensor([40, 7])).lengths.tolist() == [9, 1]
 
 
 def test_bad_frames_are_refused():
@@ -123,3 +149,13 @@ def test_bad_frames_are_refused():
     backbone = Backbone(BackboneConfig(d_model=16, n_layers=1, n_heads=2, block=("conv", "mlp")))
     with pytest.raises(ValueError, match="cannot decode incrementally"):
         backbone(torch.randn(1, 3, 16), cache=backbone.new_cache())
+
+
+def test_a_model_without_spectrogram_settings_reads_frames_of_its_own_width():
+    """Empty settings mean the defaults at the model's n_mels, not the default 80 bins."""
+    from unitok.models import ConformerConfig, ConformerCTC
+
+    model = ConformerCTC(ConformerConfig.from_name("conformer-digits", n_mels=40, vocabulary=tuple("ab "))).eval()
+    assert model.config.spectrogram == {} and model.processor.part("audio").n_mels == 40
+    wave = 0.1 * torch.randn(8000, generator=torch.Generator().manual_seed(0))
+    assert isinstance(model.transcribe(wave, sample_rate=16000)[0], str)

@@ -93,7 +93,8 @@ class CLIPAudioConfig(Config):
             (512 ≈ 20 s at a 10 ms hop). subsampling_channels: the front end's width (default D).
         d_model / n_layers / n_heads / d_ff / activation / norm_eps / dropout: the bidirectional backbone.
         pool: the utterance's features: the mean of its frames, or a class token's.
-        spectrogram: `tokenizers_mm.SpectrogramConfig` fields that turn raw audio into frames.
+        spectrogram: `tokenizers_mm.SpectrogramConfig` fields that turn raw audio into frames
+            (given in part, stored whole at this ``n_mels``; empty: the defaults).
     """
 
     n_mels: int = 80
@@ -110,9 +111,7 @@ class CLIPAudioConfig(Config):
     spectrogram: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "spectrogram", dict(self.spectrogram))
-        if self.spectrogram.get("n_mels", self.n_mels) != self.n_mels:
-            raise ValueError(f"spectrogram n_mels={self.spectrogram['n_mels']} differs from n_mels={self.n_mels}")
+        object.__setattr__(self, "spectrogram", SpectrogramConfig.stored(self.spectrogram, self.n_mels))
         self.backbone_config()
 
     def backbone_config(self) -> BackboneConfig:
@@ -367,7 +366,7 @@ class CLIP(PretrainedModel):
         """CLIP's BPE at the text context, images as the image tower expects, audio settings."""
         audio = None
         if self.config.audio is not None:
-            audio = SpectrogramConfig.from_dict(self.config.audio.spectrogram or {"n_mels": self.config.audio.n_mels})
+            audio = SpectrogramConfig.for_model(self.config.audio.spectrogram, self.config.audio.n_mels)
         return Processor(text=self.text_tokenizer(), image=self.visual.config.preprocess_config(), audio=audio)
 
     def image_tokenizer(self, resize: bool = False) -> PatchTokenizer:
@@ -410,7 +409,7 @@ class CLIP(PretrainedModel):
         from tokenizers_mm import SpectrogramConfig, SpectrogramTokenizer
 
         audio = self._audio_config()
-        return SpectrogramTokenizer(SpectrogramConfig.from_dict(audio.spectrogram or {"n_mels": audio.n_mels}))
+        return SpectrogramTokenizer(SpectrogramConfig.for_model(audio.spectrogram, audio.n_mels))
 
     def _audio_config(self) -> CLIPAudioConfig:
         if self.config.audio is None:

@@ -41,7 +41,8 @@ class ConformerConfig(Config):
         convolution_first: the conv module before attention (torchaudio's option).
         vocabulary: the output characters (ids 1..; 0 is the CTC blank). vocab_size: V, at
             least 1 + len(vocabulary) (0: no head, an encoder only).
-        spectrogram: `tokenizers_mm.SpectrogramConfig` fields used by ``transcribe``.
+        spectrogram: `tokenizers_mm.SpectrogramConfig` fields used by ``transcribe`` (given in
+            part, stored whole at this ``n_mels``; empty: the defaults).
     """
 
     n_mels: int = 80
@@ -72,7 +73,7 @@ class ConformerConfig(Config):
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "vocabulary", tuple(self.vocabulary))
-        object.__setattr__(self, "spectrogram", dict(self.spectrogram))
+        object.__setattr__(self, "spectrogram", SpectrogramConfig.stored(self.spectrogram, self.n_mels))
         if self.subsampling == "none" and self.n_mels != self.d_model:
             raise ValueError(f"subsampling='none' reads frames as they are: n_mels ({self.n_mels}) must equal "
                              f"d_model ({self.d_model})")
@@ -154,9 +155,11 @@ class ConformerCTC(PretrainedModel):
         if lengths.shape != (B,) or bool((lengths < 1).any()) or bool((lengths > N).any()):
             raise ValueError(f"lengths must be (batch,) values in [1, {N}], got {lengths.tolist()}")
         if self.frontend is not None:
+            short = (lengths < 7).nonzero().flatten().tolist()
+            if short:  # the two stride-2 convolutions (kernel 3) leave such an utterance no frame
+                raise ValueError(f"rows {short} have {lengths[short].tolist()} frames, too short for the ×4 "
+                                 "subsampling (it needs at least 7 frames)")
             x, lengths = self.frontend(features, lengths)
-            if bool((lengths < 1).any()):
-                raise ValueError("an utterance is too short for ×4 subsampling (needs ≥ 7 frames)")
         else:
             x = features
         mask = torch.arange(x.shape[1], device=x.device)[None, :] < lengths[:, None]  # (B, N')
@@ -172,7 +175,8 @@ class ConformerCTC(PretrainedModel):
     def default_processor(self) -> Processor:
         """Audio -> the stored log-mel settings; the CTC head's characters."""
         vocabulary = CharacterVocabulary.from_list(list(self.config.vocabulary)) if self.config.vocabulary else None
-        return Processor(audio=SpectrogramConfig.from_dict(self.config.spectrogram), characters=vocabulary)
+        return Processor(audio=SpectrogramConfig.for_model(self.config.spectrogram, self.config.n_mels),
+                         characters=vocabulary)
 
     @torch.no_grad()
     def transcribe(self, audio: Any, decoder: Literal["greedy", "beam"] = "greedy", beam_size: int = 8,
@@ -189,7 +193,7 @@ class ConformerCTC(PretrainedModel):
         check_decoder(decoder, lexicon)
         vocab = CharacterVocabulary.from_list(list(self.config.vocabulary))
         words = Lexicon.from_words(lexicon, vocab) if lexicon is not None else None
-        tokenizer = SpectrogramTokenizer(SpectrogramConfig(**self.config.spectrogram))
+        tokenizer = SpectrogramTokenizer(SpectrogramConfig.for_model(self.config.spectrogram, self.config.n_mels))
         items = audio if isinstance(audio, (list, tuple)) else [audio]
         tokens = tokenizer.encode(list(items), sample_rate=sample_rate)
         was_training = self.training

@@ -116,13 +116,7 @@ class AudioModality(Config):
         if self.n_mels < 7 or self.max_frames < 1:
             raise ValueError(f"need n_mels ≥ 7 (×4 subsampling) and max_frames ≥ 1, got {self.n_mels}, "
                              f"{self.max_frames}")
-        spectrogram = dict(self.spectrogram)
-        if spectrogram.get("n_mels", self.n_mels) != self.n_mels:
-            raise ValueError(f"spectrogram n_mels={spectrogram['n_mels']} differs from n_mels={self.n_mels}")
-        if spectrogram:  # every field, as SpectrogramConfig gives them (tuples, not JSON's lists), so the
-            # config equals itself read back from a checkpoint; empty: the defaults at this n_mels
-            spectrogram = SpectrogramConfig.from_dict({"n_mels": self.n_mels, **spectrogram}).to_dict()
-        object.__setattr__(self, "spectrogram", spectrogram)
+        object.__setattr__(self, "spectrogram", SpectrogramConfig.stored(self.spectrogram, self.n_mels))
 
 
 @dataclass(frozen=True)
@@ -517,7 +511,7 @@ class MultimodalTransformer(PretrainedModel):
                 parts["image"] = ImagePreprocessConfig(patch_size=m.patch_size, channels=m.channels, mean=m.mean,
                                                        std=m.std, image_size=m.image_size)
             elif m.kind == "audio" and "audio" not in parts:
-                parts["audio"] = SpectrogramConfig.from_dict(m.spectrogram or {"n_mels": m.n_mels})
+                parts["audio"] = SpectrogramConfig.for_model(m.spectrogram, m.n_mels)
             elif m.kind == "trajectory" and "trajectory" not in parts:
                 parts["trajectory"] = m.tokenizer()
         return Processor(**parts) if parts else None
