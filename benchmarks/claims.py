@@ -138,7 +138,7 @@ def table(claims: dict[str, tuple[str, Claim]], results: dict[str, list[dict[str
         else:
             base = f"{claim.baseline}: {_fmt([r[claim.baseline] for r in rows])}"
             g = _fmt([gap(claim, r[claim.better], r[claim.baseline]) for r in rows])
-            target = f"gap ≥ {claim.min_gap:g}, stds below it" if claim.min_gap is not None else "gap > 0"
+            target = f"gap ≥ {claim.min_gap:g}, stds below it" if claim.min_gap is not None else "gap ≥ 0"
         lines.append(f"| **{key}** {claim.title} | {claim.metric} | {better} | {base} | {g} | {target} | "
                      f"{'yes' if ok else 'no'} ({why}) |")
     lines += ["", "Per seed (every number each run returned):", ""]

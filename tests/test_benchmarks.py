@@ -351,3 +351,18 @@ def test_a_claim_module_run_as_a_script_points_at_claims_py_and_exits_2(name, po
     assert exit_.value.code == 2
     out = capsys.readouterr()
     assert out.out == "" and out.err == f"{name}.py is a part of claims.py, not a script: run `{pointer}`\n"
+
+
+def test_a_claim_holds_by_its_rule_and_a_sign_only_tie_is_named():
+    """A gap target holds only when the mean gap reaches it and each arm's std is below the gap;
+    a sign-only claim (beam ≥ greedy) holds on a mean gap ≥ 0, and says when that is a tie."""
+    gapped = claim.Claim(key="x", title="t", metric="m", better="a", baseline="b", min_gap=2.0, run=lambda s: {})
+    assert claim.verdict(gapped, [{"a": 10.0, "b": 7.0}, {"a": 10.5, "b": 7.5}, {"a": 9.5, "b": 6.5}])[0]
+    noisy = [{"a": 14.0, "b": 7.0}, {"a": 6.0, "b": 7.5}, {"a": 10.0, "b": 6.5}]  # gap +3, an arm's std 4
+    assert not claim.verdict(gapped, noisy)[0]
+    sign = claim.Claim(key="y", title="t", metric="m", better="a", baseline="b", run=lambda s: {})
+    ok, why = claim.verdict(sign, [{"a": 31.0, "b": 30.0}, {"a": 30.0, "b": 30.5}, {"a": 32.0, "b": 32.0}])
+    assert ok and "a tie" in why and "need ≥ 0" in why
+    ok, why = claim.verdict(sign, [{"a": -30.0, "b": -46.0}, {"a": -31.0, "b": -45.0}, {"a": -32.0, "b": -48.0}])
+    assert ok and "tie" not in why
+    assert not claim.verdict(sign, [{"a": 1.0, "b": 2.0}, {"a": 1.0, "b": 2.0}, {"a": 1.0, "b": 2.0}])[0]
