@@ -39,6 +39,15 @@ class _PretrainingTask(L.LightningModule):
     def configure_optimizers(self):
         return adamw_warmup_cosine(self.model, self.trainer, self.hparams)
 
+    def setup(self, stage: str) -> None:
+        # The model keeps its padding id's embedding row at zero: with another tokenizer's id
+        # that row is a real token's (a [PAD] at 1 leaves [UNK] at 0), which then never learns.
+        datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        given, have = getattr(datamodule, "pad_token_id", None), self.model.config.pad_token_id
+        if given is not None and have is not None and given != have:
+            raise ValueError(f"the data module's pad_token_id={given} differs from the model's pad_token_id={have}; "
+                             f"set model.init_args.pad_token_id: {given} (the tokenizer's [PAD])")
+
     def _log_all(self, stage: str, metrics: dict[str, Tensor], batch_size: int) -> None:
         for name, value in metrics.items():
             self.log(f"{stage}_{name}", value, prog_bar=name in ("loss", "mlm_acc", "nsp_acc", "rtd_acc"),
@@ -75,7 +84,8 @@ class MaskedLMTask(_PretrainingTask):
         preset: a `BERTConfig` preset; ``d_model``, ``n_layers``, ``n_heads``, ``dropout``
             override it when given.
         nsp: train the next-sentence head (the data module must give sentence pairs).
-        pad_token_id: the tokenizer's padding id (its embedding stays zero).
+        pad_token_id: the tokenizer's padding id (its embedding stays zero); training refuses a
+            data module whose ``pad_token_id`` differs.
         learning_rate / weight_decay / betas / warmup_steps / min_lr_ratio: AdamW, linear
             warm-up then cosine decay (no decay on biases and norm gains).
     """
@@ -166,7 +176,8 @@ class ElectraTask(_PretrainingTask):
         preset: an `ELECTRAConfig` preset; ``dropout`` overrides it when given.
         rtd_weight: λ of the discriminator loss (50 in the paper).
         temperature: of the generator's sampling.
-        learning_rate / weight_decay / betas / warmup_steps / min_lr_ratio: as in `MaskedLMTask`.
+        pad_token_id / learning_rate / weight_decay / betas / warmup_steps / min_lr_ratio: as in
+            `MaskedLMTask`.
     """
 
     def __init__(

@@ -252,8 +252,9 @@ class _BERTPipeline(Pipeline):
 
 
 class TextClassificationPipeline(_BERTPipeline):
-    """Texts (or ``{"text", "text_pair"}``) -> the class and its probability; a BERT reads
-    ``[CLS] text [SEP]``, a GPT with a classifier ``text <eos>`` (GPT-1)."""
+    """Texts (or ``{"text", "text_pair"}``) -> the class and its probability (a regressor,
+    ``num_labels=1``: the value itself); a BERT reads ``[CLS] text [SEP]``, a GPT with a
+    classifier ``text <eos>`` (GPT-1)."""
 
     task = "text-classification"
     families = ("BERT", "GPT")
@@ -288,10 +289,12 @@ class TextClassificationPipeline(_BERTPipeline):
                                 return_logits=False).class_logits.float()  # no next-token logits
         else:
             logits = self.model(tokens).logits.float()
-        probs = logits.sigmoid() if logits.shape[-1] == 1 else logits.softmax(-1)
+        # One output is a regression (the loss unitok trains it with is MSE): its score is the
+        # value itself, as Hugging Face answers for problem_type "regression".
+        scores = logits if logits.shape[-1] == 1 else logits.softmax(-1)
         if top_k is None:
-            return [_top(p, 1, self.label)[0] for p in probs]
-        return [_top(p, top_k, self.label) for p in probs]
+            return [_top(p, 1, self.label)[0] for p in scores]
+        return [_top(p, top_k, self.label) for p in scores]
 
 
 class TokenClassificationPipeline(_BERTPipeline):

@@ -302,10 +302,16 @@ class SentencePairs(Dataset):
             cut = int(rng.integers(1, len(lines) + 1))
             first = lines[:cut]
             own_doc = self.corpus.doc_of(first[0])
+            # BERT's ten tries, kept so that a pair they find another document for draws as it
+            # always did; when all ten land on A's own document (likely only in a split of two or
+            # three documents) B is drawn among the others: a "not next" B is never A's text.
             for _ in range(10):
                 doc = int(rng.integers(self.first_doc, self.stop_doc))
                 if doc != own_doc:
                     break
+            else:
+                doc = int(rng.integers(self.first_doc, self.stop_doc - 1))
+                doc += doc >= own_doc
             lo, hi = int(self.corpus.doc_starts[doc]), int(self.corpus.doc_starts[doc + 1])
             a_len = len(self._tokens(first))
             second = self._run(int(rng.integers(lo, hi)), max(1, budget - a_len))

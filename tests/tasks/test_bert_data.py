@@ -4,12 +4,15 @@ documents from files outside training and validation, and the built-in labelled 
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 from tasks.data.bert import (
     BERTDataModule,
+    LineCorpus,
     MaskingCollator,
+    SentencePairs,
     mask_tokens,
     prepare_wordpiece_corpus,
     wordpiece_key,
@@ -150,6 +153,20 @@ def test_real_next_sentence_follows_in_the_corpus(data):
         ids = ex["input_ids"]
         sep = ids.index(data.tokenizer.sep_id)
         assert " " + " ".join(map(str, ids[1:sep] + ids[sep + 1:-1])) + " " in corpus_text
+
+
+def test_a_not_next_b_comes_from_another_document_even_in_a_split_of_two():
+    # Two documents of eight 3-token lines, ids 10-19 in the first and 20-29 in the second; with
+    # only two documents BERT's ten tries all land on A's own one about once in 1,000 pairs.
+    tokens = np.concatenate([np.arange(10, 34) % 10 + 10, np.arange(10, 34) % 10 + 20])
+    corpus = LineCorpus(tokens, np.arange(0, 49, 3), np.array([0, 8, 16]))
+    pairs = SentencePairs(corpus, 0, 2, 16, cls_id=2, sep_id=3, num_samples=5000, random_next=1.0)
+    for i in range(len(pairs)):
+        ex = pairs[i]
+        ids, seg = ex["input_ids"], ex["segment_ids"]
+        a = {t // 10 for t, s in zip(ids, seg, strict=True) if s == 0 and t >= 10}
+        b = {t // 10 for t, s in zip(ids, seg, strict=True) if s == 1 and t >= 10}
+        assert ex["nsp_label"] == 1 and len(a) == len(b) == 1 and a != b, (i, ids)
 
 
 def test_collated_batch_never_masks_special_tokens_or_padding(data):

@@ -5,11 +5,12 @@ refused at once, naming itself."""
 from __future__ import annotations
 
 import re
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from tasks import BindTask, CausalLMTask, ImageClassificationTask
+from tasks import BindTask, CausalLMTask, ElectraTask, ImageClassificationTask, MaskedLMTask
 from tasks.sample import main as sample
 from tasks.seq2seq import Seq2SeqTask
 from tokenizers_mm import BPETokenizer
@@ -42,6 +43,22 @@ def test_bind_refuses_a_nan_audio_weight():
 def test_seq2seq_refuses_decoding_settings_at_construction(options, message):
     with pytest.raises(ValueError, match=message):
         Seq2SeqTask(vocab_size=64, eos_token_id=1, **options)
+
+
+@pytest.mark.parametrize("task_class", [MaskedLMTask, ElectraTask])
+def test_pretraining_refuses_a_padding_id_other_than_the_tokenizers(task_class):
+    # The model zeroes its pad_token_id's embedding row: under a vocabulary whose [PAD] is 1 the
+    # default 0 would be [UNK]'s row, which would then never learn.
+    task = task_class(vocab_size=64, context_length=16)
+    task._trainer = SimpleNamespace(datamodule=SimpleNamespace(pad_token_id=1))
+    with pytest.raises(ValueError, match=r"the data module's pad_token_id=1 differs from the model's "
+                                         r"pad_token_id=0; set model.init_args.pad_token_id: 1"):
+        task.setup("fit")
+    task._trainer = SimpleNamespace(datamodule=SimpleNamespace(pad_token_id=0))
+    task.setup("fit")  # the same id (the default tokenizers' [PAD]) trains
+    matched = task_class(vocab_size=64, context_length=16, pad_token_id=1)
+    matched._trainer = SimpleNamespace(datamodule=SimpleNamespace(pad_token_id=1))
+    matched.setup("fit")
 
 
 @pytest.mark.parametrize("value", [0, 2.5])

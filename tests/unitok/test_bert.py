@@ -166,6 +166,15 @@ def test_token_classification_and_question_answering_heads():
     assert out.start_logits.shape == out.end_logits.shape == (3, 10)
 
 
+def test_a_token_classifier_needs_two_classes():
+    # One score a token has a cross-entropy of 0 whatever its label: it could never learn.
+    with pytest.raises(ValueError, match=r"num_labels must be an integer ≥ 2 \(classes; .*\), got 1"):
+        BERT.for_token_classification(tiny(), num_labels=1)
+    with pytest.raises(ValueError, match=r"'token_classifier' head needs num_labels ≥ 2 classes .*got 1"):
+        BERTConfig(**TINY, heads=("token_classifier",), num_labels=1)
+    assert BERTConfig(**TINY, heads=("pooler", "classifier"), num_labels=1).num_labels == 1  # regression
+
+
 def test_span_decoding_picks_the_best_valid_span():
     start = torch.tensor([[0.0, 5.0, 0.0, 0.0, 9.0]])
     end = torch.tensor([[0.0, 0.0, 0.0, 4.0, 1.0]])

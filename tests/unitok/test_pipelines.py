@@ -151,6 +151,22 @@ def test_text_and_token_classification_name_their_labels(tmp_path, wordpiece):
     assert len(tagger(text, ignore_labels=())) == len(enc.ids) - 2  # every word piece, no [CLS]/[SEP]
 
 
+def test_a_regressor_answers_its_value_not_a_probability(tmp_path, wordpiece):
+    torch.manual_seed(0)
+    model = BERT(BERTConfig.from_name("bert-nano", vocab_size=wordpiece.vocab_size, context_length=32,
+                                      heads=("pooler", "classifier"), num_labels=1))  # 1 = regression
+    with torch.no_grad():
+        model.classifier.out.bias.fill_(-2.5)  # a value no probability takes
+    regress = pipeline("text-classification", model=saved(model, tmp_path, Processor(text=wordpiece)))
+    texts = ["the parser reads the text", "def parse(text):"]
+    with torch.no_grad():
+        values = model.eval()(wordpiece.batch_encode(texts)).logits[:, 0]
+    assert values.max() < -1
+    # Hugging Face's answer for problem_type "regression": the one label and the raw value.
+    assert regress(texts) == [{"label": "LABEL_0", "score": pytest.approx(float(v), abs=1e-5)} for v in values]
+    assert regress(texts[0], top_k=3) == [{"label": "LABEL_0", "score": pytest.approx(float(values[0]), abs=1e-5)}]
+
+
 def test_a_gpt_classifier_reads_text_then_eos_as_gpt_1_did(tmp_path, bpe):
     torch.manual_seed(0)
     model = GPT.for_sequence_classification(GPT(GPTConfig_nano(bpe.vocab_size)), num_labels=2)

@@ -52,7 +52,7 @@ class BERTConfig(Config):
         pad_token_id: the padding id (its embedding row gets no gradient, as in BERT).
         heads: which heads exist, from "pooler", "mlm", "nsp", "rtd", "classifier",
             "token_classifier", "span". "nsp" and "classifier" read the pooler.
-        num_labels: K for "classifier" / "token_classifier" (1 = regression).
+        num_labels: K for "classifier" (1 = regression) / "token_classifier" (K ≥ 2).
     """
 
     vocab_size: int = 30522
@@ -103,8 +103,10 @@ class BERTConfig(Config):
         labelled = [h for h in ("classifier", "token_classifier") if h in self.heads]
         if len(labelled) > 1:
             raise ValueError("heads may hold 'classifier' or 'token_classifier', not both (one num_labels)")
-        if labelled and self.num_labels < 1:
-            raise ValueError(f"the {labelled[0]!r} head needs num_labels ≥ 1, got {self.num_labels}")
+        # One score a token cannot learn: its cross-entropy is 0 whatever the label (no token regression).
+        least, note = (2, " classes (no regression per token)") if labelled == ["token_classifier"] else (1, "")
+        if labelled and self.num_labels < least:
+            raise ValueError(f"the {labelled[0]!r} head needs num_labels ≥ {least}{note}, got {self.num_labels}")
         if not labelled and self.num_labels != 0:
             raise ValueError(f"num_labels={self.num_labels} given but no 'classifier' / 'token_classifier' head")
         if self.classifier_dropout is not None and not 0.0 <= self.classifier_dropout < 1.0:
@@ -451,8 +453,8 @@ class BERT(PretrainedModel):
     @classmethod
     def for_token_classification(cls, bert: BERT, num_labels: int, freeze_backbone: bool = False,
                                  classifier_dropout: float | None = None, dropout: float | None = None) -> BERT:
-        """K scores for every token (word labels go on each word's first sub-token)."""
-        check_int("num_labels", num_labels, note="(1 = regression)")
+        """K ≥ 2 scores for every token (word labels go on each word's first sub-token)."""
+        check_int("num_labels", num_labels, at_least=2, note="(classes; a token classifier has no regression)")
         return bert.with_heads(("token_classifier",), num_labels, freeze_backbone, classifier_dropout, dropout)
 
     @classmethod
