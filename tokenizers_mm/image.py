@@ -7,20 +7,23 @@ h/w patch-grid rows/columns (H/P, W/P), N = h·w patches, F = C·P·P features p
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from tokenizers_mm.checks import check_int, check_number
 from tokenizers_mm.tokens import Tokens
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 Interpolation = Literal["bicubic", "bilinear", "nearest"]
+INTERPOLATIONS: tuple[str, ...] = get_args(Interpolation)
 
 
 # the file types read as images (by folder scans and by a processor told a path)
@@ -58,14 +61,19 @@ def unpatchify(patches: Tensor, grid: tuple[int, int], patch_size: int, channels
 class ImagePreprocessConfig:
     """How raw images become model input; stored with a model so inference matches training.
 
+    Every field is checked as the config is built (a float patch size, a NaN mean or an unknown
+    filter is refused there, naming it, not met later inside a resize or a reshape); lists are
+    stored as tuples, so a config read from JSON equals the one written.
+
     Args:
         patch_size: P. channels: C the model expects.
-        mean / std: per-channel normalisation of [0, 1] pixels.
-        image_size: (H, W) to resize to (only used when ``resize`` is set).
+        mean / std: per-channel normalisation of [0, 1] pixels (finite; std > 0).
+        image_size: (H, W) to resize to (only used when ``resize`` is set); one integer is a
+            square, as timm's ``img_size`` reads it.
         resize: resize every image to ``image_size`` (else sizes must divide by P).
         interpolation: resize filter. crop_pct: resize the shorter side to image_size /
             crop_pct, the aspect ratio kept, then centre-crop image_size (the timm evaluation
-            recipe); None: plain resize to image_size.
+            recipe); None: plain resize to image_size. Both act only when ``resize`` is set.
         pad: zero-pad (after normalisation) up to the next multiple of P instead of failing.
     """
 
@@ -80,19 +88,45 @@ class ImagePreprocessConfig:
     pad: bool = False
 
     def __post_init__(self) -> None:
-        if self.patch_size < 1:
-            raise ValueError(f"patch_size must be ≥ 1, got {self.patch_size}")
-        if len(self.mean) != self.channels or len(self.std) != self.channels:
-            raise ValueError(f"mean/std need {self.channels} values (one per channel), got {self.mean}, {self.std}")
-        if any(s <= 0 for s in self.std):
-            raise ValueError(f"std must be positive, got {self.std}")
+        object.__setattr__(self, "patch_size", check_int("patch_size", self.patch_size))
+        channels = check_int("channels", self.channels)
+        object.__setattr__(self, "channels", channels)
+        object.__setattr__(self, "mean", _per_channel("mean", self.mean, channels))
+        object.__setattr__(self, "std", _per_channel("std", self.std, channels, positive=True))
+        if self.image_size is not None:
+            object.__setattr__(self, "image_size", _image_size(self.image_size))
+        for name in ("resize", "pad"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.resize and self.image_size is None:
             raise ValueError("resize=True needs image_size=(height, width)")
-        if self.crop_pct is not None and not 0 < self.crop_pct <= 1:
-            raise ValueError(f"crop_pct must be in (0, 1], got {self.crop_pct}")
+        if self.interpolation not in INTERPOLATIONS:
+            raise ValueError(f"interpolation must be one of {', '.join(map(repr, INTERPOLATIONS))}, "
+                             f"got {self.interpolation!r}")
+        if self.crop_pct is not None:
+            object.__setattr__(self, "crop_pct", check_number("crop_pct", self.crop_pct, 0, 1, low_open=True))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def _per_channel(name: str, values: Any, channels: int, positive: bool = False) -> tuple[float, ...]:
+    """``mean`` / ``std`` as a tuple of one finite float a channel (``positive``: each > 0)."""
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__len__"):
+        raise ValueError(f"{name} must be a list of {channels} numbers (one per channel), got {values!r}")
+    if len(values) != channels:
+        raise ValueError(f"{name} needs {channels} values (one per channel), got {tuple(values)}")
+    low = 0 if positive else -math.inf
+    return tuple(check_number(f"{name}[{i}]", v, low, low_open=positive) for i, v in enumerate(values))
+
+
+def _image_size(size: Any) -> tuple[int, int]:
+    """``image_size`` as (H, W) of positive integers; one integer is a square (timm's ``img_size``)."""
+    if not isinstance(size, bool) and isinstance(size, numbers.Integral):
+        size = (size, size)
+    if isinstance(size, (str, bytes)) or not hasattr(size, "__len__") or len(size) != 2:
+        raise ValueError(f"image_size must be (height, width) (or one integer: a square), got {size!r}")
+    return check_int("image_size[0] (height)", size[0]), check_int("image_size[1] (width)", size[1])
 
 
 def torch_interpolation(mode: str) -> str:
@@ -127,9 +161,6 @@ class PatchTokenizer:
         if config is not None and options:
             raise ValueError("give either an ImagePreprocessConfig or keyword options, not both")
         if config is None:
-            for key in ("mean", "std", "image_size"):
-                if isinstance(options.get(key), list):
-                    options[key] = tuple(options[key])
             config = ImagePreprocessConfig(**options)
         self.config = config
 
@@ -255,6 +286,8 @@ def open_image(path: str | Path, channels: int = 3) -> Any:
             if _is_high_depth(image.mode):
                 image.load()
                 return image.copy()
+            # a grey, bilevel or palette file as `_in_model_mode` reads that image given (a colour
+            # file for a one-channel model: its luminance)
             return image.convert("RGB" if channels == 3 else "L")
     except (UnidentifiedImageError, OSError) as error:
         raise ValueError(f"cannot read image {path}: {error}") from error
@@ -275,6 +308,20 @@ def _is_high_depth(mode: str) -> bool:
     return mode == "F" or mode.startswith("I")
 
 
+# PIL modes a one-channel model reads as one channel of luminance: grey (its alpha dropped),
+# bilevel (to 0 / 255) and palette images (through the palette's colours, not its indices)
+GREY_MODES = ("L", "LA", "1", "P", "PA")
+
+
+def _in_model_mode(image: Any, channels: int) -> Any:
+    """An 8-bit PIL image in the mode the model reads, as `open_image` reads the same image from a
+    file: RGB for three channels, "L" for one from a `GREY_MODES` image (a colour image given for
+    a one-channel model keeps its channels, refused by `PatchTokenizer.to_tensor`)."""
+    if channels == 3:
+        return image.convert("RGB")
+    return image.convert("L") if channels == 1 and image.mode in GREY_MODES else image
+
+
 def _pil_to_tensor(image: Any, channels: int) -> Tensor:
     """A PIL image -> (C, H, W): uint8, or float for 16-bit (scaled by 65535) and "F" images."""
     if _is_high_depth(image.mode):
@@ -290,11 +337,6 @@ def _pil_to_tensor(image: Any, channels: int) -> Tensor:
             array = array / 65535
         pixels = torch.from_numpy(array.astype(np.float32))[None]
         return pixels.repeat(3, 1, 1) if channels == 3 else pixels  # grey -> RGB: the channel replicated
-    if channels == 3:
-        image = image.convert("RGB")
-    elif image.mode in ("P", "PA", "1"):
-        # one channel of luminance, as a file is read: through the palette (not its indices),
-        # bilevel to 0 / 255 (colour images stay refused: their channels are not the model's)
-        image = image.convert("LA" if image.mode == "PA" else "L")
+    image = _in_model_mode(image, channels)
     pixels = torch.from_numpy(np.asarray(image).copy())
     return pixels[None] if pixels.dim() == 2 else pixels.permute(2, 0, 1)  # HWC -> CHW

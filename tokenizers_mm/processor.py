@@ -235,8 +235,10 @@ def _parts(payload: dict[str, Any], directory: Path, path: Path) -> dict[str, An
         else:
             raise ValueError(f"{path}: text tokenizer type must be 'bpe', 'wordpiece' or 'clip', got {kind!r}")
     if payload.get("image") is not None:
-        image = {k: tuple(v) if isinstance(v, list) else v for k, v in payload["image"].items()}
-        parts["image"] = ImagePreprocessConfig(**image)
+        try:  # its lists are stored as tuples by the config
+            parts["image"] = ImagePreprocessConfig(**payload["image"])
+        except ValueError as error:
+            raise ValueError(f"{path}: the image part: {error}") from None
     if payload.get("audio") is not None:
         parts["audio"] = SpectrogramConfig.from_dict(payload["audio"])
     if payload.get("characters") is not None:

@@ -84,7 +84,9 @@ def collate(
     """Pad variable-length sequences into one `Tokens` batch.
 
     Items may be 1-D id tensors / lists, 2-D (N, F) feature tensors, or single-row `Tokens`.
-    Padding goes on the right (encoders, training) or on the left (batched generation).
+    Padding goes on the right (encoders, training) or on the left (batched generation), on the
+    items' device. Image `Tokens` keep their patch ``grid`` when every item has the same one (they
+    then need no padding); images of different grids are refused (resize them to one size).
     """
     if padding_side not in ("left", "right"):
         raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
@@ -92,6 +94,12 @@ def collate(
         raise ValueError("collate needs at least one sequence, got an empty list")
     rows: list[dict[str, Tensor]] = []
     kind = None
+    # image Tokens' positions are laid out by their patch grid: a batch keeps it only if it is every item's
+    grids = {tuple(item.grid) if isinstance(item, Tokens) and item.grid is not None else None for item in sequences}
+    if len(grids) > 1:
+        raise ValueError(f"items of different patch grids {sorted(grids, key=str)} (None: no grid) cannot share a "
+                         "batch: resize the images to one size")
+    (grid,) = grids
     for i, item in enumerate(sequences):
         if isinstance(item, Tokens):
             if item.batch_size != 1:
@@ -120,6 +128,10 @@ def collate(
         rows.append(row)
 
     longest = max(r["data"].shape[0] for r in rows)
+    short = [r["data"].shape[0] for r in rows if grid is not None and r["data"].shape[0] != grid[0] * grid[1]]
+    if short:
+        raise ValueError(f"image Tokens of grid {grid[0]}×{grid[1]} must hold {grid[0] * grid[1]} unmasked "
+                         f"patches, got {short[0]}: a grid's patches cannot be masked out or padded")
     batch: dict[str, list[Tensor]] = {"data": [], "attention_mask": []}
     extra = {name for r in rows for name in r if name != "data"}
     for name in extra:
@@ -127,15 +139,15 @@ def collate(
             raise ValueError(f"some items carry {name} and others do not")
         batch[name] = []
     for r in rows:
-        n = r["data"].shape[0]
+        n, device = r["data"].shape[0], r["data"].device
         pad = longest - n
-        mask = torch.ones(n, dtype=torch.long)
+        mask = torch.ones(n, dtype=torch.long, device=device)
         for name, value in r.items():
             fill = pad_id if name == "data" and kind == "ids" else 0
             shape = (pad, *value.shape[1:])
-            padding = torch.full(shape, fill, dtype=value.dtype)
+            padding = torch.full(shape, fill, dtype=value.dtype, device=value.device)
             batch[name].append(torch.cat([padding, value] if padding_side == "left" else [value, padding]))
-        zeros = torch.zeros(pad, dtype=torch.long)
+        zeros = torch.zeros(pad, dtype=torch.long, device=device)
         batch["attention_mask"].append(torch.cat([zeros, mask] if padding_side == "left" else [mask, zeros]))
     stacked = {name: torch.stack(values) for name, values in batch.items()}
     data = stacked.pop("data")
@@ -143,5 +155,6 @@ def collate(
         ids=data if kind == "ids" else None,
         features=data if kind == "features" else None,
         modality=modality or "text",
+        grid=grid,
         **stacked,
     )

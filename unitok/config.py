@@ -6,6 +6,7 @@ import dataclasses
 import difflib
 import functools
 import json
+import math
 import numbers
 import types
 import typing
@@ -43,12 +44,16 @@ class Config:
 
     def check_types(self) -> None:
         """Refuse a field whose value does not fit its annotation (a float count, a bool size, a
-        string number), naming the field; nested configs check themselves."""
+        string number, a NaN or infinite float), naming the field; nested configs check themselves.
+        A list given for a tuple field is stored as a tuple, so the config equals itself read back
+        from JSON and can be hashed however it was built."""
         hints = _type_hints(type(self))
         for field in dataclasses.fields(self):  # type: ignore[arg-type]
             value = getattr(self, field.name)
             if not matches_type(value, hints[field.name]):
                 raise _type_error(type(self), field.name, value, hints[field.name])
+            if isinstance(value, list) and _is_tuple(hints[field.name]):
+                object.__setattr__(self, field.name, tuple(value))
 
     @classmethod
     def field_names(cls) -> list[str]:
@@ -82,17 +87,11 @@ class Config:
     def from_dict(cls: type[C], data: dict[str, Any]) -> C:
         """Build from a plain dict; unknown keys and values of the wrong type are errors."""
         cls._check_keys(data)
-        fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
         hints = _type_hints(cls)
-        values = {}
-        for key, value in data.items():
-            # JSON has no tuples: restore tuple-typed fields so configs compare equal.
-            if isinstance(value, list) and "tuple" in str(fields[key].type):
-                value = tuple(value)
+        for key, value in data.items():  # JSON's lists for tuple fields: stored as tuples by `check_types`
             if not matches_type(value, hints[key]):
                 raise _type_error(cls, key, value, hints[key])
-            values[key] = value
-        return cls(**values)
+        return cls(**data)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)  # type: ignore[call-overload]
@@ -106,7 +105,21 @@ class Config:
 
     @classmethod
     def load(cls: type[C], path: str | Path) -> C:
-        return cls.from_dict(json.loads(Path(path).read_text()))
+        """Read a file written by ``save``, or a model folder's ``config.json`` (whose ``family`` key
+        must name a model of this config class)."""
+        data = json.loads(Path(path).read_text())
+        if isinstance(data, dict) and "family" in data and "family" not in cls.field_names():
+            data = dict(data)
+            family = data.pop("family")
+            # the model registry imports this module, so it is read when called
+            from unitok.models.base import FAMILIES
+
+            model = FAMILIES.get(family) if isinstance(family, str) else None
+            if getattr(model, "config_class", None) is not cls:
+                reads = f"a {model.config_class.__name__}" if model is not None else "no config of this class"
+                raise ValueError(f"{path} is the config of a {family!r} model (it reads {reads}), not a "
+                                 f"{cls.__name__}; unitok.load(folder) opens any family")
+        return cls.from_dict(data)
 
 
 @functools.cache
@@ -115,9 +128,13 @@ def _type_hints(cls: type) -> dict[str, Any]:
 
 
 def _type_error(cls: type, key: str, value: Any, hint: Any) -> Exception:
-    """A value outside a Literal's choices is a bad value (ValueError), anything else a bad type."""
+    """A value outside a Literal's choices or a NaN / infinite float is a bad value (ValueError),
+    anything else a bad type."""
     if _is_choice(hint) and isinstance(value, str):
         return ValueError(f"unknown {key} {value!r} for {cls.__name__}: expected {type_name(hint)}")
+    if _non_finite(value):
+        return ValueError(f"{cls.__name__}.{key} must be {type_name(hint)} with no NaN or infinite value, "
+                          f"got {value!r}")
     return TypeError(f"{cls.__name__}.{key} must be {type_name(hint)}, got {value!r} ({type(value).__name__})")
 
 
@@ -140,8 +157,8 @@ def matches_type(value: Any, hint: Any) -> bool:
         return isinstance(value, bool)
     if hint is int:
         return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-    if hint is float:
-        return isinstance(value, numbers.Real) and not isinstance(value, bool)
+    if hint is float:  # finite: a NaN or infinite epsilon, scale or statistic would turn outputs to NaN
+        return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
     if hint is str:
         return isinstance(value, str)
     if origin is tuple:
@@ -155,6 +172,19 @@ def matches_type(value: Any, hint: Any) -> bool:
     if origin is dict or hint is dict:
         return isinstance(value, dict)
     return True  # nested configs, tensors, callables: their own __post_init__ checks them
+
+
+def _non_finite(value: Any) -> bool:
+    """Whether ``value`` is, or (a tuple / list) holds, a NaN or infinite float."""
+    if isinstance(value, (tuple, list)):
+        return any(_non_finite(v) for v in value)
+    return isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral) and not math.isfinite(value)
+
+
+def _is_tuple(hint: Any) -> bool:
+    """A tuple annotation, optionally with None (``tuple[float, ...] | None``)."""
+    args = typing.get_args(hint) if typing.get_origin(hint) in (Union, types.UnionType) else (hint,)
+    return any(typing.get_origin(a) is tuple or a is tuple for a in args)
 
 
 def _is_choice(hint: Any) -> bool:

@@ -68,9 +68,9 @@ def test_causal_lm_refuses_a_continuation_length_at_construction_not_at_predict(
 
 
 def test_generation_refuses_a_nan_temperature_or_length_penalty():
-    with pytest.raises(ValueError, match="temperature must be a finite number > 0, got nan"):
+    with pytest.raises(ValueError, match="temperature must be float with no NaN or infinite value, got nan"):
         GenerationConfig(strategy="sample", temperature=float("nan"))
-    with pytest.raises(ValueError, match="length_penalty must be a finite number, got nan"):
+    with pytest.raises(ValueError, match="length_penalty must be float with no NaN or infinite value, got nan"):
         GenerationConfig(strategy="beam", num_beams=2, length_penalty=float("nan"))
 
 

@@ -381,9 +381,9 @@ def test_other_bad_inputs_say_what_is_wrong():
 
 
 def test_bad_configs_are_refused():
-    with pytest.raises(ValueError, match="mean/std need 3 values"):
+    with pytest.raises(ValueError, match=r"mean needs 3 values \(one per channel\)"):
         ImagePreprocessConfig(mean=(0.5,), std=(0.5,))
-    with pytest.raises(ValueError, match="std must be positive"):
+    with pytest.raises(ValueError, match=r"std\[1\] must be a finite number > 0, got 0.0"):
         ImagePreprocessConfig(std=(0.5, 0.0, 0.5))
     with pytest.raises(ValueError, match="resize=True needs image_size"):
         ImagePreprocessConfig(resize=True)
@@ -393,6 +393,53 @@ def test_bad_configs_are_refused():
         ImagePreprocessConfig(patch_size=0)
     with pytest.raises(ValueError, match="not both"):
         PatchTokenizer(ImagePreprocessConfig(), patch_size=8)
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    (dict(mean=(float("nan"), 0.5, 0.5)), r"mean\[0\] must be a finite number, got nan"),
+    (dict(mean=(0.5, float("inf"), 0.5)), r"mean\[1\] must be a finite number, got inf"),
+    (dict(std=(float("nan"),) * 3), r"std\[0\] must be a finite number > 0, got nan"),
+    (dict(std=(1.0, 1.0, float("inf"))), r"std\[2\] must be a finite number > 0, got inf"),
+    (dict(mean="abc"), r"mean must be a list of 3 numbers"),
+    (dict(patch_size=16.0), r"patch_size must be an integer ≥ 1, got 16.0"),
+    (dict(patch_size=True), r"patch_size must be an integer ≥ 1, got True"),
+    (dict(channels=0, mean=(), std=()), r"channels must be an integer ≥ 1, got 0"),
+    (dict(image_size=(0, 32)), r"image_size\[0\] \(height\) must be an integer ≥ 1, got 0"),
+    (dict(image_size=(32, 32.0)), r"image_size\[1\] \(width\) must be an integer ≥ 1, got 32.0"),
+    (dict(image_size=(32,)), r"image_size must be \(height, width\) \(or one integer: a square\), got \(32,\)"),
+    (dict(image_size="32"), r"image_size must be \(height, width\)"),
+    (dict(interpolation="BICUBIC"), r"interpolation must be one of 'bicubic', 'bilinear', 'nearest', got 'BICUBIC'"),
+    (dict(interpolation="lanczos"), r"interpolation must be one of .*got 'lanczos'"),
+    (dict(crop_pct=float("nan")), r"crop_pct must be a finite number in \(0, 1\], got nan"),
+    (dict(crop_pct="0.9"), r"crop_pct must be a finite number in \(0, 1\], got '0.9'"),
+    (dict(resize="yes", image_size=(32, 32)), r"resize must be True or False, got 'yes'"),
+    (dict(pad=1), r"pad must be True or False, got 1"),
+])
+def test_a_bad_field_is_refused_as_the_config_is_built_naming_it(options, message):
+    # not later, inside a resize or a reshape, and never as all-NaN (or all-zero) features
+    with pytest.raises(ValueError, match=message):
+        ImagePreprocessConfig(**options)
+
+
+def test_lists_are_stored_as_tuples_and_one_integer_is_a_square_image_size():
+    as_lists = ImagePreprocessConfig(patch_size=8, channels=1, mean=[0.5], std=[0.25], image_size=[32, 48])
+    as_tuples = ImagePreprocessConfig(patch_size=8, channels=1, mean=(0.5,), std=(0.25,), image_size=(32, 48))
+    assert as_lists == as_tuples and hash(as_lists) == hash(as_tuples)
+    assert ImagePreprocessConfig(image_size=224) == ImagePreprocessConfig(image_size=(224, 224))  # timm's img_size
+    tok = PatchTokenizer(patch_size=8, image_size=32, resize=True, **PLAIN)
+    assert tok.encode(torch.rand(3, 40, 50)).grid == (4, 4)
+
+
+@pytest.mark.parametrize("mode", ["LA", "PA", "P", "1", "L"])
+def test_a_one_channel_tokenizer_reads_grey_images_with_alpha_as_their_files_are_read(mode, tmp_path):
+    rng = np.random.default_rng(1)
+    grey = Image.fromarray(rng.integers(0, 256, (8, 8), dtype=np.uint8), "L")
+    image = grey.convert("P").convert("PA") if mode == "PA" else grey.convert(mode)
+    tok = PatchTokenizer(patch_size=4, channels=1, mean=(0.0,), std=(1.0,))
+    (image.convert("LA") if mode == "PA" else image).save(tmp_path / "image.png")  # PNG holds no "PA"
+    from_file = tok.preprocess(str(tmp_path / "image.png"))
+    assert from_file.shape == (1, 1, 8, 8)
+    torch.testing.assert_close(tok.preprocess(image), from_file)  # the alpha dropped, as for the file
 
 
 @pytest.mark.parametrize("size", [(40, 60), (60, 40), (50, 50), (37, 91)])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tokenizers_mm import Tokens, collate
+from tokenizers_mm import PatchTokenizer, Tokens, collate
 
 
 def test_collate_ids_right_padding():
@@ -52,3 +52,31 @@ def test_tokens_validation_names_the_problem():
 def test_to_moves_every_tensor():
     t = Tokens(ids=torch.zeros(1, 2, dtype=torch.long), attention_mask=torch.ones(1, 2)).to("cpu")
     assert t.ids.device.type == "cpu" and t.attention_mask.device.type == "cpu"
+
+
+def test_collate_keeps_the_grid_of_image_tokens_so_the_batch_decodes():
+    tok = PatchTokenizer(patch_size=4)
+    images = torch.rand(2, 3, 8, 12)
+    batch = collate([tok(images[0]), tok(images[1])])
+    assert batch.grid == (2, 3) and batch.modality == "image" and batch.attention_mask.eq(1).all()
+    torch.testing.assert_close(tok.decode(batch), images)
+
+
+def test_collate_refuses_image_tokens_of_different_grids_naming_them():
+    tok = PatchTokenizer(patch_size=4)
+    with pytest.raises(ValueError, match=r"different patch grids \[\(2, 2\), \(2, 3\)\].*resize the images"):
+        collate([tok(torch.rand(3, 8, 8)), tok(torch.rand(3, 8, 12))])
+    with pytest.raises(ValueError, match=r"different patch grids \[\(2, 2\), None\] \(None: no grid\)"):
+        collate([tok(torch.rand(3, 8, 8)), torch.rand(4, 48)])
+    masked = Tokens(features=torch.rand(1, 4, 48), attention_mask=torch.tensor([[1, 1, 1, 0]]), modality="image",
+                    grid=(2, 2))
+    with pytest.raises(ValueError, match=r"grid 2×2 must hold 4 unmasked patches, got 3"):
+        collate([masked, tok(torch.rand(3, 8, 8))])
+
+
+def test_collate_pads_on_the_items_device():
+    # "meta" stands for any device other than the CPU: padding and mask made on the CPU would not join them
+    batch = collate([torch.tensor([1, 2], device="meta"), torch.tensor([3], device="meta")])
+    assert batch.ids.device.type == "meta" and batch.attention_mask.device.type == "meta"
+    features = collate([torch.ones(3, 4, device="meta"), torch.ones(1, 4, device="meta")], padding_side="left")
+    assert features.features.shape == (2, 3, 4) and features.attention_mask.device.type == "meta"

@@ -64,3 +64,28 @@ def test_values_a_config_file_may_spell_differently_are_still_accepted():
     assert ViTConfig(image_size=32, patch_size=8, num_classes=10).image_size == (32, 32)  # a square size as one number
     assert GPTConfig(dropout=0).dropout == 0  # an int where a float is expected
     assert ViTConfig(mean=[0.5, 0.5, 0.5]).mean == (0.5, 0.5, 0.5)  # a list for a tuple
+
+
+def test_a_list_for_a_tuple_field_is_stored_as_a_tuple_however_the_config_is_built(tmp_path):
+    from unitok.models import BERTConfig, DecisionTransformerConfig
+
+    bert = BERTConfig.from_name("bert-nano").replace(heads=["pooler", "mlm"])
+    assert bert.heads == ("pooler", "mlm") and hash(bert) == hash(bert.replace(heads=("pooler", "mlm")))
+    bert.save(tmp_path / "bert.json")
+    assert BERTConfig.load(tmp_path / "bert.json") == bert  # JSON's lists read back as tuples too
+    dt = DecisionTransformerConfig(state_dim=2, act_dim=1, state_mean=[0.0, 1.0], state_std=[1.0, 2.0])
+    assert dt.state_mean == (0.0, 1.0) and dt.state_std == (1.0, 2.0)
+
+
+@pytest.mark.parametrize(("build", "message"), [
+    (lambda: GPTConfig(norm_eps=float("nan")), r"GPTConfig\.norm_eps must be float with no NaN or infinite value, got nan"),
+    (lambda: GPTConfig.from_name("gpt-nano", dropout=float("inf")), r"GPTConfig\.dropout must be float .*got inf"),
+    (lambda: ViTConfig.from_name("vit-digits", mean=(float("nan"),)), r"ViTConfig\.mean must be tuple\[float, \.\.\.\] "
+                                                                      r"with no NaN or infinite value, got \(nan,\)"),
+    (lambda: ViTConfig(crop_pct=float("nan")), r"ViTConfig\.crop_pct must be float \| None with no NaN"),
+    (lambda: GPTConfig.from_dict({"norm_eps": float("-inf")}), r"GPTConfig\.norm_eps .*got -inf"),
+])
+def test_a_nan_or_infinite_float_is_refused_by_name(build, message):
+    # a NaN epsilon or statistic would silently turn every output into NaN
+    with pytest.raises(ValueError, match=message):
+        build()

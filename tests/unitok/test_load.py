@@ -347,3 +347,36 @@ def test_a_saved_tokenizer_setting_survives_while_config_parts_come_from_the_con
     assert loaded.processor.text.truncation == "warn"  # the text part is the processor's
     assert loaded.processor.image == loaded.visual.config.preprocess_config()  # the image part the config's
 
+
+
+def test_saving_without_a_processor_removes_an_earlier_saves(tmp_path):
+    labelled = GPT(GPTConfig.from_name("gpt-nano", vocab_size=97))
+    labelled.processor = Processor(labels=("neg", "pos"))
+    labelled.save_pretrained(tmp_path)
+    GPT(GPTConfig.from_name("gpt-nano", vocab_size=97)).save_pretrained(tmp_path)  # the same folder, no processor
+    assert not (tmp_path / "processor_config.json").exists()
+    assert unitok.load(tmp_path).processor is None  # not the other model's class names
+
+
+def test_a_folder_saved_before_the_processor_carried_crop_pct_reads_the_configs(tmp_path):
+    vit = ViT(ViTConfig.from_name("vit-digits", crop_pct=0.9))
+    vit.save_pretrained(tmp_path)
+    path = tmp_path / "processor_config.json"
+    payload = json.loads(path.read_text())
+    assert payload["image"]["crop_pct"] == 0.9
+    path.write_text(json.dumps({"image": {**payload["image"], "crop_pct": None}}))  # as older saves wrote it
+    assert unitok.load(tmp_path).processor.image == vit.config.preprocess_config()
+
+
+def test_a_config_class_reads_its_own_models_config_json_and_refuses_another_familys(tmp_path):
+    config = ViTConfig.from_name("vit-digits", n_layers=1)
+    ViT(config).save_pretrained(tmp_path / "vit")
+    assert ViTConfig.load(tmp_path / "vit" / "config.json") == config
+    DeiT(ViTConfig.from_name("deit-digits")).save_pretrained(tmp_path / "deit")
+    assert ViTConfig.load(tmp_path / "deit" / "config.json") == ViTConfig.from_name("deit-digits")  # DeiT reads one
+    with pytest.raises(ValueError, match=r"config of a 'ViT' model \(it reads a ViTConfig\), not a MixerConfig"):
+        MixerConfig.load(tmp_path / "vit" / "config.json")
+    payload = json.loads((tmp_path / "vit" / "config.json").read_text())
+    (tmp_path / "vit" / "config.json").write_text(json.dumps({**payload, "family": "Transformer9000"}))
+    with pytest.raises(ValueError, match=r"'Transformer9000' model \(it reads no config of this class\)"):
+        ViTConfig.load(tmp_path / "vit" / "config.json")

@@ -8,7 +8,7 @@ import pytest
 import torch
 from PIL import Image
 
-from tokenizers_mm import Tokens
+from tokenizers_mm import ImagePreprocessConfig, PatchTokenizer, Processor, Tokens
 from unitok.models import DeiT, MixerConfig, MLPMixer, ViT, ViTConfig
 
 PRESETS = {"vit-digits": (ViT, ViTConfig), "deit-digits": (DeiT, ViTConfig), "mixer-digits": (MLPMixer, MixerConfig)}
@@ -346,7 +346,7 @@ def test_inconsistent_configs_are_refused():
         ViTConfig(class_token=False, distill_token=True, pool="avg")
     with pytest.raises(ValueError, match="image_size 30×32 is not divisible by patch_size 8"):
         ViTConfig.from_name("vit-digits", image_size=(30, 32))
-    with pytest.raises(ValueError, match="mean/std need 1 values"):
+    with pytest.raises(ValueError, match=r"mean needs 1 values \(one per channel\)"):
         MixerConfig.from_name("mixer-digits", mean=(0.5, 0.5, 0.5))
     with pytest.raises(ValueError, match="unknown positions .rope. for ViTConfig"):
         ViTConfig(positions="rope")
@@ -438,3 +438,49 @@ def test_image_tokens_whose_grid_does_not_hold_their_patches_are_refused():
     with pytest.raises(ValueError, match="image Tokens hold 8 patches but their grid 4×4 has 16"):
         vit(bad)
 
+
+
+# --------------------------------------------------------------------------- the processor
+
+
+def test_the_processor_resizes_as_image_tokenizer_and_timm_do_after_a_save(tmp_path):
+    # crop_pct travels with the processor (it acts only with resize): a non-square image is
+    # resized keeping its aspect ratio and centre-cropped, not squashed
+    from timm.data import create_transform
+
+    model = ViT(ViTConfig(image_size=(32, 32), patch_size=8, d_model=32, n_layers=1, n_heads=2, num_classes=3,
+                          crop_pct=0.875, interpolation="bilinear"))
+    model.save_pretrained(tmp_path)
+    loaded = ViT.from_pretrained(tmp_path)
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (48, 80, 3), dtype=np.uint8))
+    by_processor = loaded.processor(image, resize=True)
+    torch.testing.assert_close(by_processor.features, loaded.image_tokenizer(resize=True).encode(image).features)
+    reference = create_transform(input_size=(3, 32, 32), interpolation="bilinear", crop_pct=0.875,
+                                 mean=model.config.mean, std=model.config.std)(image)
+    pixels = PatchTokenizer(loaded.processor.image).decode(by_processor, denormalize=False)[0]
+    torch.testing.assert_close(pixels, reference, atol=0.02, rtol=0)
+
+
+def test_a_processor_contradicting_the_configs_resizing_is_refused_naming_the_field():
+    model = ViT(ViTConfig(image_size=(32, 32), patch_size=8, d_model=32, n_layers=1, n_heads=2, num_classes=3))
+    mine = model.config.preprocess_config()
+    with pytest.raises(ValueError, match=r"image part differs .* \(interpolation='bilinear' \(config: 'bicubic'\)\)"):
+        model.processor = Processor(image=ImagePreprocessConfig(**{**mine.to_dict(), "interpolation": "bilinear"}))
+    with pytest.raises(ValueError, match=r"\(crop_pct=None \(config: 0.875\)\)"):
+        model.processor = Processor(image=ImagePreprocessConfig(**{**mine.to_dict(), "crop_pct": None}))
+
+
+def test_the_call_time_options_of_a_set_processor_are_kept_and_saved(tmp_path):
+    model = ViT(ViTConfig(image_size=(32, 32), patch_size=8, d_model=32, n_layers=1, n_heads=2, num_classes=3))
+    mine = ImagePreprocessConfig(**{**model.config.preprocess_config().to_dict(), "resize": True, "pad": True})
+    model.processor = Processor(image=mine)
+    assert model.processor.image == mine
+    model.save_pretrained(tmp_path)
+    assert ViT.from_pretrained(tmp_path).processor.image == mine
+
+
+def test_a_processor_given_as_lists_is_the_configs_own():
+    model = build("vit-digits")
+    as_lists = ImagePreprocessConfig(patch_size=8, channels=1, mean=[0.5], std=[0.5], image_size=[32, 32])
+    model.processor = Processor(image=as_lists)  # equal values, not refused for being lists
+    assert model.processor.image == model.config.preprocess_config()

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-from tokenizers_mm.processor import Processor
+from tokenizers_mm.processor import PROCESSOR_FILE, Processor
 from unitok.config import Config
 
 WEIGHTS_FILE = "model.safetensors"
@@ -148,10 +148,13 @@ class PretrainedModel(nn.Module):
             return default if self._processor is None else self._processor
         # the parts the config stores come from it (`CONFIG_PARTS`): a task that adapts the config to
         # its data (statistics, normalisation) after a folder's processor was loaded is read the new
-        # way everywhere; the others (a tokenizer and its settings, class names) from the processor
+        # way everywhere; the others (a tokenizer and its settings, class names) from the processor,
+        # and so do the image part's call-time options (resize, pad) that the config does not hold
         merged = self._processor.merge(default)
-        return dataclasses.replace(merged, **{name: getattr(default, name) for name in CONFIG_PARTS
-                                              if getattr(default, name) is not None})
+        parts = {name: getattr(default, name) for name in CONFIG_PARTS if getattr(default, name) is not None}
+        if "image" in parts and self._processor.image is not None:
+            parts["image"] = dataclasses.replace(self._processor.image, **_image_settings(default.image))
+        return dataclasses.replace(merged, **parts)
 
     @processor.setter
     def processor(self, value: Processor | None) -> None:
@@ -201,6 +204,8 @@ class PretrainedModel(nn.Module):
         processor = self.processor
         if processor is not None:
             processor.save(directory)
+        else:  # an earlier save's processor would otherwise be loaded with these weights
+            (directory / PROCESSOR_FILE).unlink(missing_ok=True)
         return directory
 
     @classmethod
@@ -219,7 +224,7 @@ class PretrainedModel(nn.Module):
         model = cls(config)  # type: ignore[call-arg]
         state = read_weights(directory / WEIGHTS_FILE, map_location)
         load_state_dict_strict(model, state, ignore=model.tied_keys)
-        model.processor = Processor.load(directory)
+        model.processor = _with_config_crop(Processor.load(directory), model.default_processor())
         return model.to(map_location).eval()
 
     def num_parameters(self, trainable_only: bool = False) -> int:
@@ -231,8 +236,25 @@ class PretrainedModel(nn.Module):
         return total
 
 
+def _image_settings(stored: Any) -> dict[str, Any]:
+    """The image settings a model's config fixes (all but the call-time ``resize`` and ``pad``, and
+    ``image_size`` where the config has none), from its default image part ``stored``."""
+    fields = ["patch_size", "channels", "mean", "std", "interpolation", "crop_pct"]
+    fields += ["image_size"] if stored.image_size is not None else []
+    return {f: getattr(stored, f) for f in fields}
+
+
 def _image_differences(given: Any, stored: Any) -> list[str]:
     """Image settings that change what the model reads, as ``field=given (config: stored)``."""
-    fields = ["patch_size", "channels", "mean", "std"] + (["image_size"] if stored.image_size is not None else [])
-    return [f"{f}={getattr(given, f)} (config: {getattr(stored, f)})" for f in fields
-            if getattr(given, f) != getattr(stored, f)]
+    return [f"{f}={getattr(given, f)!r} (config: {value!r})" for f, value in _image_settings(stored).items()
+            if getattr(given, f) != value]
+
+
+def _with_config_crop(processor: Processor | None, default: Processor | None) -> Processor | None:
+    """A loaded processor whose image part has no crop_pct where the config has one: folders saved
+    before the image part carried it hold null there whatever the config said (it acted only with
+    resize, which was never saved), so it is read as the config's rather than refused."""
+    given, stored = getattr(processor, "image", None), getattr(default, "image", None)
+    if given is None or stored is None or given.crop_pct is not None or stored.crop_pct is None:
+        return processor
+    return dataclasses.replace(processor, image=dataclasses.replace(given, crop_pct=stored.crop_pct))

@@ -58,10 +58,12 @@ class ImageConfig(Config):
         return self.image_size[0] // self.patch_size, self.image_size[1] // self.patch_size
 
     def preprocess_config(self, resize: bool = False) -> ImagePreprocessConfig:
+        """How raw images are prepared; ``interpolation`` and ``crop_pct`` are carried either way (they
+        act only with ``resize``), so a processor saved without it resizes as the model does when
+        asked (``model.processor(image, resize=True)``)."""
         return ImagePreprocessConfig(
             patch_size=self.patch_size, channels=self.channels, mean=self.mean, std=self.std,
-            image_size=self.image_size, resize=resize, interpolation=self.interpolation,
-            crop_pct=self.crop_pct if resize else None,
+            image_size=self.image_size, resize=resize, interpolation=self.interpolation, crop_pct=self.crop_pct,
         )
 
 
