@@ -11,6 +11,8 @@ from dataclasses import dataclass, fields, replace
 import torch
 from torch import Tensor
 
+from tokenizers_mm.checks import check_int
+
 
 @dataclass(frozen=True)
 class Tokens:
@@ -92,6 +94,7 @@ def collate(
         raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
     if len(sequences) == 0:
         raise ValueError("collate needs at least one sequence, got an empty list")
+    pad_id = check_int("pad_id", pad_id, 0)  # an id: 0.5 or None would be cast or fail inside torch
     rows: list[dict[str, Tensor]] = []
     kind = None
     # image Tokens' positions are laid out by their patch grid: a batch keeps it only if it is every item's
@@ -124,6 +127,9 @@ def collate(
             raise ValueError(f"item {i} holds {item_kind} but earlier items hold {kind}")
         if data.shape[0] == 0:
             raise ValueError(f"item {i} is empty: every sequence needs at least one token")
+        if item_kind == "features" and rows and data.shape[1] != rows[0]["data"].shape[1]:
+            raise ValueError(f"item {i} has {data.shape[1]} features a token but item 0 has "
+                             f"{rows[0]['data'].shape[1]}: one batch holds one feature width")
         kind = item_kind
         rows.append(row)
 

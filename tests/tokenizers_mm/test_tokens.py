@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -80,3 +81,13 @@ def test_collate_pads_on_the_items_device():
     assert batch.ids.device.type == "meta" and batch.attention_mask.device.type == "meta"
     features = collate([torch.ones(3, 4, device="meta"), torch.ones(1, 4, device="meta")], padding_side="left")
     assert features.features.shape == (2, 3, 4) and features.attention_mask.device.type == "meta"
+
+
+def test_collate_refuses_a_pad_id_that_is_no_id_and_rows_of_other_feature_widths():
+    with pytest.raises(ValueError, match="pad_id must be an integer ≥ 0, got None"):
+        collate([[1, 2], [3]], pad_id=None)
+    with pytest.raises(ValueError, match="pad_id must be an integer ≥ 0, got 0.5"):
+        collate([[1, 2], [3]], pad_id=0.5)
+    assert collate([[1, 2], [3]], pad_id=np.int64(7)).ids.tolist() == [[1, 2], [3, 7]]
+    with pytest.raises(ValueError, match="item 1 has 3 features a token but item 0 has 4"):
+        collate([torch.zeros(2, 4), torch.zeros(5, 3)])
