@@ -22,6 +22,7 @@ from torch import Tensor, nn
 from tasks.objectives import Objective
 from tasks.optim import adamw_warmup_cosine
 from tasks.predictions import Record
+from tokenizers_mm.checks import check_int
 from unitok.models import MultimodalConfig, MultimodalTransformer
 
 
@@ -82,6 +83,9 @@ class MultiTaskTask(L.LightningModule):
             if drawn:  # read only when one task is drawn a step: a weight here would be ignored
                 raise ValueError(f"sampling_weight of {drawn} is read with tasks_per_step='one' only; every task "
                                  "trains every step with 'all' (use loss_weight to weigh them)")
+        check_int("sampling_seed", sampling_seed, 0)
+        if tasks_per_step == "all" and sampling_seed != 0:  # as sampling_weight: it would be ignored
+            raise ValueError(f"sampling_seed={sampling_seed} is read with tasks_per_step='one' only; 'all' draws nothing")
         if preset not in MultimodalConfig.presets:  # fail here, not at setup
             MultimodalConfig.from_name(preset)
         self.objectives = dict(objectives)

@@ -114,6 +114,7 @@ class ImageClassification(Objective):
     def __init__(self, segment: str = "image", patch_size: int = 8, loss_weight: float = 1.0,
                  sampling_weight: float = 1.0, label_smoothing: float = 0.0) -> None:
         super().__init__(loss_weight, sampling_weight)
+        check_number("label_smoothing", label_smoothing, 0.0, 1.0)  # as ImageClassificationTask: at once
         self.segment, self.patch_size, self.label_smoothing = segment, patch_size, label_smoothing
 
     def bind(self, name: str, data: Any) -> None:
@@ -284,8 +285,11 @@ class ReturnConditionedControl(Objective):
         super().__init__(loss_weight, sampling_weight)
         if eval_targets is not None:
             check_target_returns(eval_targets)
-        if eval_episodes < 0:
-            raise ValueError(f"eval_episodes must be ≥ 0, got {eval_episodes}")
+        # as DecisionTransformerTask: refused here, not at the first validation (500 steps into a recipe)
+        check_int("eval_episodes", eval_episodes, 0)
+        check_int("eval_seed", eval_seed, 0)
+        if sample is not None and not isinstance(sample, bool):
+            raise TypeError(f"sample must be True, False or None (the rollout default), got {sample!r}")
         self.segment, self.eval_targets, self.eval_episodes = segment, eval_targets, eval_episodes
         self.eval_seed, self.sample = eval_seed, sample
 
@@ -294,6 +298,9 @@ class ReturnConditionedControl(Objective):
         tokenizer = data.tokenizer
         self.trajectory = TrajectoryModality.from_tokenizer(tokenizer, max_ep_len=max(1024, data.max_episode_length))
         self.env_id = data.env_id
+        if self.sample and not self.trajectory.discrete:
+            raise ValueError(f"sample=True draws discrete actions; the {name!r} data's actions are continuous "
+                             "(leave sample out)")
         if self.eval_targets is None:
             self.eval_targets = [float(np.round(data.episode_returns().max(), 1))]
 
@@ -321,7 +328,7 @@ class ReturnConditionedControl(Objective):
         if self.trajectory.discrete:
             metrics["action_acc"].update(preds, batch["actions"][real])
         else:
-            metrics["action_mse"].update(loss.detach())
+            metrics["action_mse"].update(loss.detach(), weight=int(real.sum()))  # per step, as the loss averages
 
     def predict(self, out: MultimodalOutput, batch: Any, model: MultimodalTransformer, data: Any) -> list[Record]:
         """The action at each window's last step (`tasks.decision_transformer.action_records`)."""

@@ -116,6 +116,36 @@ def test_weights_that_would_train_nothing_are_refused():
         MultiTaskTask({"a": ImageClassification(), "b": ImageClassification(sampling_weight=0.0)})
 
 
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: ReturnConditionedControl(eval_seed=-1), "eval_seed must be an integer ≥ 0, got -1"),
+    (lambda: ReturnConditionedControl(eval_seed="7"), "eval_seed must be an integer ≥ 0, got '7'"),
+    (lambda: ReturnConditionedControl(eval_episodes=2.5), "eval_episodes must be an integer ≥ 0, got 2.5"),
+    (lambda: ReturnConditionedControl(sample="no"), "sample must be True, False or None"),
+    (lambda: ImageClassification(label_smoothing=1.5), "label_smoothing"),
+    (lambda: MultiTaskTask({"a": ImageClassification()}, tasks_per_step="one", sampling_seed=2.5),
+     "sampling_seed must be an integer ≥ 0, got 2.5"),
+    (lambda: MultiTaskTask({"a": ImageClassification()}, sampling_seed=7),
+     "sampling_seed=7 is read with tasks_per_step='one' only"),
+    (lambda: SpeechRecognition(subsampling_channels=0).bind("speech", type("D", (), {
+        "spectrogram_config": __import__("tokenizers_mm").SpectrogramConfig(n_mels=40),
+        "vocabulary": __import__("tokenizers_mm").CharacterVocabulary(list("ab "))})()),
+     "subsampling_channels must be an integer ≥ 1 or None, got 0"),
+], ids=["seed-negative", "seed-string", "episodes-fraction", "sample-string", "smoothing", "sampling-seed",
+        "sampling-seed-ignored", "subsampling-0"])
+def test_an_objectives_options_are_refused_at_construction_not_after_training(make, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        make()
+
+
+def test_sampled_rollouts_of_continuous_actions_are_refused_when_the_data_is_bound(caches):
+    data = TrajectoryDataModule(env_id="Pendulum-v1", context_length=4, batch_size=8, expert_episodes=2,
+                                noisy_episodes=2, random_episodes=2, cache_dir=caches["rl"])
+    data.setup("fit")
+    with pytest.raises(ValueError, match="sample=True draws discrete actions; the 'pendulum' data's actions are "
+                                         "continuous"):
+        ReturnConditionedControl(sample=True).bind("pendulum", data)
+
 def test_a_task_with_no_held_out_batch_reports_no_metric_rather_than_zero(caches):
     data = MultiTaskDataModule({
         "cartpole": TrajectoryDataModule(context_length=4, batch_size=8, expert_episodes=2, noisy_episodes=2,
@@ -303,3 +333,24 @@ def test_two_cpu_processes_draw_the_same_task_every_step_and_stay_in_sync(tmp_pa
     assert {name for step in ranks[0]["drawn"] for name in step} == {"digits", "cartpole"}
     for name, weight in ranks[0]["weights"].items():  # every rank ends with the same weights
         torch.testing.assert_close(ranks[1]["weights"][name], weight, msg=name)
+
+
+def test_continuous_action_error_is_averaged_over_steps_not_batches(caches):
+    """A short last batch counts by its steps, as the discrete accuracy and the loss do."""
+    from types import SimpleNamespace
+
+    data = TrajectoryDataModule(env_id="Pendulum-v1", context_length=4, batch_size=8, expert_episodes=2,
+                                noisy_episodes=2, random_episodes=2, cache_dir=caches["rl"])
+    data.setup("fit")
+    control = ReturnConditionedControl()
+    control.bind("pendulum", data)
+    metric = control.make_metrics()["action_mse"]
+    errors = []
+    for rows, seed in ((8, 0), (2, 1)):
+        g = torch.Generator().manual_seed(seed)
+        batch = {"actions": torch.randn(rows, 4, 1, generator=g), "attention_mask": torch.ones(rows, 4, dtype=torch.long)}
+        out = SimpleNamespace(heads={control.head: torch.randn(rows, 4, 1, generator=g)})
+        loss = control.loss(out, batch)
+        control.update({"action_mse": metric}, out, batch, loss)
+        errors.append((out.heads[control.head] - batch["actions"]).pow(2).flatten())
+    assert float(metric.compute()) == pytest.approx(float(torch.cat(errors).mean()), rel=1e-6)

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tokenizers_mm import CLIPTokenizer, PatchTokenizer, Processor, SpectrogramConfig, Tokens
+from tokenizers_mm.checks import check_int
 from unitok.backbone import Backbone, BackboneConfig, init_weights
 from unitok.checks import check_dtype, check_finite, deferred_checks, defers, host_values, raise_if
 from unitok.config import Config
@@ -112,6 +113,7 @@ class CLIPAudioConfig(Config):
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "spectrogram", SpectrogramConfig.stored(self.spectrogram, self.n_mels))
+        check_int("subsampling_channels", self.subsampling_channels, or_none=True)  # 0 would read as "d_model"
         self.backbone_config()
 
     def backbone_config(self) -> BackboneConfig:

@@ -113,6 +113,7 @@ class AudioModality(Config):
 
     def __post_init__(self) -> None:
         _check_kind(self, "audio")
+        check_int("subsampling_channels", self.subsampling_channels, or_none=True)  # 0 would read as "d_model"
         if self.n_mels < 7 or self.max_frames < 1:
             raise ValueError(f"need n_mels ≥ 7 (×4 subsampling) and max_frames ≥ 1, got {self.n_mels}, "
                              f"{self.max_frames}")
