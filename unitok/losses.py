@@ -19,12 +19,12 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.autograd.forward_ad as fwAD
 import torch.nn.functional as F
 from torch import Tensor
 
-from unitok.checks import deferred_checks, defers, func_transforms_active, host_values, raise_if
+from unitok.checks import deferred_checks, defers, host_values, raise_if
 from unitok.layers import onednn_gemm
+from unitok.layers.plain_linear import forward_derivatives
 
 IGNORE_INDEX = -100
 
@@ -137,7 +137,7 @@ def _needs_plain_ops(*tensors: Tensor | None) -> bool:
     Function lacks (it computes its gradients in the forward pass)."""
     if torch.compiler.is_compiling():  # a traced graph keeps the fused Function, as before
         return False
-    return func_transforms_active() or any(t is not None and fwAD.unpack_dual(t).tangent is not None for t in tensors)
+    return forward_derivatives(*tensors)
 
 
 def softmax_gradient(logits: Tensor, targets: Tensor, row_weight: Tensor, need_grad: bool,

@@ -107,3 +107,12 @@ def test_half_precision_is_computed_in_float32_and_rounded(dtype):
     assert ours.grad.dtype == dtype
     torch.testing.assert_close(ours.grad, theirs.grad)
     assert (ours.grad != wide.grad.to(dtype)).float().mean() <= 0.02
+
+
+def test_torch_func_transforms_differentiate_it_as_pytorchs_kernel():
+    x = inputs()[:MIN_SIGMOID_VALUES].view(128, -1)  # large enough for the sigmoid form
+    act = make_activation("gelu_tanh")
+    expected = torch.func.grad(lambda x: F.gelu(x, approximate="tanh").sum())(x)
+    torch.testing.assert_close(torch.func.grad(lambda x: act(x).sum())(x), expected)
+    per_row = torch.func.vmap(torch.func.grad(lambda row: act(row).sum()))(x)  # per-sample gradients
+    torch.testing.assert_close(per_row, expected)

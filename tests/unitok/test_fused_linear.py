@@ -179,3 +179,45 @@ def test_language_model_heads_take_the_fused_path_in_inference():
             got = run()
         assert (640, MIN_FEATURES) in calls  # the LM head's weight, (V, D)
         torch.testing.assert_close(got, expected.detach(), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("hook", ["forward", "forward_pre"])
+def test_a_hook_on_the_activation_sees_it_run_in_inference_too(hook):
+    mlp = MLP(MIN_FEATURES, 4 * MIN_FEATURES, "gelu").eval()
+    x = torch.randn(*BIG)
+    seen = []
+    register = mlp.act.register_forward_hook if hook == "forward" else mlp.act.register_forward_pre_hook
+    register(lambda *args: seen.append(1))
+    expected = mlp(x)
+    assert seen == [1]
+    with torch.no_grad():
+        assert uses_onednn(x, mlp.fc_in, "gelu")  # the product alone could fuse: the hook keeps the module call
+        torch.testing.assert_close(mlp(x), expected.detach(), atol=1e-5, rtol=1e-5)
+    assert seen == [1, 1]
+    h = torch.randn(5, 6)
+    with torch.no_grad():
+        out = activate_fresh(mlp.act, h.clone())  # the in-place form would bypass the hook too
+    assert seen == [1, 1, 1]
+    torch.testing.assert_close(out, nn.functional.gelu(h))
+
+
+@pytest.mark.parametrize("replacement", [nn.Identity(), nn.GELU(approximate="tanh"), nn.Tanh()],
+                         ids=["identity", "gelu_of_the_other_approximation", "tanh"])
+def test_an_activation_module_swapped_in_is_the_one_inference_runs(replacement):
+    mlp = MLP(MIN_FEATURES, 4 * MIN_FEATURES, "gelu").eval()
+    mlp.act = replacement  # the config still says "gelu"
+    x = torch.randn(*BIG)
+    expected = mlp.fc_out(replacement(mlp.fc_in(x)))
+    with torch.no_grad():
+        torch.testing.assert_close(mlp(x), expected.detach(), atol=1e-5, rtol=1e-5)
+
+
+def test_a_strided_bias_is_added_as_its_values():
+    fc = big_linear()
+    interleaved = torch.randn(fc.out_features, 3)  # e.g. de-interleaved from a fused q/k/v bias
+    fc.bias = nn.Parameter(interleaved[:, 0])  # a view with stride 3, which oneDNN would read as contiguous
+    x = torch.randn(*BIG)
+    with torch.no_grad():
+        expected = nn.functional.linear(x, fc.weight, fc.bias)
+        assert not uses_onednn(x, fc)
+        torch.testing.assert_close(linear(x, fc, "relu", nn.ReLU()), expected.relu())

@@ -194,3 +194,34 @@ def test_the_fused_loss_through_onednn_equals_cross_entropy_of_linear(products):
     torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-6)
     for got, want in zip(grads, torch.autograd.grad(ref, (hidden, weight, bias))):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("hook", ["module_full", "module_pre", "global_full", "global_pre"])
+def test_a_backward_hook_on_a_layer_sees_its_gradients(products, hook):
+    fc = nn.Linear(16, 32)
+    seen = []
+    register = {"module_full": fc.register_full_backward_hook,
+                "module_pre": fc.register_full_backward_pre_hook,
+                "global_full": torch.nn.modules.module.register_module_full_backward_hook,
+                "global_pre": torch.nn.modules.module.register_module_full_backward_pre_hook}[hook]
+    handle = register(lambda *args: seen.append(1))
+    try:
+        fused_linear.linear(torch.randn(4, 16, requires_grad=True), fc).sum().backward()
+    finally:
+        handle.remove()
+    assert seen == [1]  # the module ran as itself, hooks and all
+    assert products == []
+
+
+def test_a_strided_bias_runs_pytorchs_own_products(products):
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(8, 16, generator=g, requires_grad=True)
+    weight = torch.randn(32, 16, generator=g, requires_grad=True)
+    bias = torch.randn(32, 3, generator=g)[:, 0].requires_grad_()  # stride 3: oneDNN would read it as contiguous
+    assert not onednn_products(x, weight, bias)
+    torch.testing.assert_close(linear(x, weight, bias), F.linear(x, weight, bias))
+    assert products == []
+    labels = torch.randint(0, 32, (8,), generator=g)
+    loss = linear_cross_entropy(x, weight, labels, bias)
+    torch.testing.assert_close(loss, F.cross_entropy(F.linear(x, weight, bias), labels))
+    assert products == []

@@ -7,6 +7,7 @@ import copy
 
 import pytest
 import torch
+import torch.autograd.forward_ad as fwAD
 import torch.nn.functional as F
 from torch import nn
 
@@ -197,3 +198,14 @@ def test_encoder_decoder_beam_search_runs_its_decoder_output_major_and_finds_the
     assert {r for r, _ in taken} == {1, 5, 7} and sum(r == 7 for r, _ in taken) == len(model.decoder.blocks)
     assert any(out == 100 for _, out in taken)  # the head (64 -> 100) among them
     assert torch.equal(out, expected)
+
+
+def test_a_forward_mode_tangent_or_a_torch_func_transform_leaves_the_product_to_f_linear():
+    fc = nn.Linear(48, 200).requires_grad_(False)
+    x, t = torch.randn(4, 48), torch.randn(4, 48)
+    with output_major_products():
+        assert output_major_linear(x, fc) is not None
+        with fwAD.dual_level():  # (weight @ xᵀ)ᵀ through numpy carries no tangent
+            assert output_major_linear(fwAD.make_dual(x, t), fc) is None
+        _, tangent = torch.func.jvp(lambda x: head_logits(x, fc), (x,), (t,))
+    torch.testing.assert_close(tangent, F.linear(t, fc.weight))

@@ -8,6 +8,7 @@ import copy
 
 import pytest
 import torch
+import torch.autograd.forward_ad as fwAD
 import torch.nn.functional as F
 from torch import nn
 
@@ -196,3 +197,14 @@ def test_generation_config_chooses_packed_weights_automatically_or_as_told(monke
     assert packed == []
     with pytest.raises(TypeError, match=r"GenerationConfig.packed must be bool \| None, got 'yes' \(str\)"):
         GenerationConfig(packed="yes")
+
+
+def test_a_strided_bias_or_a_forward_mode_tangent_leaves_the_product_to_f_linear():
+    fc = nn.Linear(48, 200).requires_grad_(False)
+    x = torch.randn(PACKED_ROWS[0], 48)
+    with packed_products(PACKED_ROWS[0]):
+        with fwAD.dual_level():  # oneDNN's product has no forward-mode rule
+            assert packed_linear(fwAD.make_dual(x, torch.randn_like(x)), fc) is None
+        fc.bias = nn.Parameter(torch.randn(200, 3)[:, 0], requires_grad=False)  # stride 3: oneDNN misreads it
+        assert packed_linear(x, fc) is None
+        assert packed_linear(x, nn.Linear(48, 200).requires_grad_(False)) is not None  # a plain one is taken

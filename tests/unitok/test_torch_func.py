@@ -139,3 +139,21 @@ def test_fused_loss_under_grad_vmap_and_forward_mode_equals_the_unfused_pair():
     theirs_loss, theirs_tangent = jvp(lambda w: unfused(hidden, w, bias, labels), (weight,), (tangent,))
     torch.testing.assert_close(ours_loss, theirs_loss, atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(ours_tangent, theirs_tangent, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.filterwarnings("ignore:TF32 acceleration")  # torch.backends.mkldnn.flags, Intel GPUs only
+def test_forward_mode_through_a_frozen_layer_in_inference_keeps_its_tangent():
+    from unitok.layers import MLP
+    from unitok.layers.fused_linear import MIN_FEATURES, MIN_ROWS
+
+    torch.manual_seed(0)
+    mlp = MLP(MIN_FEATURES, 4 * MIN_FEATURES, "gelu").eval().requires_grad_(False)  # inference sizes: oneDNN's
+    x, t = torch.randn(MIN_ROWS + 44, MIN_FEATURES), torch.randn(MIN_ROWS + 44, MIN_FEATURES)
+    with torch.backends.mkldnn.flags(enabled=False):  # F.linear, which has the rules
+        _, expected = jvp(mlp, (x,), (t,))
+    _, tangent = jvp(mlp, (x,), (t,))
+    torch.testing.assert_close(tangent, expected, atol=1e-5, rtol=1e-5)
+    with fwAD.dual_level():
+        tangent = fwAD.unpack_dual(mlp(fwAD.make_dual(x, t))).tangent
+    assert tangent is not None
+    torch.testing.assert_close(tangent, expected, atol=1e-5, rtol=1e-5)

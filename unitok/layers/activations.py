@@ -9,6 +9,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from unitok.checks import func_transforms_active
+from unitok.layers.plain_linear import unhooked
+
 Activation = Literal["gelu", "gelu_tanh", "relu", "silu", "quick_gelu"]
 
 _SQRT_2_PI = math.sqrt(2.0 / math.pi)
@@ -33,8 +36,9 @@ class TanhGELU(nn.Module):
     freed memory kept for reuse (`unitok.cpu_memory`, as ``unitok fit`` runs), 1.1× with glibc's
     default; bf16 forward + backward 1.5×. Training keeps σ(2u) for backward beside a float32 x
     (one buffer more than PyTorch's kernel keeps); a bf16 or fp16 x is kept alone and σ(2u)
-    computed again. Elsewhere (GPU, float64, compiled graphs, and tensors below
-    `MIN_SIGMOID_VALUES`, where one pass costs less than five) it is ``F.gelu(x, approximate="tanh")``."""
+    computed again. Elsewhere (GPU, float64, compiled graphs, ``torch.func`` transforms, and tensors
+    below `MIN_SIGMOID_VALUES`, where one pass costs less than five) it is
+    ``F.gelu(x, approximate="tanh")``."""
 
     def forward(self, x: Tensor) -> Tensor:
         if not _sigmoid_path(x):
@@ -62,8 +66,9 @@ MIN_SIGMOID_VALUES = 16384
 
 
 def _sigmoid_path(x: Tensor) -> bool:
+    # (torch.func's transforms need rules _TanhGELUFunction lacks: there F.gelu, which has them)
     return (x.device.type == "cpu" and x.dtype in _SIGMOID_DTYPES and x.numel() >= MIN_SIGMOID_VALUES
-            and not torch.compiler.is_compiling())
+            and not torch.compiler.is_compiling() and not func_transforms_active())
 
 
 def _tanh_gelu(x: Tensor, out: Tensor | None) -> Tensor:
@@ -104,6 +109,19 @@ class _TanhGELUFunction(torch.autograd.Function):
         return slope.add_(1).mul_(gate).mul_(grad).to(x.dtype)
 
 
+# The module `make_activation` builds for each name (a kernel computing the name stands in only for it)
+_MODULE_TYPES: dict[str, type[nn.Module]] = {
+    "gelu": nn.GELU, "gelu_tanh": TanhGELU, "relu": nn.ReLU, "silu": nn.SiLU, "quick_gelu": QuickGELU}
+
+
+def computes(act: nn.Module, name: Activation | None) -> bool:
+    """Whether another kernel may compute activation ``name`` in place of calling ``act``: ``act`` is
+    the module `make_activation` (``name``) builds (not a replacement, nor nn.GELU of the other
+    approximation) and no hook watches it run."""
+    return (type(act) is _MODULE_TYPES.get(name) and unhooked(act)
+            and (name != "gelu" or act.approximate == "none"))
+
+
 def make_activation(name: Activation) -> nn.Module:
     table = {
         "gelu": lambda: nn.GELU(),
@@ -120,8 +138,9 @@ def make_activation(name: Activation) -> nn.Module:
 def activate_fresh(act: nn.Module, h: Tensor) -> Tensor:
     """``act(h)`` for an ``h`` just computed and used nowhere else: overwritten in place when
     nothing needs its gradient (inference), saving the allocation and a pass over a buffer of
-    h's size; otherwise out of place, as autograd needs h."""
-    if h.requires_grad and torch.is_grad_enabled():
+    h's size; otherwise out of place, as autograd needs h, and where a hook watches ``act`` (it
+    must see the call)."""
+    if (h.requires_grad and torch.is_grad_enabled()) or not unhooked(act):
         return act(h)
     if type(act) is nn.GELU:
         return torch.ops.aten.gelu_(h, approximate=act.approximate)

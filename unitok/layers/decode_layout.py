@@ -185,7 +185,11 @@ def can_pack() -> bool:
 @contextlib.contextmanager
 def packed_products(rows: int) -> Iterator[None]:
     """Within the block, `packed_linear` computes products of exactly ``rows`` rows through oneDNN on
-    weights packed for them, each packed at its first such product; the copies go when it ends."""
+    weights packed for them, each packed at its first such product; the copies go when it ends.
+    A weight changed in place within the block is packed again — but not one written through
+    ``weight.data`` (a tensor with a version counter of its own, so the change goes unseen): update
+    weights between blocks, or through the parameter itself (``with torch.no_grad(): w.copy_(...)``,
+    as ``load_state_dict`` does). `generate` packs within one call and is not affected."""
     if not PACKED_ROWS[0] <= rows <= PACKED_ROWS[1]:
         raise ValueError(f"packed products serve steps of {PACKED_ROWS[0]} to {PACKED_ROWS[1]} rows, got {rows}")
     token = _PACKED.set((rows, {}))
@@ -210,9 +214,11 @@ def packed_linear(x: Tensor, fc: nn.Linear) -> Tensor | None:
         return None
     rows, packed = lent
     weight = fc.weight
+    # (oneDNN reads a bias as contiguous whatever its stride: a strided one is left to the caller)
     if (x.dim() == 0 or x.shape[-1] != fc.in_features or x.numel() != rows * fc.in_features
             or weight.device.type != "cpu" or weight.dtype != torch.float32 or x.dtype != torch.float32
-            or not weight.is_contiguous() or not can_pack() or not replaceable(x, fc)):
+            or not weight.is_contiguous() or (fc.bias is not None and not fc.bias.is_contiguous())
+            or not can_pack() or not replaceable(x, fc)):
         return None
     stamp = (weight.data_ptr(), weight._version)
     entry = packed.get(id(fc))

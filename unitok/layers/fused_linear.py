@@ -23,9 +23,9 @@ from torch import Tensor, nn
 from torch.nn.modules import module as _module
 
 from unitok.layers import onednn_gemm
-from unitok.layers.activations import Activation, activate_fresh
+from unitok.layers.activations import Activation, activate_fresh, computes
 from unitok.layers.decode_layout import decode_linear
-from unitok.layers.plain_linear import replaceable
+from unitok.layers.plain_linear import replaceable, unhooked
 
 # config name -> (oneDNN post-op, its algorithm). Activations missing here (quick_gelu) run unfused.
 ONEDNN_POST_OPS: dict[str | None, tuple[str, str]] = {
@@ -56,6 +56,7 @@ def uses_onednn(x: Tensor, fc: nn.Linear, activation: Activation | None = None) 
         and x.dtype == torch.float32
         and activation in ONEDNN_POST_OPS
         and fc.weight.dtype == torch.float32
+        and (fc.bias is None or fc.bias.is_contiguous())  # oneDNN misreads a strided bias
         and torch.backends.mkldnn.enabled
         and replaceable(x, fc)
     )
@@ -69,19 +70,19 @@ def trains_onednn(x: Tensor, fc: nn.Linear) -> bool:
         and torch.is_grad_enabled()
         and type(fc) is nn.Linear
         and (x.requires_grad or fc.weight.requires_grad or (fc.bias is not None and fc.bias.requires_grad))
-        and not (fc._forward_hooks or fc._forward_pre_hooks
-                 or _module._global_forward_hooks or _module._global_forward_pre_hooks)
+        and unhooked(fc)
         and onednn_gemm.onednn_products(x, fc.weight, fc.bias)
     )
 
 
 def linear(x: Tensor, fc: nn.Linear, activation: Activation | None = None,
            act: nn.Module | None = None) -> Tensor:
-    """``act(fc(x))`` (``fc(x)`` when ``activation`` is None): one fused oneDNN call where
-    `uses_onednn` says so, else the module and ``act`` (the module built for ``activation``)."""
+    """``act(fc(x))`` (``fc(x)`` when ``act`` is None): one fused oneDNN call where `uses_onednn`
+    says so and ``act`` is the unhooked module built for ``activation`` (`computes`), else the
+    module and ``act`` (whatever module the layer holds now)."""
     if act is None and activation is not None:
         raise ValueError(f"activation={activation!r} needs its module as act= (the unfused path runs it)")
-    if uses_onednn(x, fc, activation):
+    if uses_onednn(x, fc, activation) and (act is None or computes(act, activation)):
         post_op, algorithm = ONEDNN_POST_OPS[activation]
         return torch.ops.mkldnn._linear_pointwise(x, fc.weight, fc.bias, post_op, [], algorithm)
     y = decode_linear(x, fc)  # a few-row decoding step of a model out of cache: packed or output-major

@@ -15,8 +15,8 @@ choice gains or costs little; CPUs without AVX-512 keep PyTorch's path.
 is built from itself), `mm` is ``a @ b``; both fall back to PyTorch's kernels wherever
 `onednn_products` says no: not a float32 CPU product, not an AVX-512 CPU, oneDNN turned off
 (``torch.backends.mkldnn.flags(enabled=False)``), under autocast (its low-precision GEMMs are
-oneDNN's already), inside ``torch.func`` transforms, or while dynamo traces a graph (inductor
-chooses its own kernels).
+oneDNN's already), a strided bias (which oneDNN misreads), inside ``torch.func`` transforms, or
+while dynamo traces a graph (inductor chooses its own kernels).
 """
 
 from __future__ import annotations
@@ -39,8 +39,10 @@ def onednn_products(*tensors: Tensor | None) -> bool:
         return False
     # (torch.func's transforms need every op they see to have their rules; oneDNN's call has none)
     return (torch.backends.mkldnn.enabled and not torch.is_autocast_enabled("cpu") and not func_transforms_active()
-            # (oneDNN refuses empty operands: an empty batch runs PyTorch's ops)
-            and all(t is None or (t.device.type == "cpu" and t.dtype == torch.float32 and t.numel() > 0)
+            # (oneDNN refuses empty operands: an empty batch runs PyTorch's ops; it reads a 1-D operand,
+            # a bias, as contiguous whatever its stride: a strided one runs PyTorch's ops too)
+            and all(t is None or (t.device.type == "cpu" and t.dtype == torch.float32 and t.numel() > 0
+                                  and (t.dim() != 1 or t.is_contiguous()))
                     for t in tensors))
 
 
