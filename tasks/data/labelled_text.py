@@ -46,17 +46,55 @@ TOKEN_CLASSES = ("keyword", "builtin", "name", "operator", "number", "string", "
 SPLITS = ("train", "val", "test")
 
 
+def near_copy_families(keys: Sequence[str]) -> dict[str, str]:
+    """Each docstring key -> its family's first key: texts of four words or more one word apart
+    (a word replaced, added or dropped) are near-copies, and families are their transitive
+    closure — templated docstrings such as "construct a ttk {button | label} with parent master"
+    or "log a message with severity {debug | info} on the root logger" form one family.
+    Word-deletion signatures find them in linear time (two texts one edit apart share one)."""
+    order: dict[str, int] = {}  # first appearance: a family is named by its earliest member
+    parent: dict[str, str] = {}
+
+    def root(key: str) -> str:
+        while parent[key] != key:
+            parent[key] = parent[parent[key]]
+            key = parent[key]
+        return key
+
+    owner: dict[str, str] = {}
+    for key in keys:
+        if key in parent:
+            continue
+        parent[key], order[key] = key, len(order)
+        words = key.split()
+        signatures = [key]
+        if len(words) >= 4:
+            signatures += [" ".join(words[:i] + ["\0"] + words[i + 1:]) for i in range(len(words))]  # replaced
+            signatures += [" ".join(words[:i] + words[i + 1:]) for i in range(len(words))]  # one fewer word
+        for signature in signatures:
+            if signature in owner:
+                a, b = root(key), root(owner[signature])
+                if a != b:
+                    a, b = sorted((a, b), key=order.__getitem__)
+                    parent[b] = a
+            else:
+                owner[signature] = key
+    return {key: root(key) for key in parent}
+
+
 def distinct_docstrings(docs: Sequence[Docstring]) -> list[Docstring]:
-    """One docstring per text: a repeat — the same words (`docstring_key`: whitespace, case and
-    punctuation aside) — is dropped, and a text found in two packages is dropped altogether
-    (its label would be ambiguous), so no text is in two of the splits drawn from them."""
+    """One docstring per family of near-copies (`near_copy_families`: the same words, whitespace,
+    case and punctuation aside, or one word apart): the first is kept, the rest dropped, and a
+    family found in two packages is dropped altogether (its label would be ambiguous). So no
+    text, and no near-copy of one, is in two of the splits drawn from them."""
+    family = near_copy_families([docstring_key(d.text) for d in docs])
     packages: dict[str, set[str]] = {}
     for d in docs:
-        packages.setdefault(docstring_key(d.text), set()).add(d.package)
+        packages.setdefault(family[docstring_key(d.text)], set()).add(d.package)
     seen: set[str] = set()
     kept = []
     for d in docs:
-        key = docstring_key(d.text)
+        key = family[docstring_key(d.text)]
         if len(packages[key]) == 1 and key not in seen:
             seen.add(key)
             kept.append(d)

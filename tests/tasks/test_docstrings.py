@@ -17,7 +17,7 @@ from tasks.data.docstrings import (
     strip_docstrings,
     without_docstrings,
 )
-from tasks.data.labelled_text import DocstringDataModule, distinct_docstrings
+from tasks.data.labelled_text import DocstringDataModule, distinct_docstrings, near_copy_families
 from tasks.data.text import stdlib_package_files
 
 SOURCE = '''"""Module docstring: tools for the café."""
@@ -106,6 +106,23 @@ def test_docstring_splits_share_no_text_even_up_to_whitespace_case_and_punctuati
     keys = {name: [docstring_key(e["text"]) for e in split] for name, split in dm.splits().items()}
     every = keys["train"] + keys["val"] + keys["test"]
     assert len(every) == 4 * (16 + 25 + 100) and len(set(every)) == len(every)
+    # nor near-copies: templated docstrings one word apart are one family, drawn once
+    families = near_copy_families(every)
+    assert len(set(families.values())) == len(every)
+
+
+def test_near_copies_one_word_apart_are_one_family_kept_once():
+    def doc(text: str, package: str, name: str) -> Docstring:
+        return Docstring(text, package, package, f"def {name}():", name)
+
+    docs = [doc("Construct a ttk Button with parent master.", "tkinter", "a"),
+            doc("Construct a ttk Label with parent master.", "tkinter", "b"),  # a word replaced
+            doc("Construct a ttk Label widget with parent master.", "tkinter", "c"),  # then one added
+            doc("Log a message with severity DEBUG on the root logger.", "logging", "d"),
+            doc("Log a message with severity INFO on the root logger.", "email", "e"),  # another package
+            doc("Return the number of bytes in the buffer.", "asyncio", "f"),
+            doc("Return the number of lines read so far.", "asyncio", "g")]  # several words apart
+    assert [d.name for d in distinct_docstrings(docs)] == ["a", "f", "g"]
 
 
 def test_the_fine_tuning_recipes_are_low_resource(tmp_path):

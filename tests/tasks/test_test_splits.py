@@ -219,7 +219,9 @@ def test_labelled_text_test_examples_do_not_depend_on_the_budget(tmp_path):
     assert [len(s) for s in by_class(budget["test"]).values()] == [50, 50, 50, 50]
     assert [e["text"] for e in budget["test"]] == [e["text"] for e in everything["test"]]
     assert [e["text"] for e in budget["val"]] == [e["text"] for e in everything["val"]]
-    assert len(everything["train"]) == 1308 - 200 - 200  # 1,353 docstrings, 45 of them repeats
+    # 1,353 docstrings: 45 repeats, and 145 more near-copies (templated, one word apart) or families
+    # spread over two packages
+    assert len(everything["train"]) == 1163 - 200 - 200
     # Disjoint as texts: the standard library repeats a few docstrings word for word; each is kept once.
     assert {e["text"] for e in everything["train"]}.isdisjoint(e["text"] for e in everything["test"])
     assert {e["text"] for e in everything["val"]}.isdisjoint(e["text"] for e in everything["test"])
