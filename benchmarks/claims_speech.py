@@ -135,7 +135,7 @@ def run(seed: int) -> dict[str, float]:
     return dict(measure(seed))
 
 
-DATA = ("100 test utterances of 5 held-out espeak-ng voices (variants no training voice has), "
+DATA = ("100 test utterances of 5 held-out espeak-ng voices (variants no training voice has, nor a near-copy of them; digit strings never spoken in training), "
         "1,600 steps of configs/conformer/spoken_digits.yaml")
 ROBUST = ("+2 s silence", "+20 dB noise", "8 kHz", "noise → no speech (%)")
 
