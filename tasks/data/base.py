@@ -68,6 +68,27 @@ def hold_out(items: Sequence[T], fraction: float, seed: int, key: Callable[[T], 
     return [x for x in items if key(x) not in held], [x for x in items if key(x) in held]
 
 
+class DisjointSets:
+    """Union–find: items joined directly, or through others, share one root (`root`). What keeps
+    held-out data apart when items are linked (pairs sharing a file, near-copy texts)."""
+
+    def __init__(self) -> None:
+        self.parent: dict[Hashable, Hashable] = {}
+
+    def root(self, item: Hashable) -> Hashable:
+        self.parent.setdefault(item, item)
+        while self.parent[item] != item:
+            self.parent[item] = self.parent[self.parent[item]]  # path halving
+            item = self.parent[item]
+        return item
+
+    def join(self, keep: Hashable, other: Hashable) -> None:
+        """One set of the two; ``keep``'s root stays its root."""
+        a, b = self.root(keep), self.root(other)
+        if a != b:
+            self.parent[b] = a
+
+
 def refuse_repeated_files(files: Mapping[str, Sequence[str | Path]]) -> None:
     """A ValueError naming a file listed twice in ``files`` (argument name → paths, compared
     resolved: ``a.txt`` and ``./a.txt`` are one file): in two of the arguments, or twice in one —

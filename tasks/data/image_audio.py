@@ -29,7 +29,7 @@ from torch import Tensor
 from torch.utils.data import Dataset
 from torchvision.transforms import v2
 
-from tasks.data.base import SplitDataModule, check_disjoint, hold_out
+from tasks.data.base import DisjointSets, SplitDataModule, check_disjoint, hold_out
 from tasks.data.captions import read_rows, row_file
 from tasks.data.image import DigitsDataModule, _square, _stats, augmentation
 from tasks.data.speech import (
@@ -266,21 +266,11 @@ def linked_groups(pairs: Sequence[tuple[Path, Path]]) -> dict[tuple[Path, Path],
     """Each (audio, image) pair's group: pairs that share an audio file or an image (files compared
     resolved), directly or through other pairs, are one group, so a split that keeps groups whole
     shares no file between its parts. Without shared audio the groups are the images."""
-    parent: dict[tuple[str, Path], tuple[str, Path]] = {}
-
-    def root(node: tuple[str, Path]) -> tuple[str, Path]:
-        parent.setdefault(node, node)
-        while parent[node] != node:
-            parent[node] = parent[parent[node]]
-            node = parent[node]
-        return node
-
+    sets = DisjointSets()
     nodes = {pair: (("audio", pair[0].resolve()), ("image", pair[1].resolve())) for pair in pairs}
     for audio, image in nodes.values():
-        a, b = root(audio), root(image)
-        if a != b:
-            parent[a] = b
-    return {pair: root(image) for pair, (_, image) in nodes.items()}
+        sets.join(image, audio)
+    return {pair: sets.root(image) for pair, (_, image) in nodes.items()}  # type: ignore[misc]
 
 
 class AudioImageManifestDataModule(SplitDataModule):

@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader
 
-from tasks.data.base import Split, SplitDataModule, default_cache_dir
+from tasks.data.base import DisjointSets, Split, SplitDataModule, default_cache_dir
 from tasks.data.bert import prepare_wordpiece_corpus
 from tasks.data.docstrings import Docstring, docstring_key, extract_docstrings
 from tasks.data.text import stdlib_package_files
@@ -53,19 +53,12 @@ def near_copy_families(keys: Sequence[str]) -> dict[str, str]:
     or "log a message with severity {debug | info} on the root logger" form one family.
     Word-deletion signatures find them in linear time (two texts one edit apart share one)."""
     order: dict[str, int] = {}  # first appearance: a family is named by its earliest member
-    parent: dict[str, str] = {}
-
-    def root(key: str) -> str:
-        while parent[key] != key:
-            parent[key] = parent[parent[key]]
-            key = parent[key]
-        return key
-
+    sets = DisjointSets()
     owner: dict[str, str] = {}
     for key in keys:
-        if key in parent:
+        if key in order:
             continue
-        parent[key], order[key] = key, len(order)
+        order[key] = len(order)
         words = key.split()
         signatures = [key]
         if len(words) >= 4:
@@ -73,13 +66,11 @@ def near_copy_families(keys: Sequence[str]) -> dict[str, str]:
             signatures += [" ".join(words[:i] + words[i + 1:]) for i in range(len(words))]  # one fewer word
         for signature in signatures:
             if signature in owner:
-                a, b = root(key), root(owner[signature])
-                if a != b:
-                    a, b = sorted((a, b), key=order.__getitem__)
-                    parent[b] = a
+                first, later = sorted((sets.root(key), sets.root(owner[signature])), key=order.__getitem__)
+                sets.join(first, later)
             else:
                 owner[signature] = key
-    return {key: root(key) for key in parent}
+    return {key: sets.root(key) for key in order}  # type: ignore[misc]
 
 
 def distinct_docstrings(docs: Sequence[Docstring]) -> list[Docstring]:
