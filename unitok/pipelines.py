@@ -532,14 +532,12 @@ class ZeroShotAudioClassificationPipeline(ZeroShotImageClassificationPipeline):
         return super().run_batch(items, candidate_labels, hypothesis_template, resize=False)
 
     def inputs(self, items: list[Any]) -> Any:
+        from unitok.models.clip import refuse_silent_frames, refuse_silent_waves
+
         # As ZeroShotClassifier refuses it: silence holds no sound to embed, so any label would be made up.
-        for i, (wave, _) in enumerate(_audio_items(items, self._sample_rate)):
-            if not isinstance(wave, (str, Path)) and np.asarray(wave).size and not np.asarray(wave).any():
-                raise ValueError(f"audio input {i} is all silence (every sample is 0): nothing to classify")
+        refuse_silent_waves([wave for wave, _ in _audio_items(items, self._sample_rate)])
         tokens = _audio_tokens(self.processor, items, self._sample_rate)
-        silent = [i for i, row in enumerate(tokens.features) if float(row.abs().max()) == 0.0]
-        if silent:
-            raise ValueError(f"audio inputs {silent} are all silence: nothing to classify")
+        refuse_silent_frames(tokens)
         return tokens
 
 

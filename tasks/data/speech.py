@@ -43,7 +43,7 @@ from tokenizers_mm import (
     SpectrogramTokenizer,
     WaveAugment,
 )
-from tokenizers_mm.checks import check_int
+from tokenizers_mm.checks import check_int, check_number
 
 DIGIT_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 # espeak-ng voices are "<accent>+<variant>" ("en" is British English). Training uses five accents
@@ -135,9 +135,8 @@ def read_manifest(path: str | Path, lowercase: bool = False) -> list[Utterance]:
         duration = row.get("duration")
         if duration is None:
             duration = soundfile.info(str(audio)).duration
-        if isinstance(duration, bool) or not isinstance(duration, (int, float)) or not duration > 0:
-            raise ValueError(f"{path}:{n} has duration {duration!r}; expected seconds > 0")
-        rows.append(Utterance(audio, text.lower() if lowercase else text, float(duration)))
+        duration = check_number(f"{path}:{n} duration (seconds)", duration, 0.0, low_open=True)  # not true, NaN, inf
+        rows.append(Utterance(audio, text.lower() if lowercase else text, duration))
     if not rows:
         raise ValueError(f"manifest {path} has no utterances")
     return rows

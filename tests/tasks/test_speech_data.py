@@ -378,8 +378,10 @@ def test_lowercase_max_duration_and_a_missing_duration(tmp_path):
     ({"text": "one", "duration": 1.0}, r"train.jsonl:1 lacks \['audio_filepath'\]"),
     ({"audio_filepath": "nowhere.wav", "text": "one", "duration": 1.0}, "nowhere.wav does not exist"),
     ({"audio_filepath": "0.wav", "text": "", "duration": 1.0}, "empty or non-string text"),
-    ({"audio_filepath": "0.wav", "text": "one", "duration": -1}, "duration -1"),
-    ({"audio_filepath": "0.wav", "text": "one", "duration": True}, "duration True"),  # not 1 s
+    ({"audio_filepath": "0.wav", "text": "one", "duration": -1}, r"duration \(seconds\) must be a finite number > 0, got -1"),
+    ({"audio_filepath": "0.wav", "text": "one", "duration": True}, "got True"),  # not 1 s
+    ({"audio_filepath": "0.wav", "text": "one", "duration": float("inf")}, "got inf"),  # JSON's Infinity
+    ({"audio_filepath": "0.wav", "text": "one", "duration": float("nan")}, "got nan"),
 ])
 def test_bad_manifest_rows_are_named(tmp_path, row, message):
     write_wavs(tmp_path, ["x"])

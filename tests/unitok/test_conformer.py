@@ -123,7 +123,7 @@ def test_utterances_too_short_for_subsampling_are_named_with_their_frame_counts(
     # 25–60 ms clips pass the tokenizer and a manifest; the model names the rows it cannot read
     model = tiny()
     with pytest.raises(ValueError, match=r"rows \[1, 3\] have \[6, 3\] frames, too short for the ×4 subsampling "
-                                         r"\(it needs at least 7 frames\)"):
+                                         r"\(it needs at least 7 frames, 70 ms\)"):
         model(torch.randn(4, 40, 16), torch.tensor([40, 6, 7, 3]))
     assert model(torch.randn(2, 40, 16), torch.tensor([40, 7])).lengths.tolist() == [9, 1]
 

@@ -446,7 +446,7 @@ def test_trajectory_actions_of_the_wrong_kind_are_refused_by_segment():
 
 
 def test_a_too_short_utterance_is_named_by_segment_row_and_frames():
-    with pytest.raises(ValueError, match=r"segment 'audio': row 1 has 5 frames, too short for the ×4 subsampling"):
+    with pytest.raises(ValueError, match=r"segment 'audio': rows \[1\] have \[5\] frames, too short for the ×4 subsampling"):
         four_modalities()({"audio": audio(lengths=(60, 5))})
 
 

@@ -467,8 +467,8 @@ def test_zero_shot_audio_classification_refuses_silence_as_the_classifier_does(t
     torch.manual_seed(0)
     audio = pipeline("zero-shot-audio-classification", model=CLIP(CLIPConfig.from_name("clip-digits-audio")))
     silence = np.zeros(16000, dtype=np.float32)
-    with pytest.raises(ValueError, match="audio input 0 is all silence"):
+    with pytest.raises(ValueError, match="audio item 0 is all silence"):
         audio(silence, candidate_labels=["seven", "two"], sample_rate=16000)
-    with pytest.raises(ValueError, match="audio input 1 is all silence"):
+    with pytest.raises(ValueError, match="audio item 1 is all silence"):
         audio([np.ones(16000, dtype=np.float32) * 0.1, {"raw": np.zeros(8000, np.int16), "sampling_rate": 8000}],
               candidate_labels=["seven", "two"], sample_rate=16000)

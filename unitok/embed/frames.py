@@ -37,8 +37,10 @@ class ConvSubsampling(nn.Module):
     def forward(self, frames: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
         if frames.shape[-1] != self.n_mels:
             raise ValueError(f"expected {self.n_mels} mel bins per frame, got {frames.shape[-1]}")
-        if frames.shape[1] < 7:
-            raise ValueError(f"×4 subsampling needs at least 7 frames (70 ms), got {frames.shape[1]}")
+        short = (lengths < 7).nonzero().flatten().tolist()
+        if short:  # the two stride-2 convolutions (kernel 3) leave such an utterance no frame
+            raise ValueError(f"rows {short} have {lengths[short].tolist()} frames, too short for the ×4 "
+                             "subsampling (it needs at least 7 frames, 70 ms)")
         x = F.relu(self.conv2(F.relu(self.conv1(frames[:, None]))))  # (B, C, N', F')
         B, C, N, Fr = x.shape
         return self.proj(x.permute(0, 2, 1, 3).reshape(B, N, C * Fr)), subsampled_length(lengths)

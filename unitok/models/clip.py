@@ -531,16 +531,28 @@ def encode_raw_audio(tokenizer: Any, audio: Any, sample_rate: int | None) -> Tok
                 raise ValueError(f"audio item {i} is a bare waveform: give its sample_rate= (Hz); the model's "
                                  f"frames are computed at {tokenizer.config.sample_rate} Hz and other rates are "
                                  "resampled, never assumed")
-            wave = torch.as_tensor(item)
-            if wave.numel() == 0:
+            if torch.as_tensor(item).numel() == 0:
                 raise ValueError(f"audio item {i} is empty (0 samples)")
-            if wave.is_floating_point() and bool(torch.isfinite(wave).all()) and float(wave.abs().max()) == 0.0:
-                raise ValueError(f"audio item {i} is all silence (every sample is 0): nothing to embed")
         elif not isinstance(item, (str, Path)):
             raise TypeError(f"audio item {i} is a {type(item).__name__}; give file paths or waveforms with "
                             "sample_rate=")
+    refuse_silent_waves(items)
     tokens = tokenizer.encode(items, sample_rate=sample_rate)
+    refuse_silent_frames(tokens)
+    return tokens
+
+
+def refuse_silent_waves(items: Sequence[Any]) -> None:
+    """Waveforms (files pass) whose every sample is 0 hold nothing to embed: refused, naming the item."""
+    for i, item in enumerate(items):
+        if not isinstance(item, (str, Path)):
+            wave = torch.as_tensor(item)
+            if wave.numel() and bool(torch.isfinite(wave.float()).all()) and not bool(wave.any()):
+                raise ValueError(f"audio item {i} is all silence (every sample is 0): nothing to embed")
+
+
+def refuse_silent_frames(tokens: Tokens) -> None:
+    """Audio whose frames read as nothing (a silent file) is refused, naming the items."""
     silent = [i for i, row in enumerate(tokens.features) if float(row.abs().max()) == 0.0]
     if silent:
         raise ValueError(f"audio items {silent} are all silence: nothing to embed")
-    return tokens

@@ -155,10 +155,6 @@ class ConformerCTC(PretrainedModel):
         if lengths.shape != (B,) or bool((lengths < 1).any()) or bool((lengths > N).any()):
             raise ValueError(f"lengths must be (batch,) values in [1, {N}], got {lengths.tolist()}")
         if self.frontend is not None:
-            short = (lengths < 7).nonzero().flatten().tolist()
-            if short:  # the two stride-2 convolutions (kernel 3) leave such an utterance no frame
-                raise ValueError(f"rows {short} have {lengths[short].tolist()} frames, too short for the ×4 "
-                                 "subsampling (it needs at least 7 frames)")
             x, lengths = self.frontend(features, lengths)
         else:
             x = features

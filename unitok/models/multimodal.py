@@ -697,12 +697,10 @@ class MultimodalTransformer(PretrainedModel):
             if not bool((mask == right).all()):
                 raise ValueError(f"segment {name!r} must be right-padded (real frames first, as collate's default "
                                  "padding_side='right' gives them); got padding before real frames")
-        short = (lengths < 7).nonzero()
-        if len(short):
-            row = int(short[0, 0])
-            raise ValueError(f"segment {name!r}: row {row} has {int(lengths[row])} frames, too short for the ×4 "
-                             "subsampling (needs ≥ 7 frames, 70 ms)")
-        x, lengths = embedder(frames, lengths)
+        try:
+            x, lengths = embedder(frames, lengths)
+        except ValueError as error:  # the front end's checks (too-short rows), named by segment
+            raise ValueError(f"segment {name!r}: {error}") from None
         mask = torch.arange(x.shape[1], device=x.device)[None, :] < lengths[:, None]
         return x, mask
 
