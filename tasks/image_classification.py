@@ -16,11 +16,11 @@ from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
 from tasks.data.base import SplitDataModule
-from tasks.data.sampling import run_seed
+from tasks.data.sampling import mix_seed, run_seed
 from tasks.optim import adamw_warmup_cosine
 from tasks.predictions import Record, class_records
 from tasks.run_folder import log_dir
-from tasks.teachers import TRAIN_CNN, accuracy, freeze, load_teacher, train_cnn_teacher
+from tasks.teachers import TRAIN_CNN, accuracy, freeze, load_teacher, mix_up, train_cnn_teacher
 from tokenizers_mm.checks import check_int, check_number
 from unitok.models import DeiT, MixerConfig, MLPMixer, ViT, ViTConfig
 from unitok.models.vision import ImageModel
@@ -32,13 +32,15 @@ FAMILIES: dict[str, tuple[type[ImageModel], type[ViTConfig] | type[MixerConfig]]
     "vit": (ViT, ViTConfig), "deit": (DeiT, ViTConfig), "mixer": (MLPMixer, MixerConfig),
 }
 DEFAULT_PRESETS = {"vit": "vit-digits", "deit": "deit-digits", "mixer": "mixer-digits"}
+_MIXUP = 3  # the first word of the mixup draws' seeds (the samplers' streams use 0–2)
 
 
 def hard_distillation_loss(logits_cls: Tensor, logits_dist: Tensor, labels: Tensor, teacher_logits: Tensor,
                            label_smoothing: float = 0.0) -> Tensor:
     """DeiT's hard distillation: ½·CE(class head, labels) + ½·CE(distillation head, teacher's argmax).
 
-    Label smoothing applies to the true labels only. (B, K), (B, K), (B,), (B, K) -> scalar.
+    Label smoothing applies to the true labels only. (B, K), (B, K), (B,) class indices or (B, K)
+    probabilities (mixup's), (B, K) -> scalar.
     """
     base = F.cross_entropy(logits_cls, labels, label_smoothing=label_smoothing)
     return 0.5 * base + 0.5 * F.cross_entropy(logits_dist, teacher_logits.argmax(dim=-1))
@@ -51,6 +53,7 @@ def soft_distillation_loss(logits_cls: Tensor, logits_dist: Tensor, labels: Tens
     p = softmax(logits / τ), the student's from the distillation head. The teacher's distribution
     is the target (as in DeiT's and Hinton et al.'s code; the paper writes KL(ψ(Z_s/τ), ψ(Z_t/τ))):
     Σ_k p_t,k (log p_t,k − log p_s,k), averaged over the batch (timm divides by B·K instead).
+    ``labels``: (B,) class indices or (B, K) probabilities (mixup's).
     """
     base = F.cross_entropy(logits_cls, labels, label_smoothing=label_smoothing)
     log_student = F.log_softmax(logits_dist / tau, dim=-1)
@@ -77,6 +80,10 @@ class ImageClassificationTask(L.LightningModule):
         learning_rate / weight_decay / betas / warmup_steps / min_lr_ratio: AdamW (no decay
             on biases and norm gains), linear warm-up then cosine decay.
         label_smoothing: on the cross-entropy with the true labels.
+        mixup: α > 0 trains the student on mixup batches (a Beta(α, α) mixing weight; 0: none):
+            each batch blended with a shuffled copy of itself, the labels alike, and a teacher
+            reads the same blended images (its predictions on them are the targets: Beyer et
+            al., 2022's "consistent teacher"). Drawn from the run's seed and the step.
         distillation: "none", "hard" or "soft" (DeiT only) with ``distill_alpha`` /
             ``distill_tau`` (soft); see `hard_distillation_loss`, `soft_distillation_loss`.
         teacher: ``"cnn:train"`` (train a `SmallCNN` on the training split for ``teacher_steps``
@@ -106,6 +113,7 @@ class ImageClassificationTask(L.LightningModule):
         warmup_steps: int = 50,
         min_lr_ratio: float = 0.01,
         label_smoothing: float = 0.0,
+        mixup: float = 0.0,
         distillation: Distillation = "none",
         distill_alpha: float = 0.5,
         distill_tau: float = 3.0,
@@ -124,6 +132,8 @@ class ImageClassificationTask(L.LightningModule):
             raise ValueError(f"distillation={distillation!r} needs family='deit' (a distillation token)")
         if distillation == "none" and (teacher is not None or teacher_module is not None):
             raise ValueError("a teacher was given but distillation='none'; choose 'hard' or 'soft'")
+        if not mixup >= 0:  # NaN too
+            raise ValueError(f"mixup must be ≥ 0 (a Beta(α, α) mixing weight; 0: no mixup), got {mixup}")
         if not teacher_mixup >= 0:  # NaN too
             raise ValueError(f"teacher_mixup must be ≥ 0 (a Beta(α, α) mixing weight; 0: no mixup), got {teacher_mixup}")
         if teacher_mixup > 0 and teacher is not None and teacher != TRAIN_CNN:  # no teacher: unused, as teacher_steps
@@ -277,25 +287,30 @@ class ImageClassificationTask(L.LightningModule):
                              f"{self.model.config.num_classes} classes")
         return logits
 
-    def training_loss(self, batch: dict[str, Tensor]) -> Tensor:
-        """Cross-entropy (both heads for DeiT, averaged), or DeiT's hard / soft distillation."""
+    def training_loss(self, batch: dict[str, Tensor], mixup_seed: int | None = None) -> Tensor:
+        """Cross-entropy (both heads for DeiT, averaged), or DeiT's hard / soft distillation; on a
+        mixup batch (``mixup`` > 0, drawn from ``mixup_seed``) against the blended labels."""
         h = self.hparams
-        out = self._classify(batch["pixel_values"])
-        labels = batch["labels"]
+        pixels, labels = batch["pixel_values"], batch["labels"]
+        if h.mixup > 0:
+            pixels, labels = mix_up(pixels, labels, self.model.config.num_classes, h.mixup, mixup_seed)
+        out = self._classify(pixels)
         if out.logits_dist is None:
             return F.cross_entropy(out.logits.float(), labels, label_smoothing=h.label_smoothing)
         cls, dist = out.logits_cls.float(), out.logits_dist.float()
         if h.distillation == "none":
             return 0.5 * (F.cross_entropy(cls, labels, label_smoothing=h.label_smoothing)
                           + F.cross_entropy(dist, labels, label_smoothing=h.label_smoothing))
-        teacher_logits = self._teacher_logits(batch["pixel_values"])
+        teacher_logits = self._teacher_logits(pixels)  # the teacher reads what the student reads
         if h.distillation == "hard":
             return hard_distillation_loss(cls, dist, labels, teacher_logits, h.label_smoothing)
         return soft_distillation_loss(cls, dist, labels, teacher_logits, h.distill_alpha, h.distill_tau,
                                       h.label_smoothing)
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
-        loss = self.training_loss(batch)
+        # mixup's draw: one per batch of the run, the same again when a resumed run redoes it
+        seed = mix_seed(_MIXUP, run_seed(), self.trainer.current_epoch, batch_idx) if self.hparams.mixup > 0 else None
+        loss = self.training_loss(batch, seed)
         self.log("train_loss", loss, prog_bar=True, batch_size=batch["labels"].shape[0])
         self.log("lr", self.optimizers().param_groups[0]["lr"], prog_bar=False)  # type: ignore[union-attr]
         return loss

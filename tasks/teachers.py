@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -114,11 +115,18 @@ def train_cnn_teacher(
     return freeze(model)
 
 
-def mix_up(pixels: Tensor, labels: Tensor, num_classes: int, alpha: float) -> tuple[Tensor, Tensor]:
-    """Mixup: (B, C, H, W) images and (B,) labels -> λ·x + (1 − λ)·x[π] and the (B, K) targets
-    blended alike, λ ~ Beta(α, α) and π a random permutation (torch's global generator)."""
-    lam = float(torch.distributions.Beta(alpha, alpha).sample())
-    perm = torch.randperm(len(pixels)).to(pixels.device)
+def mix_up(pixels: Tensor, labels: Tensor, num_classes: int, alpha: float,
+           seed: int | None = None) -> tuple[Tensor, Tensor]:
+    """Mixup (Zhang et al., 2018): (B, C, H, W) images and (B,) labels -> λ·x + (1 − λ)·x[π] and
+    the (B, K) targets blended alike, λ ~ Beta(α, α) and π a random permutation: drawn from
+    ``seed`` (a NumPy generator of its own), or from torch's global generator when it is None."""
+    if seed is None:
+        lam = float(torch.distributions.Beta(alpha, alpha).sample())
+        perm = torch.randperm(len(pixels)).to(pixels.device)
+    else:
+        rng = np.random.default_rng(seed)
+        lam = float(rng.beta(alpha, alpha))
+        perm = torch.from_numpy(rng.permutation(len(pixels))).to(pixels.device)
     one_hot = F.one_hot(labels, num_classes).float()
     return lam * pixels + (1 - lam) * pixels[perm], lam * one_hot + (1 - lam) * one_hot[perm]
 

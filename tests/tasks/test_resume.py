@@ -161,10 +161,11 @@ def stop_and_resume(tmp_path: Path, monkeypatch, args: list[str], at: int, steps
 
 @pytest.mark.slow
 def test_an_augmented_image_recipe_stopped_by_sigterm_resumes_from_last_with_the_same_losses(tmp_path, monkeypatch):
-    # 1,437 digits in batches of 96: 14 steps an epoch, random affine augmentation, two loader
-    # workers, a validation every 9 steps; SIGTERM during step 8, `--ckpt_path last`, and on past
-    # the epoch boundary.
+    # 1,437 digits in batches of 96: 14 steps an epoch, random affine augmentation and mixup, two
+    # loader workers, a validation every 9 steps; SIGTERM during step 8, `--ckpt_path last`, and on
+    # past the epoch boundary.
     args = ["--data.batch_size", "96", "--data.num_workers", "2", "--trainer.val_check_interval", "9",
+            "--model.init_args.mixup", "0.4",
             "--trainer.limit_val_batches", "1", "--trainer.max_steps", "20"]
     batches, step = stop_and_resume(tmp_path, monkeypatch, args, at=8, steps=20)
     assert sorted(batches) == list(range(1, 9)) and step == 8

@@ -221,6 +221,38 @@ def test_mixup_blends_images_and_targets_by_the_same_weight():
         ImageClassificationTask(family="deit", distillation="soft", teacher="teacher.pt", teacher_mixup=1.0)
 
 
+def test_mixup_draws_from_a_seed_when_given_one():
+    pixels, labels = torch.rand(8, 1, 8, 8), torch.arange(8)
+    first, again = mix_up(pixels, labels, 10, 1.0, seed=7), mix_up(pixels, labels, 10, 1.0, seed=7)
+    other = mix_up(pixels, labels, 10, 1.0, seed=8)
+    assert all(torch.equal(a, b) for a, b in zip(first, again))  # the same draw, whatever the global state
+    assert not torch.equal(first[0], other[0])
+
+
+def test_student_mixup_trains_on_blended_batches_the_teacher_reads_too():
+    """``mixup`` = α blends each training batch (images and labels), drawn from the run's seed and
+    the batch; a teacher's targets are its predictions on the same blended images."""
+    seen: list[torch.Tensor] = []
+
+    class Recording(torch.nn.Module):
+        def forward(self, pixels):
+            seen.append(pixels.clone())
+            return torch.zeros(len(pixels), 10)
+
+    torch.manual_seed(0)
+    task = ImageClassificationTask(family="deit", distillation="soft", mixup=1.0, teacher_module=Recording())
+    batch = {"pixel_values": torch.rand(4, 1, 32, 32), "labels": torch.tensor([0, 1, 2, 3])}
+    loss = task.training_loss(batch, mixup_seed=3)
+    pixels, targets = mix_up(batch["pixel_values"], batch["labels"], 10, 1.0, seed=3)
+    assert not torch.equal(pixels, batch["pixel_values"])
+    torch.testing.assert_close(seen[0], pixels)  # the teacher read the blended images
+    out = task.model(pixels)
+    expected = soft_distillation_loss(out.logits_cls, out.logits_dist, targets, torch.zeros(4, 10), 0.5, 3.0)
+    torch.testing.assert_close(loss, expected)  # against the blended labels (the model has no dropout here)
+    with pytest.raises(ValueError, match="mixup must be ≥ 0"):
+        ImageClassificationTask(family="vit", mixup=float("nan"))
+
+
 def test_distillation_needs_deit_and_a_teacher():
     with pytest.raises(ValueError, match="family='deit'"):
         ImageClassificationTask(family="vit", distillation="hard", teacher="cnn:train")
