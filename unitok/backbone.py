@@ -104,7 +104,8 @@ class BackboneConfig(Config):
         if self.relative_buckets < 0 or (self.relative_buckets and self.relative_buckets < 4):
             raise ValueError(f"relative_buckets must be 0 (none) or ≥ 4, got {self.relative_buckets}")
         if self.relative_buckets:  # bidirectional unless causal, as the Backbone builds its bias
-            check_relative_buckets(self.relative_buckets, self.relative_max_distance, bidirectional=not self.causal)
+            check_relative_buckets(self.relative_buckets, self.relative_max_distance, bidirectional=not self.causal,
+                                   names=("relative_buckets", "relative_max_distance"))
         if self.d_ff is not None and self.d_ff <= 0:
             raise ValueError(f"d_ff must be positive, got {self.d_ff}")
         unknown = [s for s in self.block if s not in SUBLAYERS]

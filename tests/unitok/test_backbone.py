@@ -137,8 +137,8 @@ def test_a_relative_bias_whose_max_distance_is_within_its_exact_buckets_is_refus
     from unitok.embed.relative import RelativePositionBias
 
     message = (f"a {'causal' if causal else 'bidirectional'} relative position bias of {buckets} buckets has "
-               f"{exact} exact ones .*max_distance must be > {exact}, got {distance}")
-    with pytest.raises(ValueError, match=message):
+               f"{exact} exact ones .*: max_distance must be > {exact}, got {distance}")
+    with pytest.raises(ValueError, match=message.replace(": max_distance", ": relative_max_distance")):
         BackboneConfig(d_model=16, n_layers=1, n_heads=2, causal=causal, relative_buckets=buckets,
                        relative_max_distance=distance)
     with pytest.raises(ValueError, match=message):

@@ -20,19 +20,21 @@ def exact_buckets(num_buckets: int, bidirectional: bool) -> int:
     return (num_buckets // 2 if bidirectional else num_buckets) // 2
 
 
-def check_relative_buckets(num_buckets: int, max_distance: int, bidirectional: bool) -> None:
+def check_relative_buckets(num_buckets: int, max_distance: int, bidirectional: bool,
+                           names: tuple[str, str] = ("num_buckets", "max_distance")) -> None:
     """Refuse bucket settings T5's formula cannot map: it needs at least one exact bucket per
     direction, and ``max_distance`` beyond the exact ones (the log-spaced buckets span
     exact … max_distance; at or below it the log's scale is 0 or negative and the ids fold
-    back, go negative or overflow)."""
+    back, go negative or overflow). ``names``: the two settings' names in the caller's config."""
+    buckets_name, distance_name = names
     direction = "bidirectional" if bidirectional else "causal"
     exact = exact_buckets(num_buckets, bidirectional)
     if exact < 1:
-        raise ValueError(f"a {direction} relative position bias needs num_buckets ≥ {4 if bidirectional else 2}, "
+        raise ValueError(f"a {direction} relative position bias needs {buckets_name} ≥ {4 if bidirectional else 2}, "
                          f"got {num_buckets}")
     if max_distance <= exact:
         raise ValueError(f"a {direction} relative position bias of {num_buckets} buckets has {exact} exact ones "
-                         f"(distances 0…{exact - 1}): max_distance must be > {exact}, got {max_distance}")
+                         f"(distances 0…{exact - 1}): {distance_name} must be > {exact}, got {max_distance}")
 
 
 def relative_position_bucket(relative: Tensor, bidirectional: bool, num_buckets: int, max_distance: int) -> Tensor:
