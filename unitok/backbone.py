@@ -116,6 +116,10 @@ class BackboneConfig(Config):
         for name in ("dropout", "attn_dropout", "mlp_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        if not self.norm_eps > 0:  # 0 divides a constant row by 0, a negative one takes the root of < 0: NaN
+            raise ValueError(f"norm_eps must be > 0 (added to the variance a norm divides by), got {self.norm_eps}")
+        if self.token_mlp_dim is not None and self.token_mlp_dim <= 0:
+            raise ValueError(f"token_mlp_dim must be positive (or None: d_model / 2), got {self.token_mlp_dim}")
 
     @property
     def hidden_dim(self) -> int:

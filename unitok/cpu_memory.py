@@ -16,6 +16,8 @@ import ctypes
 import os
 import sys
 
+from tokenizers_mm.checks import check_int
+
 OPT_OUT_ENV = "UNITOK_MALLOC"  # "default": leave the C library's allocator as it is
 M_TRIM_THRESHOLD = -1  # glibc's mallopt parameters (malloc.h)
 M_MMAP_MAX = -4
@@ -26,7 +28,9 @@ def keep_freed_memory(trim_threshold: int = TRIM_THRESHOLD) -> bool:
     """Make glibc keep freed memory (up to ``trim_threshold`` bytes of it unused) for reuse
     instead of unmapping it. -> True when glibc took the settings; False where the C library
     is not glibc (macOS, Windows, musl), which is left as it is."""
-    if not 0 < trim_threshold < 2**31:
+    # a whole number of bytes (True is not 1 byte; ctypes refuses a float only inside mallopt)
+    trim_threshold = check_int("trim_threshold", trim_threshold, note="(bytes, below 2**31)")
+    if trim_threshold >= 2**31:  # mallopt takes a C int
         raise ValueError(f"trim_threshold must be in (0, 2**31) bytes, got {trim_threshold}")
     if not sys.platform.startswith("linux"):
         return False

@@ -30,10 +30,12 @@ IGNORE_INDEX = -100
 
 
 def check_class_labels(labels: Tensor, shape: tuple[int, ...], num_classes: int, name: str = "labels") -> Tensor:
-    """Refuse class labels of the wrong shape, dtype or range (``IGNORE_INDEX`` is allowed). Returns
-    the labels to score with: themselves, or where the range check is deferred (a GPU tensor in
-    `unitok.checks.deferred_checks`) a copy with bad ids set to 0, so no gather faults before the
-    error is raised."""
+    """Refuse class labels of the wrong shape, dtype (bool, floating, complex) or range
+    (``IGNORE_INDEX`` is allowed). Returns the labels to score with, as int64 whatever integer
+    dtype they came in (torch's cross-entropy takes int64 and uint8, its gather int64 and int32:
+    one dtype for every path): themselves when already int64, or where the range check is
+    deferred (a GPU tensor in `unitok.checks.deferred_checks`) a copy with bad ids set to 0, so
+    no gather faults before the error is raised."""
     if not isinstance(labels, Tensor):
         raise TypeError(f"{name} must be a tensor of class ids, got {type(labels).__name__}")
     if tuple(labels.shape) != tuple(shape):
@@ -51,7 +53,7 @@ def check_class_labels(labels: Tensor, shape: tuple[int, ...], num_classes: int,
 
     deferred = defers(labels) and values is labels  # (under torch.func: judged at once)
     raise_if(bad.any(), fail, deferred)
-    return labels.masked_fill(bad, 0) if deferred else labels
+    return (labels.masked_fill(bad, 0) if deferred else labels).long()
 
 
 def cross_entropy(logits: Tensor, labels: Tensor, name: str = "labels") -> Tensor:
@@ -359,6 +361,11 @@ def ctc_loss(logits: Tensor, lengths: Tensor, labels: Tensor, label_lengths: Ten
     if labels.dim() != 2 or labels.shape[0] != B:
         raise ValueError(f"labels must be (batch, max_target_length) with batch {B}, got {tuple(labels.shape)}")
     labels = labels.to(logits.device)
+    for name, counts in (("lengths", lengths), ("label_lengths", label_lengths)):
+        # .long() would truncate 9.9 frames to 9 (or read True as 1) without a word
+        if isinstance(counts, Tensor) and (counts.dtype.is_floating_point or counts.dtype.is_complex
+                                           or counts.dtype == torch.bool):
+            raise ValueError(f"{name} must hold integer counts, got {counts.dtype} {counts.tolist()}")
     if label_lengths is None:
         label_lengths = ((labels != IGNORE_INDEX) & (labels != blank)).sum(dim=1)
     label_lengths = label_lengths.to(logits.device).long()

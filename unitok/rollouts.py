@@ -132,9 +132,10 @@ def evaluate_returns(
     import gymnasium as gym
 
     targets = check_target_returns(target_returns)
-    check_int("episodes", episodes)
-    seed = check_int("seed", seed, 0)  # gymnasium takes Python ints only
-    check_int("max_steps", max_steps, or_none=True)
+    # gymnasium takes Python ints only (a numpy count would make the reset seeds numpy ints)
+    episodes = check_int("episodes", episodes)
+    seed = check_int("seed", seed, 0)
+    max_steps = check_int("max_steps", max_steps, or_none=True)
     c, tok = model.config, model.tokenizer()
     sample = c.discrete if sample is None else bool(sample)
     if sample and not c.discrete:

@@ -121,6 +121,7 @@ class ZeroShotClassifier:
             (required for open_clip models: ``open_clip.get_tokenizer(name)``).
         preprocess: raw image -> normalised (C, H, W) tensor (open_clip's transform); without
             it a unitok model prepares raw images itself (``resize`` to its configured size).
+            Both are image options: refused with ``modality="audio"``.
         logit_scale: multiplies the cosine similarities; default the model's learned exp(scale).
         batch_size: prompts (and images) per forward pass. progress: a tqdm bar while building.
         class_embeddings: (K, E) cached embeddings from an earlier build (unit rows; other
@@ -153,6 +154,12 @@ class ZeroShotClassifier:
                                 + (" with an audio tower" if modality == "audio" else ""))
         if modality == "audio" and getattr(getattr(model, "config", None), "audio", None) is None:
             raise ValueError("modality='audio' needs a CLIP with an audio tower; this one is an image–text model")
+        if modality == "audio":  # image options that audio would ignore without a word
+            if preprocess is not None:
+                raise ValueError("preprocess= prepares images; with modality='audio' raw audio is read with the "
+                                 "model's stored spectrogram settings (or pass audio Tokens)")
+            if resize:
+                raise ValueError(f"resize={resize!r} resizes images; modality='audio' has no image to resize")
         self.modality = modality
         check_int("batch_size", batch_size)
         self.model, self.classnames = model, list(classnames)
@@ -227,6 +234,9 @@ class ZeroShotClassifier:
             if sample_rate is not None:
                 raise ValueError("sample_rate is for audio; this classifier reads images")
             return self._pixels(items, normalized)
+        if normalized:
+            raise ValueError("normalized=True takes normalised image tensors; this classifier reads audio (pass "
+                             "audio Tokens to skip the spectrogram)")
         from tokenizers_mm import Tokens
         from unitok.models.clip import encode_raw_audio
 

@@ -120,11 +120,36 @@ def test_rmsnorm_matches_its_definition():
         (dict(norm_position="middle"), "norm_position"),
         (dict(norm="batchnorm"), "unknown norm .batchnorm. for BackboneConfig"),
         (dict(dropout=1.5), "dropout"),
+        # a constant row has variance 0: an epsilon ≤ 0 divides it by 0 (or roots a negative): NaN
+        (dict(norm_eps=0.0), r"norm_eps must be > 0 .*got 0\.0"),
+        (dict(norm_eps=-1.0), r"norm_eps must be > 0 .*got -1\.0"),
+        # 0 hidden units make token mixing a constant; a negative width failed deep in nn.Linear
+        (dict(block=("token_mlp", "mlp"), n_tokens=4, token_mlp_dim=0), r"token_mlp_dim must be positive .*got 0"),
+        (dict(block=("token_mlp", "mlp"), n_tokens=4, token_mlp_dim=-3), r"token_mlp_dim must be positive .*got -3"),
     ],
 )
 def test_bad_config_is_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
         BackboneConfig(**kwargs)
+
+
+@pytest.mark.parametrize("family, preset", [
+    ("GPTConfig", "gpt-nano"), ("ViTConfig", "vit-digits"), ("BERTConfig", "bert-nano"), ("T5Config", "t5-tiny"),
+    ("MixerConfig", "mixer-digits"),
+])
+def test_a_model_config_refuses_a_norm_epsilon_its_backbone_would_refuse(family, preset):
+    import unitok.models
+
+    config_class = getattr(unitok.models, family)
+    for eps in (0.0, -0.5):
+        with pytest.raises(ValueError, match=f"norm_eps must be > 0 .*got {eps}"):
+            config_class.from_name(preset, norm_eps=eps)
+    assert config_class.from_name(preset, norm_eps=1e-12).norm_eps == 1e-12
+
+
+def test_token_mlp_dim_none_is_half_the_width():
+    config = BackboneConfig(d_model=8, n_layers=1, n_heads=2, block=("token_mlp", "mlp"), n_tokens=4)
+    assert Backbone(config).blocks[0].sublayers["token_mlp"].fc_in.out_features == 4
 
 
 @pytest.mark.parametrize("causal, buckets, distance, exact", [

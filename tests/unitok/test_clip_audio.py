@@ -132,6 +132,20 @@ def test_bad_audio_is_a_clear_error(tmp_path):
         model.encode_audio(Tokens(features=frames))
 
 
+def test_image_only_options_are_refused_for_audio_not_ignored():
+    # each was accepted and silently had no effect on an audio classifier
+    model = tiny()
+    with pytest.raises(ValueError, match="preprocess= prepares images; with modality='audio'"):
+        ZeroShotClassifier(model, NAMES, ["a {}."], modality="audio", preprocess=lambda image: image)
+    with pytest.raises(ValueError, match="resize=True resizes images; modality='audio' has no image"):
+        ZeroShotClassifier(model, NAMES, ["a {}."], modality="audio", resize=True)
+    clf = ZeroShotClassifier(model, NAMES, ["a {}."], modality="audio", resize=False)  # the default: fine
+    for ask in (clf.logits, clf.predict_proba, clf.predict, clf.predict_names):
+        with pytest.raises(ValueError, match="normalized=True takes normalised image tensors; this classifier reads audio"):
+            ask(waves(1), normalized=True, sample_rate=16000)
+    assert clf.predict(waves(1), normalized=False, sample_rate=16000).shape == (1,)
+
+
 def test_audio_lengths_give_each_utterance_its_frame_count():
     model = tiny()
     frames = torch.randn(4, 40, 20)

@@ -3,6 +3,7 @@ training step allocates its logits again, finds the freed pages instead of fault
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -65,6 +66,13 @@ def test_a_bad_setting_is_a_clear_error(monkeypatch):
         keep_freed_memory_unless_opted_out()
     with pytest.raises(ValueError, match=r"trim_threshold.*got -1"):
         keep_freed_memory(trim_threshold=-1)
+
+
+@pytest.mark.parametrize("threshold", [True, 2.5e6, float("nan"), "1024", 0, 2**31])
+def test_a_trim_threshold_that_is_not_a_whole_number_of_bytes_in_range_is_refused_by_name(threshold):
+    # True was taken as a 1-byte threshold; a float failed inside ctypes without naming the argument
+    with pytest.raises(ValueError, match=rf"trim_threshold must be .*, got {re.escape(repr(threshold))}"):
+        keep_freed_memory(trim_threshold=threshold)
 
 
 def test_the_cli_reads_the_setting_before_anything_else(monkeypatch):

@@ -12,6 +12,14 @@ import torch.nn.functional as F
 from tests.conftest import small_gpt2
 from tests.unitok.convert.test_bert_equivalence import bert_config
 from unitok.convert import from_transformers
+from unitok.losses import (
+    causal_lm_loss,
+    check_class_labels,
+    cross_entropy,
+    ctc_loss,
+    linear_cross_entropy,
+    sequence_classification_loss,
+)
 from unitok.models import (
     GPT,
     ConformerConfig,
@@ -66,6 +74,39 @@ def test_gpt_without_labels_has_no_loss_and_bad_labels_are_refused():
         model(ids, labels=ids + 50)
     with pytest.raises(TypeError, match="integer"):
         model(ids, labels=ids.float())
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int16, torch.int8, torch.uint8])
+def test_labels_of_any_integer_dtype_score_as_int64_on_every_path(dtype):
+    # int32 used to crash the unfused cross-entropy and uint8 the fused one's gather: the same call
+    # scored or failed by path, in torch errors that did not name the labels
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.from_name("gpt-nano", vocab_size=97, context_length=16)).eval()
+    ids = torch.randint(0, 97, (2, 8))
+    labels = ids % 50
+    with torch.no_grad():
+        expected = model(ids, labels=labels).loss
+        for return_logits in (True, False):
+            close(model(ids, labels=labels.to(dtype), return_logits=return_logits).loss, expected)
+    logits, hidden, weight = torch.randn(3, 4), torch.randn(3, 8), torch.randn(4, 8)
+    classes = torch.tensor([0, 3, 1])
+    close(cross_entropy(logits, classes.to(dtype)), cross_entropy(logits, classes))
+    close(sequence_classification_loss(logits, classes.to(dtype)), sequence_classification_loss(logits, classes))
+    close(causal_lm_loss(logits[None], classes[None].to(dtype)), causal_lm_loss(logits[None], classes[None]))
+    close(linear_cross_entropy(hidden, weight, classes.to(dtype)), linear_cross_entropy(hidden, weight, classes))
+    assert check_class_labels(classes.to(dtype), (3,), 4).dtype == torch.int64
+    assert check_class_labels(classes, (3,), 4) is classes  # int64 labels are not copied
+
+
+def test_bool_or_floating_labels_are_refused_on_every_path():
+    model = GPT(GPTConfig.from_name("gpt-nano", vocab_size=50, context_length=16)).eval()
+    ids = torch.randint(0, 50, (2, 7))
+    for labels in (ids.float(), ids.to(torch.float64), ids > 0):
+        for return_logits in (True, False):
+            with pytest.raises(TypeError, match=f"labels must hold integer class ids, got {labels.dtype}"):
+                model(ids, labels=labels, return_logits=return_logits)
+    with pytest.raises(TypeError, match="labels must hold integer class ids, got torch.bool"):
+        sequence_classification_loss(torch.randn(2, 3), torch.tensor([True, False]))
 
 
 def test_gpt_loss_backpropagates():
@@ -262,6 +303,19 @@ def test_conformer_loss_equals_torch_ctc_loss_mean():
     with torch.no_grad():
         inferred = model(frames, lengths, labels=labels.masked_fill(labels == 0, -100)).loss
     close(inferred, expected)
+
+
+def test_ctc_loss_refuses_fractional_lengths_rather_than_truncating_them():
+    logits = torch.randn(2, 10, 5)
+    labels = torch.tensor([[1, 2, 3, -100], [4, 4, -100, -100]])
+    with pytest.raises(ValueError, match=r"lengths must hold integer counts, got torch.float32 \[9\.8"):
+        ctc_loss(logits, torch.tensor([9.8, 10.0]), labels)  # was scored as 9 frames
+    with pytest.raises(ValueError, match=r"label_lengths must hold integer counts, got torch.float32 \[2\.5"):
+        ctc_loss(logits, torch.tensor([10, 10]), labels, label_lengths=torch.tensor([2.5, 2.0]))
+    with pytest.raises(ValueError, match=r"lengths must hold integer counts, got torch.bool"):
+        ctc_loss(logits, torch.tensor([True, True]), labels)
+    for lengths in (torch.tensor([10, 9]), torch.tensor([10, 9], dtype=torch.int32)):  # any integer dtype
+        assert torch.isfinite(ctc_loss(logits, lengths, labels, label_lengths=torch.tensor([3, 2], dtype=torch.int32)))
 
 
 def test_conformer_labels_errors():

@@ -134,6 +134,15 @@ def test_a_folder_without_a_known_family_is_a_clear_error(tmp_path):
         unitok.AutoModel()
 
 
+def test_only_concrete_families_are_known_an_abstract_base_is_not_a_family(tmp_path):
+    ViT(ViTConfig.from_name("vit-digits")).save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "family": "ImageModel"}))
+    with pytest.raises(ValueError, match=r"unknown model family 'ImageModel'; unitok knows BERT, .*ViT") as error:
+        unitok.load(tmp_path)
+    assert "ImageModel," not in str(error.value)
+
+
 def test_a_truncated_or_corrupt_weights_file_is_named(tmp_path):
     GPT(GPTConfig.from_name("gpt-nano", vocab_size=97)).save_pretrained(tmp_path)
     weights = tmp_path / "model.safetensors"
@@ -347,6 +356,31 @@ def test_a_saved_tokenizer_setting_survives_while_config_parts_come_from_the_con
     assert loaded.processor.text.truncation == "warn"  # the text part is the processor's
     assert loaded.processor.image == loaded.visual.config.preprocess_config()  # the image part the config's
 
+
+
+@pytest.mark.parametrize("family", ["ViT", "DeiT", "MLPMixer"])
+def test_a_new_classifier_drops_the_old_class_names_and_saves_a_loadable_folder(tmp_path, family):
+    model = families()[family][0]
+    model.processor = Processor(labels=tuple("0123456789"))
+    model.reset_classifier(10)  # as many classes: the names stay
+    assert model.processor.labels == tuple("0123456789")
+    model.reset_classifier(3)  # another task's head: ten digit names would misname its three classes
+    assert model.processor.labels is None and model.processor.image == model.config.preprocess_config()
+    model.save_pretrained(tmp_path)
+    loaded = unitok.load(tmp_path)
+    assert loaded.class_count() == 3 and loaded.processor.labels is None
+    loaded.processor = Processor(labels=("cat", "dog", "bird"))  # the new task's names
+    loaded.reset_classifier(0)  # a feature extractor: no classes to name
+    assert loaded.processor.labels is None
+
+
+def test_saving_a_processor_that_contradicts_the_model_writes_nothing(tmp_path):
+    vit = ViT(ViTConfig.from_name("vit-digits"))
+    vit.processor = Processor(labels=tuple("0123456789"))
+    vit.config = vit.config.replace(num_classes=3)  # changed by hand, past reset_classifier
+    with pytest.raises(ValueError, match="10 class names for a model of 3 classes"):
+        vit.save_pretrained(tmp_path / "vit")
+    assert not (tmp_path / "vit").exists()  # no folder that unitok.load would refuse
 
 
 def test_saving_without_a_processor_removes_an_earlier_saves(tmp_path):

@@ -47,6 +47,21 @@ def test_the_seed_must_be_a_whole_number_at_least_0(seed, monkeypatch):
         model(state_dim=4, act_dim=2, discrete=True).evaluate("CartPole-v1", [50.0], episodes=1, seed=seed)
 
 
+def test_numpy_counts_roll_out_as_the_python_ints_they_equal():
+    # a numpy episodes count made the reset seeds numpy ints, which gymnasium refused (after every
+    # environment was built) in an error that did not name episodes
+    import numpy as np
+
+    m = model(state_dim=4, act_dim=2, discrete=True)
+    expected = m.evaluate("CartPole-v1", [50.0], episodes=2, seed=3, max_steps=3)
+    result = m.evaluate("CartPole-v1", [50.0], episodes=np.int64(2), seed=np.int32(3), max_steps=np.int64(3))
+    assert result.lengths.tolist() == expected.lengths.tolist() == [[3, 3]]
+    assert result.returns.tolist() == expected.returns.tolist()
+    assert type(result.max_steps) is int and result.max_steps == 3
+    with pytest.raises(ValueError, match=r"episodes must be an integer ≥ 1, got (np\.int64\()?0"):
+        m.evaluate("CartPole-v1", [50.0], episodes=np.int64(0))
+
+
 def test_environment_dimensions_are_checked_against_a_model_or_the_data():
     pendulum_data = TrajectoryTokenizer(state_dim=3, act_dim=1, discrete=False)
     check_env_id("Pendulum-v1", pendulum_data, source="the data has")  # the same spaces: passes

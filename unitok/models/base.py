@@ -121,8 +121,9 @@ class PretrainedModel(nn.Module):
 
     Subclasses set ``config_class`` and take their config as the only constructor argument;
     ``tied_keys`` lists parameters that share storage with another key and are not saved.
-    Every subclass is registered by name, so `unitok.load` opens any family's folder. A model
-    carries a `Processor` (``model.processor``): what turns raw input into its `Tokens`.
+    Every concrete subclass (one with a ``config_class``) is registered by name, so `unitok.load`
+    opens any family's folder. A model carries a `Processor` (``model.processor``): what turns raw
+    input into its `Tokens`.
     """
 
     config_class: ClassVar[type[Config]]
@@ -131,7 +132,9 @@ class PretrainedModel(nn.Module):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        FAMILIES[cls.__name__] = cls
+        # an abstract base (ImageModel) has no config to build it from: no folder can name it
+        if getattr(cls, "config_class", None) is not None:
+            FAMILIES[cls.__name__] = cls
 
     @property
     def tied_keys(self) -> tuple[str, ...]:
@@ -191,17 +194,28 @@ class PretrainedModel(nn.Module):
             raise ValueError(f"{len(processor.labels)} class names for a model of {count} classes: give one name a "
                              f"class, in class-id order")
 
+    def _drop_stale_class_names(self) -> None:
+        """After the classifier was replaced: class names that no longer number one a class (the
+        old task's) are dropped, so that the model can be saved and loaded again."""
+        processor, count = self._processor, self.class_count()
+        if processor is not None and processor.labels is not None and len(processor.labels) != count:
+            self._processor = dataclasses.replace(processor, labels=None)
+
     # ------------------------------------------------------------------ files
     def save_pretrained(self, directory: str | Path) -> Path:
         """Write ``model.safetensors``, ``config.json`` (with the family name) and the processor
-        (tokenizer files, ``processor_config.json``) to ``directory``: all a loader needs."""
+        (tokenizer files, ``processor_config.json``) to ``directory``: all a loader needs. A
+        processor that contradicts the model is refused before anything is written: the folder
+        could not be loaded."""
+        processor = self.processor
+        if processor is not None:
+            self.check_processor(processor)
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items() if k not in self.tied_keys}
         save_file(state, str(directory / WEIGHTS_FILE), metadata={"format": "pt", "family": type(self).__name__})
         payload = {"family": type(self).__name__, **self.config.to_dict()}
         (directory / CONFIG_FILE).write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
-        processor = self.processor
         if processor is not None:
             processor.save(directory)
         else:  # an earlier save's processor would otherwise be loaded with these weights

@@ -101,8 +101,11 @@ class MLPMixer(ImageModel):
         )
 
     def reset_classifier(self, num_classes: int) -> None:
+        """A new zero-initialised head for ``num_classes`` classes; the processor's class names are
+        dropped unless they still number one a class."""
         self.config = self.config.replace(num_classes=num_classes)
         self.head = nn.Linear(self.config.d_model, num_classes) if num_classes else None
         if self.head is not None:
             torch.nn.init.zeros_(self.head.weight)
             torch.nn.init.zeros_(self.head.bias)
+        self._drop_stale_class_names()

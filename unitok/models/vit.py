@@ -248,7 +248,8 @@ class ViT(ImageModel):
         return self.fc_norm(pooled) if self.fc_norm is not None else pooled
 
     def reset_classifier(self, num_classes: int) -> None:
-        """A new zero-initialised head (and distillation head) for ``num_classes`` classes."""
+        """A new zero-initialised head (and distillation head) for ``num_classes`` classes; the
+        processor's class names are dropped unless they still number one a class."""
         self.config = self.config.replace(num_classes=num_classes)
         d = self.config.d_model
         self.head = nn.Linear(d, num_classes) if num_classes else None
@@ -257,6 +258,7 @@ class ViT(ImageModel):
             if head is not None:
                 nn.init.zeros_(head.weight)
                 nn.init.zeros_(head.bias)
+        self._drop_stale_class_names()
 
 
 class DeiT(ViT):
