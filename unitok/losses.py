@@ -360,6 +360,9 @@ def ctc_loss(logits: Tensor, lengths: Tensor, labels: Tensor, label_lengths: Ten
     B, T, V = logits.shape
     if labels.dim() != 2 or labels.shape[0] != B:
         raise ValueError(f"labels must be (batch, max_target_length) with batch {B}, got {tuple(labels.shape)}")
+    if labels.dtype.is_floating_point or labels.dtype.is_complex or labels.dtype == torch.bool:
+        # torch's ctc_loss would score 2.7 (or True) as some label id without a word
+        raise TypeError(f"labels must hold integer label ids (any integer dtype), got {labels.dtype}")
     labels = labels.to(logits.device)
     for name, counts in (("lengths", lengths), ("label_lengths", label_lengths)):
         # .long() would truncate 9.9 frames to 9 (or read True as 1) without a word

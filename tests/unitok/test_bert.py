@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tokenizers_mm import Tokens
+import unitok
+from tokenizers_mm import BPETokenizer, Processor, Tokens, WordPieceTokenizer
 from unitok.heads import ScalarMix
 from unitok.models import BERT, ELECTRA, GPT, BERTConfig, ELECTRAConfig, GPTConfig
 from unitok.models.bert import mean_pool, span_from_logits
@@ -166,6 +167,44 @@ def test_token_classification_and_question_answering_heads():
     assert out.start_logits.shape == out.end_logits.shape == (3, 10)
 
 
+CORPUS = ["the parser reads the text and returns the words", "def parse(text): return text.split()"] * 20
+
+
+@pytest.fixture(scope="module")
+def wordpiece() -> WordPieceTokenizer:
+    return WordPieceTokenizer.train(iterator=CORPUS, vocab_size=120)
+
+
+def test_a_new_head_keeps_the_bodys_tokenizer_and_its_class_names_while_they_still_fit(wordpiece, tmp_path):
+    # As with Hugging Face's from_pretrained on a new head: the text is read as the body read it.
+    body = tiny(vocab_size=wordpiece.vocab_size, heads=("pooler", "classifier"), num_labels=2)
+    body.processor = Processor(text=wordpiece, labels=("neg", "pos"))
+    same = BERT.for_sequence_classification(body, num_labels=2)
+    assert same.processor.text is wordpiece and same.processor.labels == ("neg", "pos")
+    for new in (BERT.for_sequence_classification(body, num_labels=3), BERT.for_question_answering(body),
+                body.with_heads(("pooler", "mlm"))):
+        assert new.processor.text is wordpiece and new.processor.labels is None  # the old task's names: dropped
+    assert body.processor.labels == ("neg", "pos")  # the body is left as it is
+    tagger = BERT.for_token_classification(body, num_labels=3, freeze_backbone=True)
+    tagger.save_pretrained(tmp_path / "tagger")  # a folder that reads raw text
+    entities = unitok.pipeline("token-classification", model=tmp_path / "tagger")("the parser reads the text")
+    assert entities and {e["entity"] for e in entities} <= {"LABEL_0", "LABEL_1", "LABEL_2"}
+
+
+def test_a_gpt_classifier_keeps_the_language_models_tokenizer(tmp_path):
+    bpe = BPETokenizer.train(iterator=CORPUS, vocab_size=300)
+    lm = GPT(GPTConfig(vocab_size=bpe.vocab_size, context_length=64, d_model=32, n_layers=2, n_heads=4))
+    lm.processor = Processor(text=bpe)
+    clf = GPT.for_sequence_classification(lm, num_labels=2)
+    assert clf.processor.text is bpe and clf.processor.labels is None
+    clf.processor = Processor(text=bpe, labels=("other", "parser"))
+    assert GPT.for_sequence_classification(clf, num_labels=2).processor.labels == ("other", "parser")
+    assert GPT.for_sequence_classification(clf, num_labels=4).processor.labels is None
+    clf.save_pretrained(tmp_path / "gpt")
+    answer = unitok.pipeline("text-classification", model=tmp_path / "gpt")("the parser reads the text")
+    assert answer["label"] in ("other", "parser")
+
+
 def test_a_token_classifier_needs_two_classes():
     # One score a token has a cross-entropy of 0 whatever its label: it could never learn.
     with pytest.raises(ValueError, match=r"num_labels must be an integer ≥ 2 \(classes; .*\), got 1"):
@@ -249,3 +288,14 @@ def test_electra_round_trip_and_discriminator_as_bert(tmp_path):
     assert clf(batch()).logits.shape == (3, 2)
     with pytest.raises(ValueError, match="holds a ELECTRA checkpoint, not a BERT"):
         BERT.from_pretrained(tmp_path / "electra")
+
+
+def test_the_electra_discriminator_carries_the_electras_tokenizer(wordpiece, tmp_path):
+    model = ELECTRA(ELECTRAConfig.from_name("electra-nano", vocab_size=wordpiece.vocab_size, context_length=32))
+    model.processor = Processor(text=wordpiece)
+    model.save_pretrained(tmp_path / "electra")
+    body = ELECTRA.from_pretrained(tmp_path / "electra").discriminator_as_bert()
+    assert body.processor.text == wordpiece
+    clf = BERT.for_sequence_classification(body, num_labels=2)
+    clf.save_pretrained(tmp_path / "clf")
+    assert unitok.pipeline("text-classification", model=tmp_path / "clf")("the parser")["label"] in ("LABEL_0", "LABEL_1")

@@ -270,6 +270,14 @@ def test_bad_inputs_are_named():
         continuous(**{**y, "actions": actions})
 
 
+@pytest.mark.parametrize("eps", [0.0, -1e-5])
+def test_an_embedding_norm_epsilon_that_is_not_positive_is_refused(eps):
+    # 0 divides a constant embedded token by 0, a negative one takes the root of < 0: NaN actions
+    with pytest.raises(ValueError, match=f"embed_norm_eps must be a finite number > 0, got {eps}"):
+        DecisionTransformerConfig.from_name("dt-tiny", embed_norm_eps=eps)
+    assert DecisionTransformerConfig.from_name("dt-tiny", embed_norm_eps=1e-12).embed_norm_eps == 1e-12
+
+
 @pytest.mark.parametrize("bad", ["500", ["100", 200], [True], None, {"a": 1}, []],
                          ids=["string", "string-in-list", "bool", "none", "dict", "empty"])
 def test_target_returns_of_the_wrong_type_are_refused(bad):

@@ -318,6 +318,17 @@ def test_ctc_loss_refuses_fractional_lengths_rather_than_truncating_them():
         assert torch.isfinite(ctc_loss(logits, lengths, labels, label_lengths=torch.tensor([3, 2], dtype=torch.int32)))
 
 
+def test_ctc_loss_refuses_labels_that_are_not_integer_ids():
+    logits, lengths = torch.randn(2, 10, 5), torch.tensor([10, 10])
+    labels = torch.tensor([[1, 2, 3], [4, 4, 0]])
+    for dtype in (torch.float32, torch.float64, torch.bool):  # 2.7 or True would be scored as some id
+        with pytest.raises(TypeError, match=f"labels must hold integer label ids .*, got {dtype}"):
+            ctc_loss(logits, lengths, labels.to(dtype))
+    expected = ctc_loss(logits, lengths, labels)
+    for dtype in (torch.int32, torch.int16, torch.uint8):  # any integer dtype: the same loss
+        close(ctc_loss(logits, lengths, labels.to(dtype)), expected)
+
+
 def test_conformer_labels_errors():
     model = tiny_conformer()
     frames = torch.randn(2, 40, 16)

@@ -394,6 +394,14 @@ def test_bad_input_is_a_clear_error():
         model({})
 
 
+@pytest.mark.parametrize("eps", [0.0, -1e-5])
+def test_a_trajectory_embedding_norm_epsilon_that_is_not_positive_is_refused(eps):
+    # as the Decision Transformer's: ≤ 0 makes a constant embedded token NaN
+    with pytest.raises(ValueError, match=f"embed_norm_eps must be a finite number > 0, got {eps}"):
+        TrajectoryModality(embed_norm_eps=eps)
+    assert TrajectoryModality(embed_norm_eps=1e-12).embed_norm_eps == 1e-12
+
+
 def test_an_action_head_needs_a_causal_trajectory_segment():
     # bidirectional, each step's state token would read the action it is asked to predict
     with pytest.raises(ValueError, match="action head 'act' .* segment 'trajectory' must be causal"):

@@ -422,8 +422,9 @@ class BERT(PretrainedModel):
                    classifier_dropout: float | None = None, dropout: float | None = None) -> BERT:
         """A new BERT with this body's weights (embeddings, backbone, pooler if kept) and
         freshly initialised ``heads``; the body frozen if asked. ``dropout`` replaces the
-        body's (embeddings, residual branches, attention weights) when given. This model is
-        left as it is."""
+        body's (embeddings, residual branches, attention weights) when given. The new model
+        keeps this one's processor (its tokenizer; the class names only while they still
+        number one a class of the new head). This model is left as it is."""
         heads = tuple(heads)
         changes = {} if dropout is None else {"dropout": dropout, "attn_dropout": dropout}
         config = self.config.replace(heads=heads, num_labels=num_labels, classifier_dropout=classifier_dropout,
@@ -438,6 +439,8 @@ class BERT(PretrainedModel):
         if missing_body or result.unexpected_keys:
             raise RuntimeError(f"body weights did not transfer: missing {missing_body}, "
                                f"unexpected {result.unexpected_keys}")
+        model._processor = self._processor  # the same tokenizer reads the new model's text
+        model._drop_stale_class_names()
         if freeze_backbone:
             model.freeze_body(include_pooler=keep_pooler)
         return model

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tokenizers_mm.checks import check_int
+from tokenizers_mm.checks import check_int, check_number
 from tokenizers_mm.processor import Processor
 from tokenizers_mm.trajectory import TOKENIZER_FIELDS, TrajectoryTokenizer, TrajectoryWindows
 from unitok.backbone import Backbone, BackboneConfig, init_weights
@@ -99,6 +99,7 @@ class DecisionTransformerConfig(Config):
             check_int(name, value)
         if self.discrete and self.act_dim < 2:
             raise ValueError(f"a discrete action space needs act_dim ≥ 2 actions, got {self.act_dim}")
+        check_number("embed_norm_eps", self.embed_norm_eps, 0, low_open=True)  # ≤ 0: NaN embeddings, as norm_eps
         self.tokenizer()  # validates the statistics against the dimensions
         self.backbone_config()
 

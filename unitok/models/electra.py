@@ -163,5 +163,9 @@ class ELECTRA(PretrainedModel):
 
     def discriminator_as_bert(self) -> BERT:
         """The discriminator (a `BERT` with a replaced-token head): the network to fine-tune,
-        e.g. ``BERT.for_sequence_classification(electra.discriminator_as_bert(), 2)``."""
+        e.g. ``BERT.for_sequence_classification(electra.discriminator_as_bert(), 2)``. It
+        carries this model's processor (the tokenizer both networks read)."""
+        if self._processor is not None:
+            self.discriminator._processor = self._processor
+            self.discriminator._drop_stale_class_names()
         return self.discriminator

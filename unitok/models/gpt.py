@@ -236,8 +236,9 @@ class GPT(PretrainedModel):
     def for_sequence_classification(cls, gpt: GPT, num_labels: int, dropout: float | None = None) -> GPT:
         """A new GPT with ``gpt``'s weights (embeddings, backbone, LM head) and a fresh classifier
         of ``num_labels`` on the last real token (GPT-1); ``dropout`` replaces the body's when
-        given. The LM head stays, for GPT-1's auxiliary language-modelling loss. ``gpt`` is left
-        as it is; the new model is in ``gpt``'s mode (eval for a loaded one)."""
+        given. The LM head stays, for GPT-1's auxiliary language-modelling loss. The new model
+        keeps ``gpt``'s processor (its tokenizer; class names only while they still number one a
+        class). ``gpt`` is left as it is; the new model is in ``gpt``'s mode (eval for a loaded one)."""
         check_int("num_labels", num_labels)
         changes = {"num_labels": num_labels} | ({} if dropout is None else {"dropout": dropout})
         ref = gpt.tok_embed.weight
@@ -247,6 +248,8 @@ class GPT(PretrainedModel):
         missing = [k for k in result.missing_keys if not k.startswith("classifier.")]
         if missing or result.unexpected_keys:
             raise RuntimeError(f"body weights did not transfer: missing {missing}, unexpected {result.unexpected_keys}")
+        model._processor = gpt._processor  # the same tokenizer reads the new model's text
+        model._drop_stale_class_names()
         return model.train(gpt.training)  # the mode of the model it came from (a loaded one: eval)
 
     # ------------------------------------------------------------------ generation

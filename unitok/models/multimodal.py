@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from tokenizers_mm import ImagePreprocessConfig, Processor, SpectrogramConfig, Tokens, patchify
-from tokenizers_mm.checks import check_int
+from tokenizers_mm.checks import check_int, check_number
 from tokenizers_mm.trajectory import TOKENIZER_FIELDS, TrajectoryTokenizer, TrajectoryWindows
 from unitok.backbone import Backbone, BackboneConfig, init_weights
 from unitok.checks import check_dtype, check_finite, deferred_checks
@@ -150,6 +150,7 @@ class TrajectoryModality(Config):
         for name in ("state_dim", "act_dim", "context_length", "max_ep_len"):
             value = getattr(self, name)
             check_int(name, value)
+        check_number("embed_norm_eps", self.embed_norm_eps, 0, low_open=True)  # ≤ 0: NaN embeddings, as norm_eps
         self.tokenizer()  # validates the statistics against the dimensions
 
     @property
