@@ -69,20 +69,27 @@ def load_gpt(pretrained: str | Path) -> GPT:
 
 
 def build_body(vocab_size: int | None, context_length: int, pretrained: str | None, preset: str,
-               family: Family = "bert") -> BERT | GPT:
-    """The body to fine-tune: loaded from ``pretrained`` (vocabulary and length checked against
-    the data's), or a fresh `BERT` (``family="gpt"``: `GPT`) from ``preset`` when training
-    from scratch."""
+               family: Family = "bert", model_config: dict[str, Any] | None = None) -> BERT | GPT:
+    """The body to fine-tune: rebuilt from ``model_config`` (a checkpoint's body config: its
+    weights follow, the starting folder is not read) or loaded from ``pretrained`` (either one's
+    vocabulary and length checked against the data's), or a fresh `BERT` (``family="gpt"``:
+    `GPT`) from ``preset`` when training from scratch."""
     if family not in ("bert", "gpt"):
         raise ValueError(f"family must be 'bert' or 'gpt', got {family!r}")
-    if pretrained is not None:
-        body = load_body(pretrained) if family == "bert" else load_gpt(pretrained)
+    if model_config is not None or pretrained is not None:
+        if model_config is not None:
+            body = GPT(GPTConfig.from_dict(dict(model_config))) if family == "gpt" else \
+                BERT(BERTConfig.from_dict(dict(model_config)))
+            source, owner = "the checkpoint's model (model_config)", "the checkpoint's model"
+        else:
+            body = load_body(pretrained) if family == "bert" else load_gpt(pretrained)  # type: ignore[arg-type]
+            source, owner = f"the pretrained model {pretrained}", "the pretrained model"
         if vocab_size is not None and vocab_size != body.config.vocab_size:
             raise ValueError(
-                f"the data's tokenizer has {vocab_size} tokens but the pretrained model {pretrained} has "
+                f"the data's tokenizer has {vocab_size} tokens but {source} has "
                 f"{body.config.vocab_size}; give the data module the checkpoint's tokenizer (its folder)")
         if context_length > body.config.context_length:
-            raise ValueError(f"context_length={context_length} exceeds the pretrained model's "
+            raise ValueError(f"context_length={context_length} exceeds {owner}'s "
                              f"{body.config.context_length} positions")
         return body
     if vocab_size is None:
@@ -102,6 +109,12 @@ class _FineTuneTask(L.LightningModule):
         if mode not in ("full", "frozen", "features"):
             raise ValueError(f"mode must be 'full', 'frozen' or 'features', got {mode!r}")
         self.mode = mode
+
+    def _record_body(self, body: BERT | GPT) -> None:
+        """The body's config in the hyperparameters (JSON types, so they round-trip through YAML):
+        a checkpoint (`load_from_checkpoint`, ``unitok test --ckpt_path``) rebuilds the model from
+        it alone, whatever became of ``pretrained``'s folder."""
+        self.hparams["model_config"] = json.loads(json.dumps(body.config.to_dict()))
 
     def _check_labels(self, labels: Tensor, num_labels: int) -> None:
         real = labels[labels != -100]
@@ -178,13 +191,15 @@ class _LabelTask(_FineTuneTask):
 
     def _build(self, num_labels: int, vocab_size: int | None, context_length: int, pretrained: str | None,
                preset: str, mode: Mode, feature_layers: str | list[int], dropout: float | None,
-               classifier_dropout: float | None, family: Family = "bert") -> None:
+               classifier_dropout: float | None, family: Family = "bert",
+               model_config: dict[str, Any] | None = None) -> None:
         self.num_labels = num_labels
         self.family = family
         if family == "gpt" and (mode != "full" or self.per_token or num_labels < 2):
             raise ValueError("family='gpt' classifies whole texts (num_labels ≥ 2) with every weight trained "
                              f"(mode='full'); got mode={mode!r}, num_labels={num_labels}")
-        body = build_body(vocab_size, context_length, pretrained, preset, family)
+        body = build_body(vocab_size, context_length, pretrained, preset, family, model_config)
+        self._record_body(body)
         if isinstance(body, GPT):
             self.model = GPT.for_sequence_classification(body, num_labels, dropout)
             self.feature_head = None
@@ -223,6 +238,9 @@ class SequenceClassificationTask(_LabelTask):
         pretrained: a ``save_pretrained`` folder (BERT or ELECTRA; GPT for ``family="gpt"``);
             None trains from scratch.
         preset: the `BERTConfig` (`GPTConfig`) preset used from scratch.
+        model_config: the body's config as a dict, as ``pretrained`` or ``preset`` gave it (set
+            automatically, so a checkpoint rebuilds its model without ``pretrained``'s folder;
+            wins over ``pretrained`` and ``preset``).
         mode: "full", "frozen" (new head on a frozen body) or "features" (ScalarMix of
             ``feature_layers`` of the frozen body, mean-pooled, then a linear head).
         feature_layers: for "features": "all", "last4", or a list of hidden-state indices.
@@ -254,6 +272,7 @@ class SequenceClassificationTask(_LabelTask):
         min_lr_ratio: float = 0.1,
         family: Family = "bert",
         lm_loss_weight: float = 0.0,
+        model_config: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(mode)
         self.save_hyperparameters()
@@ -262,7 +281,7 @@ class SequenceClassificationTask(_LabelTask):
             raise ValueError(f"lm_loss_weight must be ≥ 0, and > 0 only with family='gpt'; got {lm_loss_weight} "
                              f"with family={family!r}")
         self._build(num_labels, vocab_size, context_length, pretrained, preset, mode, feature_layers, dropout,
-                    classifier_dropout, family)
+                    classifier_dropout, family, model_config)
 
     def _metrics(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
         labels = batch["labels"]
@@ -323,13 +342,14 @@ class TokenClassificationTask(_LabelTask):
         betas: tuple[float, float] = (0.9, 0.999),
         warmup_steps: int = 20,
         min_lr_ratio: float = 0.1,
+        model_config: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(mode)
         self.save_hyperparameters()
         if not isinstance(num_labels, int) or num_labels < 2:
             raise ValueError(f"token classification needs num_labels ≥ 2, got {num_labels!r}")
         self._build(num_labels, vocab_size, context_length, pretrained, preset, mode, feature_layers, dropout,
-                    classifier_dropout)
+                    classifier_dropout, model_config=model_config)
 
     def _metrics(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
         logits, labels = self(batch), batch["labels"]
@@ -383,7 +403,8 @@ def context_positions(segment_ids: Tensor, attention_mask: Tensor) -> Tensor:
 class QuestionAnsweringTask(_FineTuneTask):
     """Fine-tunes a BERT body for extractive QA: a start and an end score per token,
     cross-entropy on ``start_positions`` / ``end_positions``. Logs ``loss`` and
-    ``exact_match`` (the best valid span inside the context segment equals the answer)."""
+    ``exact_match`` (the best valid span inside the context segment equals the answer).
+    Arguments as `SequenceClassificationTask` (modes "full" and "frozen")."""
 
     def __init__(
         self,
@@ -399,6 +420,7 @@ class QuestionAnsweringTask(_FineTuneTask):
         betas: tuple[float, float] = (0.9, 0.999),
         warmup_steps: int = 20,
         min_lr_ratio: float = 0.1,
+        model_config: dict[str, Any] | None = None,
     ) -> None:
         if mode == "features":
             raise ValueError("QuestionAnsweringTask supports mode 'full' or 'frozen'")
@@ -406,7 +428,8 @@ class QuestionAnsweringTask(_FineTuneTask):
         super().__init__(mode)
         self.save_hyperparameters()
         self.num_labels = 1  # no class count to check against the data
-        body = build_body(vocab_size, context_length, pretrained, preset)
+        body = build_body(vocab_size, context_length, pretrained, preset, model_config=model_config)
+        self._record_body(body)
         self.model = BERT.for_question_answering(body, freeze_backbone=mode == "frozen", dropout=dropout)
 
     def _metrics(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:

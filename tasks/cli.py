@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import lightning as L
+import torch
 from jsonargparse import Namespace
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
@@ -42,6 +43,7 @@ from tasks.callbacks import (
 from tasks.data.base import CACHE_ENV
 from tasks.optim import check_optimizer_settings
 from tasks.resume import (
+    SETTINGS_KEY,
     RecordSettings,
     ResumableRNG,
     changed_settings,
@@ -125,6 +127,7 @@ class UnitokCLI(LightningCLI):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("parser_class", UnitokArgumentParser)
         self.stop: StopOnSignal | None = None
+        self.model_config_from: str | None = None  # the checkpoint whose model_config builds the model
         super().__init__(*args, **kwargs)
 
     # ------------------------------------------------------------------ the run's folder
@@ -144,9 +147,11 @@ class UnitokCLI(LightningCLI):
         module given no ``cache_dir`` go to ``<root>/cache``, shared by the recipe's runs, unless
         ``$UNITOK_CACHE_DIR`` names a cache shared by every recipe."""
         config = self.config.get(str(self.subcommand), self.config) if self.subcommand else self.config
+        self._take_checkpoint_model_config(config)
+        unread = ("model.init_args.pretrained",) if self.model_config_from else ()
         try:
             check_exports({f"--{key.replace('.init_args.', '.')}": value for key, value in config.items()
-                           if key.startswith(("model.", "data."))})
+                           if key.startswith(("model.", "data.")) and key not in unread})
         except FileNotFoundError as error:
             self.parser.error(str(error))
         if not os.environ.get(CACHE_ENV):
@@ -166,12 +171,48 @@ class UnitokCLI(LightningCLI):
             if refusal is None:
                 raise
             self.parser.error(str(refusal))
+        if self.model_config_from is not None:  # built: the run's config.yaml keeps the recipe's value
+            config = self.config.get(str(self.subcommand), self.config) if self.subcommand else self.config
+            config.model.init_args.model_config = None
 
     def _parse_ckpt_path(self) -> None:
         """Lightning replaces the model's settings with a checkpoint file's hyperparameters (the
         recipe's and the command line's ``--model.*`` with them), but not for ``last`` / ``best``,
         which are resolved later: here the recipe and the command line decide in every case, and
-        `_check_checkpoint` compares them with the checkpoint's run."""
+        `_check_checkpoint` compares them with the checkpoint's run — all but the model's
+        architecture, which the checkpoint's ``model_config`` gives (`_take_checkpoint_model_config`)."""
+
+    def _take_checkpoint_model_config(self, config: Namespace) -> None:
+        """With ``--ckpt_path``, a task that records its model's config (``model_config``) builds the
+        checkpoint's model from it — the config its weights were trained in — and reads no starting
+        folder (``pretrained``): the checkpoint is tested, validated, predicted with or resumed on its
+        own, whether that folder was moved, deleted or written again since. A ``model_config`` the
+        recipe or the command line gives is kept."""
+        model, ckpt = config.get("model"), config.get("ckpt_path")
+        init_args = model.get("init_args") if isinstance(model, Namespace) else None
+        if not isinstance(init_args, Namespace) or "model_config" not in init_args \
+                or init_args.get("model_config") is not None:
+            return
+        if ckpt in ("last", "best"):
+            try:
+                ckpt = str(find_checkpoint(self.recipe_root(), ckpt))
+            except FileNotFoundError:  # `_run_subcommand` says so
+                return
+        if not isinstance(ckpt, str) or not Path(ckpt).is_file():
+            return
+        try:
+            checkpoint = torch.load(ckpt, weights_only=True, map_location="cpu", mmap=True)
+        except Exception:  # not ours to judge here: Lightning's own load names the problem
+            return
+        if not isinstance(checkpoint, dict):
+            return
+        recorded = checkpoint.get(SETTINGS_KEY)
+        if isinstance(recorded, dict) and recorded.get("model.class_path") != model.get("class_path"):
+            return  # another kind of model's: `_check_checkpoint` refuses it by name
+        model_config = (checkpoint.get("hyper_parameters") or {}).get("model_config")
+        if isinstance(model_config, dict):
+            init_args["model_config"] = model_config
+            self.model_config_from = ckpt
 
     def _set_seed(self) -> None:
         """``--seed_everything`` outside numpy's range (a negative seed) is refused as a misspelt option is."""
@@ -185,7 +226,11 @@ class UnitokCLI(LightningCLI):
     def run_settings(self) -> dict[str, Any]:
         """The settings that make a run's curve: its model, its data and (when one was asked for) its seed."""
         config = self.config.get(str(self.subcommand), self.config) if self.subcommand else self.config
-        settings = plain_settings({"model": config.get("model"), "data": config.get("data")})
+        model = config.get("model")
+        if self.model_config_from is not None:  # the checkpoint's (while the model is built), not a setting
+            model = model.clone()
+            model.init_args.model_config = None
+        settings = plain_settings({"model": model, "data": config.get("data")})
         if getattr(self, "seed_asked", None) is not True:
             settings["seed_everything"] = config.get("seed_everything")
         return settings

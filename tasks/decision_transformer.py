@@ -66,6 +66,15 @@ def action_loss(out: DecisionTransformerOutput | Tensor, actions: Tensor, attent
     return F.mse_loss(preds, actions[real].float())
 
 
+def with_dropout(model: DecisionTransformer, dropout: float) -> DecisionTransformer:
+    """A new model with ``model``'s weights and processor, ``dropout`` on its embeddings,
+    residual branches and attention weights; in ``model``'s mode."""
+    tuned = DecisionTransformer(model.config.replace(dropout=dropout))
+    tuned.load_state_dict(model.state_dict())
+    tuned.processor = model.processor
+    return tuned.train(model.training)
+
+
 class DecisionTransformerTask(L.LightningModule):
     """Trains a `DecisionTransformer` on `TrajectoryDataModule` windows and evaluates it by
     rolling it out at target returns.
@@ -81,14 +90,19 @@ class DecisionTransformerTask(L.LightningModule):
     ``model_config`` so checkpoints rebuild the same model.
 
     Args:
-        preset: a `DecisionTransformerConfig` preset; ``d_model``, ``n_layers``, ``n_heads``,
-            ``dropout`` override it when given. context_length: K (the CLI links the data's).
+        preset: a `DecisionTransformerConfig` preset, the shape of a model trained from scratch
+            (not read with ``pretrained`` or ``model_config``, as for the other fine-tuning
+            tasks); ``d_model``, ``n_layers``, ``n_heads``, ``dropout`` override it when given.
+            context_length: K (the CLI links the data's).
+        dropout: with ``pretrained``, the dropout while fine-tuning (a training choice, as for
+            BERT and GPT fine-tuning); None keeps the folder's.
         condition_on_returns: False gives the behaviour-cloning baseline (no return tokens);
             None (default): True for a fresh model.
         pretrained: a ``save_pretrained`` folder to start from; its state and action spaces
-            must match the data's. It keeps its own architecture (``preset`` is not read): an
-            architecture option or ``condition_on_returns`` given with a different value than
-            the folder's is an error, not ignored.
+            must match the data's. It keeps its own architecture: an architecture option
+            (``d_model``, ``n_layers``, ``n_heads``, ``context_length``) or
+            ``condition_on_returns`` given with a different value than the folder's is an
+            error, not ignored.
         model_config: a full config as a dict (set automatically; wins over the other options).
         learning_rate / weight_decay / betas / warmup_steps / min_lr_ratio: AdamW (no decay
             on biases and norm gains), linear warm-up then cosine decay.
@@ -146,6 +160,8 @@ class DecisionTransformerTask(L.LightningModule):
         elif pretrained is not None:
             self.model = DecisionTransformer.from_pretrained(pretrained).train()  # loading gives eval mode
             self._check_pretrained_options(pretrained)
+            if dropout is not None and dropout != self.model.config.dropout:
+                self.model = with_dropout(self.model, dropout)
         self.evaluation: EvaluationResult | None = None
 
     # ------------------------------------------------------------------ model
@@ -153,7 +169,8 @@ class DecisionTransformerTask(L.LightningModule):
         """A pretrained model keeps its architecture: an option given with another value would
         otherwise be silently ignored (a behaviour-cloning baseline that reads returns)."""
         c = self.model.config  # type: ignore[union-attr]
-        given = {**self._overrides(), "condition_on_returns": self.hparams.condition_on_returns}
+        architecture = {k: v for k, v in self._overrides().items() if k != "dropout"}  # dropout: fine-tuning's
+        given = {**architecture, "condition_on_returns": self.hparams.condition_on_returns}
         differ = {k: (v, getattr(c, k)) for k, v in given.items() if v is not None and v != getattr(c, k)}
         if differ:
             listed = ", ".join(f"{k}={v!r} (the model's: {had!r})" for k, (v, had) in differ.items())

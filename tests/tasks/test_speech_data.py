@@ -24,9 +24,9 @@ from tasks import ManifestDataModule, SpokenDigitsDataModule
 from tasks.data import espeak
 from tasks.data import speech as speech_data
 from tasks.data.speech import (
+    ACCENTS,
     CACHE_ENV,
     DIGIT_WORDS,
-    ACCENTS,
     EVERY_TRAIN_VOICES,
     HELD_OUT_VOICES,
     NEAR_HELD_OUT_VARIANTS,
