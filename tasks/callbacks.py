@@ -246,9 +246,21 @@ class Compile(L.Callback):
     compilation (tens of seconds on a CPU); worth it for long runs. ``backend`` / ``mode`` / ``dynamic``: as `torch.compile` takes them.
 
     In a recipe: ``trainer.callbacks: [{class_path: tasks.Compile}]``; on the command line:
-    ``--trainer.callbacks+=tasks.Compile``."""
+    ``--trainer.callbacks+=tasks.Compile``. A backend, mode or ``dynamic`` that `torch.compile` would
+    refuse is refused when the callback is made, before the data's setup."""
 
     def __init__(self, backend: str = "inductor", mode: str | None = None, dynamic: bool | None = None) -> None:
+        from unitok.compile import check_backend
+
+        check_backend("tasks.Compile backend", backend or "inductor")  # (None: torch.compile's default)
+        if mode is not None and (backend or "inductor") == "inductor":  # (other backends ignore the mode)
+            from torch._inductor import list_mode_options
+
+            if mode not in list_mode_options():
+                raise ValueError(f"tasks.Compile mode must be None or one of inductor's modes "
+                                 f"({', '.join(list_mode_options())}), got {mode!r}")
+        if dynamic is not None and not isinstance(dynamic, bool):
+            raise TypeError(f"tasks.Compile dynamic must be True, False or None, got {dynamic!r}")
         self.options = {"backend": backend, "mode": mode, "dynamic": dynamic}
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

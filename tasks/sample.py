@@ -39,6 +39,17 @@ def _number(low: float = -math.inf, high: float = math.inf, *, low_open: bool = 
     return parse
 
 
+def _backend(text: str) -> str:
+    """A `torch.compile` backend's name, for argparse."""
+    from unitok.compile import check_backend
+
+    try:
+        check_backend("value", text, callables=False)
+    except ValueError as error:  # argparse names the flag
+        raise argparse.ArgumentTypeError(str(error).removeprefix("value ")) from None
+    return text
+
+
 # Options that only one strategy reads: given with another, they would be ignored without a word.
 STRATEGY_OPTIONS = {"num_beams": "beam", "length_penalty": "beam", "temperature": "sample", "top_k": "sample",
                     "top_p": "sample"}
@@ -65,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sample: keep the smallest set of tokens whose probability reaches p")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--compile", default=None, metavar="BACKEND",
+    p.add_argument("--compile", type=_backend, default=None, metavar="BACKEND",
                    help="greedy / sample: decode through the compiled static-cache step (e.g. inductor)")
     return p
 

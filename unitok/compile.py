@@ -22,30 +22,62 @@ from torch import nn
 from unitok.backbone import Backbone
 
 
+class _OwnMark:
+    """A value `compile_backbones` leaves on a module about that module alone: a copy of it
+    (`copy.deepcopy`, pickling) gets None instead, as PyTorch drops the compiled call itself from
+    a copy (``nn.Module.__getstate__``: the call is bound to the original and its weights)."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __reduce__(self) -> tuple[type, tuple[()]]:
+        return type(None), ()
+
+
+def check_backend(name: str, backend: Any, callables: bool = True, also: str | None = None) -> None:
+    """Refuse a ``backend`` that `torch.compile` would refuse only at compile time: not a
+    registered name (`torch._dynamo.list_backends`, the debugging ones such as ``eager`` and
+    ``aot_eager`` included) nor, if ``callables``, a callable. ``name`` names the option in the
+    error, ``also`` what else it takes (its own check's business)."""
+    if backend == "inductor" or (callables and callable(backend)):  # inductor: without importing Dynamo
+        return
+    from torch._dynamo import list_backends  # (a second's import: only for another backend)
+
+    names = list_backends(exclude_tags=())
+    if not isinstance(backend, str) or backend not in names:
+        takes = [*([also] if also else []), *(["a callable"] if callables else []), "the name of a torch.compile backend"]
+        raise ValueError(f"{name} must be {' or '.join(takes)} ({', '.join(names)}), got {backend!r}")
+
+
 def compile_backbones(model: nn.Module, training_only: bool = True, **options: Any) -> int:
     """Compile every `Backbone` inside ``model`` in place (weights and state-dict keys
     unchanged), and the fused LM-head loss of the modules in it (`loss_backend`); ``options`` go
     to `torch.compile` (backend, mode, dynamic, …), the loss takes the backend (a name or a
-    callable) alone. -> how many
-    stacks were compiled. Calling it again on a compiled model changes nothing."""
-    loss_setting = (options.get("backend") or "inductor", training_only)
+    callable) alone. -> how many stacks were compiled. Calling it again on a compiled model changes
+    nothing. A copy of a compiled model (`copy.deepcopy`, pickling: an EMA or teacher copy, a
+    ``torch.save``) runs eagerly on its own weights until it is compiled in turn."""
+    if "backend" in options:  # refused here, not at the first compiled call
+        check_backend("backend", options["backend"] or "inductor")
+    loss_setting = _OwnMark((options.get("backend") or "inductor", training_only))
     for module in model.modules():
-        if not hasattr(module, "_unitok_loss_compile"):
+        if getattr(module, "_unitok_loss_compile", None) is None:
             module._unitok_loss_compile = loss_setting  # type: ignore[attr-defined]
     count = 0
     for module in model.modules():
-        if not isinstance(module, Backbone) or getattr(module, "_unitok_compiled", False):
+        if not isinstance(module, Backbone) or module._compiled_call_impl is not None:
             continue
-        eager = module.forward
-        compiled = torch.compile(eager, **options)
+        # What `nn.Module.compile` does (the call, hooks included, compiled; `__call__` runs it), but
+        # eager while evaluating if ``training_only``. The compiled call is the module's own
+        # attribute, which PyTorch leaves out of copies (``nn.Module.__getstate__``).
+        compiled = torch.compile(module._call_impl, **options)
+        if training_only:
+            def call(*args: Any, _module: Backbone = module, _compiled: Any = compiled, **kwargs: Any) -> Any:
+                return (_compiled if _module.training else _module._call_impl)(*args, **kwargs)
 
-        def forward(*args: Any, _module: Backbone = module, _eager: Any = eager, _compiled: Any = compiled,
-                    **kwargs: Any) -> Any:
-            use = _compiled if _module.training or not training_only else _eager
-            return use(*args, **kwargs)
-
-        module.forward = forward  # type: ignore[method-assign]
-        module._unitok_compiled = True  # type: ignore[attr-defined]
+            module._compiled_call_impl = call
+        else:
+            module._compiled_call_impl = compiled
+        module._unitok_compiled = _OwnMark(True)  # type: ignore[attr-defined]
         count += 1
     return count
 
@@ -55,7 +87,7 @@ def loss_backend(module: nn.Module) -> bool | str | Callable[..., Any]:
     argument of `unitok.losses.linear_cross_entropy`): the one `compile_backbones` was given, while
     the module trains (or always, if it compiled more than training); False otherwise."""
     setting = getattr(module, "_unitok_loss_compile", None)
-    if setting is None:
+    if setting is None:  # never compiled, or a copy of a compiled model
         return False
-    backend, training_only = setting
+    backend, training_only = setting.value
     return backend if module.training or not training_only else False

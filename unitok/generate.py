@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from tokenizers_mm.checks import check_int, check_number
+from unitok.compile import check_backend
 from unitok.config import Config
 from unitok.embed.positions import positions_from_mask
 from unitok.layers.attention import build_attention_mask
@@ -118,6 +119,8 @@ class GenerationConfig(Config):
     def __post_init__(self) -> None:
         if not isinstance(self.compile, (bool, str)) or self.compile == "":
             raise ValueError(f"compile must be True/False or a torch.compile backend name, got {self.compile!r}")
+        if isinstance(self.compile, str):  # refused here, not at the first compiled step
+            check_backend("compile", self.compile, callables=False, also="True/False")
         if self.compile and self.strategy == "beam":
             raise ValueError("compile serves greedy and sampled decoding; beam search reorders its cache every "
                              "step (use compile=False)")

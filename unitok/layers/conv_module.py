@@ -51,6 +51,12 @@ class ConvModule(nn.Module):
         h = h.transpose(1, 2).unsqueeze(2).contiguous(memory_format=torch.channels_last)  # (B, C, 1, N), no copy
         h = F.conv2d(h, self.depthwise.weight.unsqueeze(2), self.depthwise.bias,
                      padding=(0, self.depthwise.padding[0]), groups=self.depthwise.groups)
-        h = F.silu(self.conv_norm(h.squeeze(2)))  # (B, C, N), channels-last strides
+        h = h.squeeze(2)  # (B, C, N), channels-last strides
+        if torch.compiler.is_compiling() and isinstance(self.conv_norm, nn.BatchNorm1d):
+            # BatchNorm returns (B, C, N) contiguous whatever its input's strides, but a traced
+            # graph predicts them kept (PyTorch 2.14's meta function) and views the transposed rows
+            # below as if contiguous (a crash): a contiguous input makes prediction and kernel agree.
+            h = h.contiguous()
+        h = F.silu(self.conv_norm(h))  # (B, C, N)
         h = linear(h.transpose(1, 2), self.pointwise_out.weight.squeeze(-1), self.pointwise_out.bias)  # (B, N, D)
         return self.drop(h)
