@@ -59,6 +59,7 @@ class BindTask(ContrastiveTask):
         dropout: float | None = None,
         pretrained: str | None = None,
         image_tower: str | None = None,
+        model_config: dict[str, Any] | None = None,
         lock_image_tower: bool = False,
         image_text: str = "image_text",
         audio_image: str = "audio_image",
@@ -70,8 +71,11 @@ class BindTask(ContrastiveTask):
         min_lr_ratio: float = 0.01,
         zero_shot_templates: Sequence[str] | None = None,
     ) -> None:
-        super().__init__(preset, embed_dim, shared_backbone, dropout, pretrained, image_tower, lock_image_tower,
-                         learning_rate, weight_decay, betas, warmup_steps, min_lr_ratio, zero_shot_templates)
+        super().__init__(preset=preset, embed_dim=embed_dim, shared_backbone=shared_backbone, dropout=dropout,
+                         pretrained=pretrained, image_tower=image_tower, model_config=model_config,
+                         lock_image_tower=lock_image_tower, learning_rate=learning_rate, weight_decay=weight_decay,
+                         betas=betas, warmup_steps=warmup_steps, min_lr_ratio=min_lr_ratio,
+                         zero_shot_templates=zero_shot_templates)
         if self.model.config.audio is None:
             raise ValueError(f"preset {preset!r} has no audio tower; use clip-digits-audio (or a CLIP with audio=...)")
         check_number("audio_weight", audio_weight, 0.0)  # NaN would make every loss NaN
@@ -130,6 +134,7 @@ class BindTask(ContrastiveTask):
             if not audio.spectrogram:  # stored with the model: raw audio is read as in training
                 self.model.config = self.model.config.replace(audio=audio.replace(spectrogram=spectrogram.to_dict()))
                 self.model.audio.config = self.model.config.audio
+                self._record_model()
             elif audio.spectrogram != spectrogram.to_dict():
                 raise ValueError(f"the audio data's spectrogram settings {spectrogram.to_dict()} differ from the "
                                  f"model's {audio.spectrogram}")

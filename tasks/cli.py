@@ -148,7 +148,7 @@ class UnitokCLI(LightningCLI):
         ``$UNITOK_CACHE_DIR`` names a cache shared by every recipe."""
         config = self.config.get(str(self.subcommand), self.config) if self.subcommand else self.config
         self._take_checkpoint_model_config(config)
-        unread = ("model.init_args.pretrained",) if self.model_config_from else ()
+        unread = ("model.init_args.pretrained", "model.init_args.image_tower") if self.model_config_from else ()
         try:
             check_exports({f"--{key.replace('.init_args.', '.')}": value for key, value in config.items()
                            if key.startswith(("model.", "data.")) and key not in unread})
@@ -185,9 +185,9 @@ class UnitokCLI(LightningCLI):
     def _take_checkpoint_model_config(self, config: Namespace) -> None:
         """With ``--ckpt_path``, a task that records its model's config (``model_config``) builds the
         checkpoint's model from it — the config its weights were trained in — and reads no starting
-        folder (``pretrained``): the checkpoint is tested, validated, predicted with or resumed on its
-        own, whether that folder was moved, deleted or written again since. A ``model_config`` the
-        recipe or the command line gives is kept."""
+        folder (``pretrained``, a CLIP's ``image_tower``): the checkpoint is tested, validated,
+        predicted with or resumed on its own, whether that folder was moved, deleted or written
+        again since. A ``model_config`` the recipe or the command line gives is kept."""
         model, ckpt = config.get("model"), config.get("ckpt_path")
         init_args = model.get("init_args") if isinstance(model, Namespace) else None
         if not isinstance(init_args, Namespace) or "model_config" not in init_args \
@@ -209,7 +209,10 @@ class UnitokCLI(LightningCLI):
         recorded = checkpoint.get(SETTINGS_KEY)
         if isinstance(recorded, dict) and recorded.get("model.class_path") != model.get("class_path"):
             return  # another kind of model's: `_check_checkpoint` refuses it by name
-        model_config = (checkpoint.get("hyper_parameters") or {}).get("model_config")
+        hyper_parameters = checkpoint.get("hyper_parameters") or {}
+        if "family" in hyper_parameters and hyper_parameters["family"] != init_args.get("family"):
+            return  # another family's model (a ViT's for a Mixer recipe): `_run_subcommand` says it does not fit
+        model_config = hyper_parameters.get("model_config")
         if isinstance(model_config, dict):
             init_args["model_config"] = model_config
             self.model_config_from = ckpt

@@ -6,6 +6,7 @@ Axis legend: B local batch, G global batch (all devices), E embedding width, K c
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -60,6 +61,16 @@ def contrastive_loss(image_embeds: Tensor, text_embeds: Tensor, logit_scale: Ten
     return 0.5 * (F.cross_entropy(logits_per_image, labels) + F.cross_entropy(logits_per_text, labels))
 
 
+def with_dropout(model: CLIP, dropout: float) -> CLIP:
+    """A new CLIP with ``model``'s weights and processor and ``dropout`` in its image and text
+    towers (as a fresh model's ``dropout`` sets them); in ``model``'s mode."""
+    c = model.config
+    tuned = CLIP(c.replace(vision=c.vision.replace(dropout=dropout), text=c.text.replace(dropout=dropout)))
+    tuned.load_state_dict(model.state_dict())
+    tuned.processor = model.processor
+    return tuned.train(model.training)
+
+
 class ContrastiveTask(L.LightningModule):
     """Trains a unitok `CLIP` on ``{"pixel_values", "input_ids", "labels"}`` batches.
 
@@ -69,9 +80,14 @@ class ContrastiveTask(L.LightningModule):
 
     Args:
         preset: a `CLIPConfig` preset. embed_dim / shared_backbone / dropout: override it.
-        pretrained: a CLIP ``save_pretrained`` folder to start from.
+        pretrained: a CLIP ``save_pretrained`` folder to start from; it keeps its own shape
+            (``embed_dim`` and ``shared_backbone`` given with it are errors), ``dropout`` (a
+            training choice, as for BERT and GPT fine-tuning) sets its image and text towers'.
         image_tower: a ViT ``save_pretrained`` folder (e.g. from ``configs/vit/digits.yaml``)
             to start the image tower from; its classifier is dropped.
+        model_config: the CLIP's config as a dict, as the options above gave it and the data
+            completed it (normalisation; set automatically, so a checkpoint rebuilds its model
+            without the ``pretrained`` or ``image_tower`` folder; wins over the options above).
         lock_image_tower: LiT — freeze the image tower and its projection.
         learning_rate / weight_decay / betas / warmup_steps / min_lr_ratio: AdamW, warm-up + cosine.
         zero_shot_templates: override the data module's prompts for the zero-shot metric.
@@ -85,6 +101,7 @@ class ContrastiveTask(L.LightningModule):
         dropout: float | None = None,
         pretrained: str | None = None,
         image_tower: str | None = None,
+        model_config: dict[str, Any] | None = None,
         lock_image_tower: bool = False,
         learning_rate: float = 1e-3,
         weight_decay: float = 0.1,
@@ -102,6 +119,7 @@ class ContrastiveTask(L.LightningModule):
             raise ValueError("dropout sets the towers built here; an image_tower brings its own (only the text "
                              "tower's would change): leave dropout out, or set it in the ViT's recipe")
         self.model = self._build_model()
+        self._record_model()
         if lock_image_tower:
             self.model.lock_image_tower()
         self.classifier: ZeroShotClassifier | None = None
@@ -110,12 +128,18 @@ class ContrastiveTask(L.LightningModule):
 
     def _build_model(self) -> CLIP:
         h = self.hparams
+        if h.model_config is not None:  # a checkpoint's: its weights follow, no starting folder is read
+            return CLIP(CLIPConfig.from_dict(dict(h.model_config)))
         overrides: dict[str, Any] = {k: v for k, v in dict(embed_dim=h.embed_dim, shared_backbone=h.shared_backbone)
                                      .items() if v is not None}
         if h.pretrained is not None:
-            if overrides or h.image_tower is not None or h.dropout is not None:
-                raise ValueError("a pretrained CLIP's shape, image tower and dropout cannot be overridden")
-            return CLIP.from_pretrained(h.pretrained).train()  # loaded in eval mode; Lightning keeps modes
+            if overrides or h.image_tower is not None:
+                raise ValueError("a pretrained CLIP's shape and image tower cannot be overridden")
+            model = CLIP.from_pretrained(h.pretrained).train()  # loaded in eval mode; Lightning keeps modes
+            if h.dropout is not None and (h.dropout, h.dropout) != (model.config.vision.dropout,
+                                                                    model.config.text.dropout):
+                model = with_dropout(model, h.dropout)
+            return model
         config = CLIPConfig.from_name(h.preset, **overrides)
         if h.dropout is not None:
             config = config.replace(vision=config.vision.replace(dropout=h.dropout),
@@ -125,6 +149,14 @@ class ContrastiveTask(L.LightningModule):
         vit = ViT.from_pretrained(h.image_tower)
         return CLIP.from_vit(vit, text=config.text, embed_dim=config.embed_dim, shared_backbone=config.shared_backbone,
                              audio=config.audio).train()
+
+    def _record_model(self) -> None:
+        """The CLIP's config in the hyperparameters (JSON types, so they round-trip through YAML):
+        a checkpoint (`load_from_checkpoint`, ``unitok test --ckpt_path``) rebuilds the model from
+        it alone, whatever became of the ``pretrained`` or ``image_tower`` folder. Recorded again
+        once the data has completed it (`setup`), so the checkpoint holds the config its weights
+        were trained in."""
+        self.hparams["model_config"] = json.loads(json.dumps(self.model.config.to_dict()))
 
     def forward(self, pixel_values: Tensor, input_ids: Tensor) -> Any:
         return self.model(pixel_values, input_ids)
@@ -171,6 +203,7 @@ class ContrastiveTask(L.LightningModule):
             # Stored with the model, so zero-shot on raw images normalises as in training.
             self.model.config = c.replace(vision=c.vision.replace(mean=mean, std=std))
             self.model.visual.config = self.model.config.vision
+            self._record_model()
         names = getattr(datamodule, "class_names", None)
         templates = self.hparams.zero_shot_templates or getattr(datamodule, "zero_shot_templates", None)
         if names and templates:

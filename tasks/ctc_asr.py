@@ -50,6 +50,15 @@ def ctc_log_likelihood(log_probs: Tensor, lengths: Tensor, paths: Sequence[Seque
     return -nll
 
 
+def with_dropout(model: ConformerCTC, dropout: float) -> ConformerCTC:
+    """A new model with ``model``'s weights and processor and ``dropout`` in its blocks (the
+    config's ``dropout``, as a fresh model's override sets it); in ``model``'s mode."""
+    tuned = ConformerCTC(model.config.replace(dropout=dropout))
+    tuned.load_state_dict(model.state_dict())
+    tuned.processor = model.processor
+    return tuned.train(model.training)
+
+
 class CTCSpeechTask(L.LightningModule):
     """Trains a `ConformerCTC` on ``{"features", "feature_lengths", "targets", "target_lengths",
     "texts"}`` batches.
@@ -66,7 +75,10 @@ class CTCSpeechTask(L.LightningModule):
         preset: a `ConformerConfig` preset. d_model / n_layers / n_heads / conv_kernel_size /
             dropout: override it.
         pretrained: a ``save_pretrained`` folder to start from (its vocabulary and spectrogram
-            settings must match the data's, and ``vocabulary`` / ``spectrogram`` when given).
+            settings must match the data's, and ``vocabulary`` / ``spectrogram`` when given). It
+            keeps its architecture (``d_model``, ``n_layers``, ``n_heads``, ``conv_kernel_size``
+            given with it are errors); ``dropout`` is the fine-tuning's (a training choice, as
+            for BERT and GPT fine-tuning).
         vocabulary / spectrogram: the characters (ids 1..) and `SpectrogramConfig` fields, to
             build the model now instead of from the data module.
         model_config: a full `ConformerConfig` as a dict (set automatically once the model
@@ -108,15 +120,17 @@ class CTCSpeechTask(L.LightningModule):
         check_int("beam_size", beam_size)
         self.decoder, self.beam_size, self.lexicon = decoder, beam_size, lexicon
         self._words: Lexicon | None = None  # ``lexicon`` spelled in the model's characters, once it exists
-        overrides = self._overrides()
-        if pretrained is not None and overrides:
-            raise ValueError(f"a pretrained model's {', '.join(overrides)} cannot be overridden")
+        architecture = [k for k in self._overrides() if k != "dropout"]  # dropout: fine-tuning's
+        if pretrained is not None and architecture:
+            raise ValueError(f"a pretrained model's {', '.join(architecture)} cannot be overridden")
         self.model: ConformerCTC | None = None
         if model_config is not None:  # a checkpoint: its weights follow, the starting folder is not read
             self.model = ConformerCTC(ConformerConfig.from_dict(dict(model_config)))
         elif pretrained is not None:
             self.model = ConformerCTC.from_pretrained(pretrained).train()  # loading gives eval mode
             self._check_given(self.model.config, vocabulary, spectrogram)
+            if dropout is not None and dropout != self.model.config.dropout:
+                self.model = with_dropout(self.model, dropout)
         elif vocabulary is not None:
             self.model = self._build(CharacterVocabulary(vocabulary), SpectrogramConfig.from_dict(spectrogram or {}))
         if self.model is not None:

@@ -5,6 +5,7 @@ Axis legend: B batch, K classes, C/H/W image channels/height/width.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Literal
 
@@ -33,6 +34,16 @@ FAMILIES: dict[str, tuple[type[ImageModel], type[ViTConfig] | type[MixerConfig]]
 }
 DEFAULT_PRESETS = {"vit": "vit-digits", "deit": "deit-digits", "mixer": "mixer-digits"}
 _MIXUP = 3  # the first word of the mixup draws' seeds (the samplers' streams use 0–2)
+
+
+def with_dropout(model: ImageModel, dropout: float) -> ImageModel:
+    """A new model with ``model``'s weights and processor and ``dropout`` on its embeddings and
+    residual branches (the config's ``dropout``, as a fresh model's override sets it); in
+    ``model``'s mode."""
+    tuned = type(model)(model.config.replace(dropout=dropout))
+    tuned.load_state_dict(model.state_dict())
+    tuned.processor = model.processor
+    return tuned.train(model.training)
 
 
 def hard_distillation_loss(logits_cls: Tensor, logits_dist: Tensor, labels: Tensor, teacher_logits: Tensor,
@@ -76,7 +87,12 @@ class ImageClassificationTask(L.LightningModule):
         num_classes / image_size / channels / d_model / n_layers / n_heads / dropout: override
             the preset when given (num_classes, channels must match the data module).
         pretrained: a ``save_pretrained`` folder to start from (of this family); only
-            ``num_classes`` (a new head) and ``image_size`` (ViT/DeiT) may then be overridden.
+            ``num_classes`` (a new head), ``image_size`` (ViT/DeiT) and ``dropout`` (a training
+            choice, as for BERT and GPT fine-tuning) may then be overridden.
+        model_config: the model's config as a dict, as ``preset`` or ``pretrained`` and the
+            options above gave it and the data completed it (normalisation, resizing filter;
+            set automatically, so a checkpoint rebuilds its model without ``pretrained``'s
+            folder; wins over ``preset``, ``pretrained`` and the options above).
         learning_rate / weight_decay / betas / warmup_steps / min_lr_ratio: AdamW (no decay
             on biases and norm gains), linear warm-up then cosine decay.
         label_smoothing: on the cross-entropy with the true labels.
@@ -107,6 +123,7 @@ class ImageClassificationTask(L.LightningModule):
         n_heads: int | None = None,
         dropout: float | None = None,
         pretrained: str | None = None,
+        model_config: dict[str, Any] | None = None,
         learning_rate: float = 1e-3,
         weight_decay: float = 0.05,
         betas: tuple[float, float] = (0.9, 0.999),
@@ -143,6 +160,7 @@ class ImageClassificationTask(L.LightningModule):
         check_number("label_smoothing", label_smoothing, 0.0, 1.0)
         check_int("teacher_steps", teacher_steps)
         self.model = self._build_model()
+        self._record_model()
         K = self.model.config.num_classes
         if K < 2:
             raise ValueError(f"classification needs num_classes ≥ 2, got {K}")
@@ -160,6 +178,8 @@ class ImageClassificationTask(L.LightningModule):
     def _build_model(self) -> ImageModel:
         h = self.hparams
         model_class, config_class = FAMILIES[h.family]
+        if h.model_config is not None:  # a checkpoint's: its weights follow, the starting folder is not read
+            return model_class(config_class.from_dict(dict(h.model_config)))
         shape = {k: v for k, v in dict(d_model=h.d_model, n_layers=h.n_layers, n_heads=h.n_heads,
                                        dropout=h.dropout, channels=h.channels).items() if v is not None}
         if h.family == "mixer" and "n_heads" in shape:
@@ -168,9 +188,12 @@ class ImageClassificationTask(L.LightningModule):
         if isinstance(image_size, int):  # configs hold (height, width)
             image_size = (image_size, image_size)
         if h.pretrained is not None:
-            if shape:
-                raise ValueError(f"a pretrained model's {', '.join(shape)} cannot be overridden")
+            architecture = [k for k in shape if k != "dropout"]  # dropout: fine-tuning's
+            if architecture:
+                raise ValueError(f"a pretrained model's {', '.join(architecture)} cannot be overridden")
             model = model_class.from_pretrained(h.pretrained).train()  # loading gives eval mode
+            if h.dropout is not None and h.dropout != model.config.dropout:
+                model = with_dropout(model, h.dropout)
             if h.num_classes is not None and h.num_classes != model.config.num_classes:
                 model.reset_classifier(h.num_classes)
             if image_size is not None:
@@ -188,6 +211,13 @@ class ImageClassificationTask(L.LightningModule):
             # Normalisation has one value per channel; the data module's replaces this in `setup`.
             overrides.update(mean=(0.5,) * h.channels, std=(0.5,) * h.channels)
         return model_class(config_class.from_name(preset, **overrides))
+
+    def _record_model(self) -> None:
+        """The model's config in the hyperparameters (JSON types, so they round-trip through YAML):
+        a checkpoint (`load_from_checkpoint`, ``unitok test --ckpt_path``) rebuilds the model from
+        it alone, whatever became of ``pretrained``'s folder. Recorded again once the data has
+        completed it (`setup`), so the checkpoint holds the config its weights were trained in."""
+        self.hparams["model_config"] = json.loads(json.dumps(self.model.config.to_dict()))
 
     def forward(self, pixel_values: Tensor, **kwargs: Any) -> ImageClassifierOutput:
         return self.model(pixel_values, **kwargs)
@@ -251,6 +281,7 @@ class ImageClassificationTask(L.LightningModule):
             changes["crop_pct"] = datamodule.crop_pct
         if changes:
             self.model.config = c.replace(**changes)
+            self._record_model()
 
     def _resolve_teacher(self, datamodule: L.LightningDataModule | None) -> nn.Module:
         # Resolved when fitting, not in __init__: a distilled checkpoint loads for test/predict
