@@ -14,6 +14,8 @@ refused by name (`changed_settings`).
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import os
 import random
 from collections.abc import Mapping
@@ -187,11 +189,38 @@ def recorded_settings(path: str | Path) -> dict[str, Any] | None:
     return settings if isinstance(settings, dict) else None
 
 
+def option_defaults(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The default of each constructor option of the classes ``settings`` name
+    (``model.class_path: tasks.ImageClassificationTask`` -> ``{"model.init_args.mixup": 0.0, …}``),
+    as plain values; a class that cannot be imported gives none."""
+    defaults: dict[str, Any] = {}
+    for key, path in settings.items():
+        if key.rsplit(".", 1)[-1] != "class_path" or not isinstance(path, str) or "." not in path:
+            continue
+        module, _, name = path.rpartition(".")
+        try:
+            parameters = inspect.signature(getattr(importlib.import_module(module), name).__init__).parameters
+        except (ImportError, AttributeError, TypeError, ValueError):
+            continue
+        prefix = key[: -len("class_path")]
+        defaults.update({f"{prefix}init_args.{option}": plain(p.default) for option, p in parameters.items()
+                         if p.default is not inspect.Parameter.empty})
+    return defaults
+
+
 def changed_settings(recorded: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
-    """``key: before → now`` for every setting that differs (`NEUTRAL_SETTINGS` aside)."""
-    keys = sorted(set(recorded) | set(current))
-    return [f"{key}: {recorded.get(key)!r} → {current.get(key)!r}" for key in keys
-            if key.rsplit(".", 1)[-1] not in NEUTRAL_SETTINGS and recorded.get(key) != current.get(key)]
+    """``key: before → now`` for every setting that differs (`NEUTRAL_SETTINGS` aside). An option
+    the checkpoint's run did not have yet (added to its class since) is unchanged while it keeps
+    its default: the run had that behaviour."""
+    defaults, missing = option_defaults(current), object()
+
+    def changed(key: str) -> bool:
+        if key not in recorded and defaults.get(key, missing) == current.get(key):
+            return False
+        return key.rsplit(".", 1)[-1] not in NEUTRAL_SETTINGS and recorded.get(key) != current.get(key)
+
+    return [f"{key}: {recorded.get(key)!r} → {current.get(key)!r}" for key in sorted(set(recorded) | set(current))
+            if changed(key)]
 
 
 def resume_callbacks() -> list[L.Callback]:

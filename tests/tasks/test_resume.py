@@ -406,6 +406,20 @@ def test_settings_are_compared_as_plain_values_and_neutral_ones_ignored():
     assert changed_settings(before, after) == ["model.init_args.lr: 0.1 → 0.2"]
 
 
+def test_an_option_added_since_a_checkpoint_was_written_is_unchanged_at_its_default():
+    from tasks.resume import changed_settings
+
+    # a checkpoint of an image run from before `mixup` and `model_config` existed
+    current = {"model.class_path": "tasks.ImageClassificationTask", "model.init_args.learning_rate": 0.002,
+               "model.init_args.mixup": 0.0, "model.init_args.model_config": None}
+    before = {k: v for k, v in current.items() if k not in ("model.init_args.mixup", "model.init_args.model_config")}
+    assert changed_settings(before, current) == []
+    # set to something else, the new option does change the run's curve
+    assert changed_settings(before, {**current, "model.init_args.mixup": 0.4}) == ["model.init_args.mixup: None → 0.4"]
+    # an option the checkpoint did record is compared as always, default or not
+    assert changed_settings({**current, "model.init_args.mixup": 0.4}, current) == ["model.init_args.mixup: 0.4 → 0.0"]
+
+
 def test_resumable_loaders_keep_the_datasets_attributes(digits):
     loader = resumable_loader(digits.train_set, ResumableBatchSampler(range(8), 4, True), None)
     assert isinstance(loader.dataset, SeededFetch) and len(loader.dataset) == len(digits.train_set)
