@@ -29,6 +29,7 @@ from torch import Tensor, nn
 
 from tasks.optim import adamw_warmup_cosine
 from tasks.predictions import Record, class_records, records
+from tasks.recorded import check_trained_tokenizer, record_model_config, take_trained_tokenizer
 from tokenizers_mm.checks import check_int
 from unitok.heads import ClassificationHead, ScalarMix
 from unitok.models import BERT, ELECTRA, GPT, BERTConfig, GPTConfig
@@ -100,7 +101,9 @@ def build_body(vocab_size: int | None, context_length: int, pretrained: str | No
 
 
 class _FineTuneTask(L.LightningModule):
-    """Modes, the AdamW schedule and label checks shared by the fine-tuning tasks."""
+    """Modes, the AdamW schedule and label checks shared by the fine-tuning tasks; the tokenizer a
+    model was fitted with is recorded (``trained_tokenizer``), and a checkpoint tested or resumed
+    with another one (of the same size) is refused."""
 
     num_labels: int
 
@@ -109,12 +112,6 @@ class _FineTuneTask(L.LightningModule):
         if mode not in ("full", "frozen", "features"):
             raise ValueError(f"mode must be 'full', 'frozen' or 'features', got {mode!r}")
         self.mode = mode
-
-    def _record_body(self, body: BERT | GPT) -> None:
-        """The body's config in the hyperparameters (JSON types, so they round-trip through YAML):
-        a checkpoint (`load_from_checkpoint`, ``unitok test --ckpt_path``) rebuilds the model from
-        it alone, whatever became of ``pretrained``'s folder."""
-        self.hparams["model_config"] = json.loads(json.dumps(body.config.to_dict()))
 
     def _check_labels(self, labels: Tensor, num_labels: int) -> None:
         real = labels[labels != -100]
@@ -130,6 +127,10 @@ class _FineTuneTask(L.LightningModule):
             raise ValueError(f"label count mismatch: the data module has {expected} labels "
                              f"{tuple(getattr(datamodule, 'label_names', ()))} but the task was built with "
                              f"num_labels={self.num_labels}")
+        check_trained_tokenizer(self, datamodule, stage)
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        take_trained_tokenizer(self, checkpoint)  # a checkpoint's body has no tokenizer: its record is checked
 
     def configure_optimizers(self):
         return adamw_warmup_cosine(self, self.trainer, self.hparams)
@@ -199,7 +200,7 @@ class _LabelTask(_FineTuneTask):
             raise ValueError("family='gpt' classifies whole texts (num_labels ≥ 2) with every weight trained "
                              f"(mode='full'); got mode={mode!r}, num_labels={num_labels}")
         body = build_body(vocab_size, context_length, pretrained, preset, family, model_config)
-        self._record_body(body)
+        record_model_config(self, body.config)  # the body's: a checkpoint rebuilds it, then the head
         if isinstance(body, GPT):
             self.model = GPT.for_sequence_classification(body, num_labels, dropout)
             self.feature_head = None
@@ -429,7 +430,7 @@ class QuestionAnsweringTask(_FineTuneTask):
         self.save_hyperparameters()
         self.num_labels = 1  # no class count to check against the data
         body = build_body(vocab_size, context_length, pretrained, preset, model_config=model_config)
-        self._record_body(body)
+        record_model_config(self, body.config)
         self.model = BERT.for_question_answering(body, freeze_backbone=mode == "frozen", dropout=dropout)
 
     def _metrics(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:

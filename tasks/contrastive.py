@@ -6,7 +6,6 @@ Axis legend: B local batch, G global batch (all devices), E embedding width, K c
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -21,6 +20,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from tasks.optim import adamw_warmup_cosine
 from tasks.predictions import Record, class_records
+from tasks.recorded import record_model_config
 from unitok.models import CLIP, CLIPConfig, ViT
 from unitok.zero_shot import ZeroShotClassifier
 
@@ -59,16 +59,6 @@ def contrastive_loss(image_embeds: Tensor, text_embeds: Tensor, logit_scale: Ten
     logits_per_image = scale * image_embeds @ all_texts.T  # (B, G)
     logits_per_text = scale * text_embeds @ all_images.T  # (B, G)
     return 0.5 * (F.cross_entropy(logits_per_image, labels) + F.cross_entropy(logits_per_text, labels))
-
-
-def with_dropout(model: CLIP, dropout: float) -> CLIP:
-    """A new CLIP with ``model``'s weights and processor and ``dropout`` in its image and text
-    towers (as a fresh model's ``dropout`` sets them); in ``model``'s mode."""
-    c = model.config
-    tuned = CLIP(c.replace(vision=c.vision.replace(dropout=dropout), text=c.text.replace(dropout=dropout)))
-    tuned.load_state_dict(model.state_dict())
-    tuned.processor = model.processor
-    return tuned.train(model.training)
 
 
 class ContrastiveTask(L.LightningModule):
@@ -138,7 +128,9 @@ class ContrastiveTask(L.LightningModule):
             model = CLIP.from_pretrained(h.pretrained).train()  # loaded in eval mode; Lightning keeps modes
             if h.dropout is not None and (h.dropout, h.dropout) != (model.config.vision.dropout,
                                                                     model.config.text.dropout):
-                model = with_dropout(model, h.dropout)
+                c = model.config  # dropout in the image and text towers, as a fresh model's sets them
+                model = model.rebuilt(c.replace(vision=c.vision.replace(dropout=h.dropout),
+                                                text=c.text.replace(dropout=h.dropout)))
             return model
         config = CLIPConfig.from_name(h.preset, **overrides)
         if h.dropout is not None:
@@ -156,7 +148,7 @@ class ContrastiveTask(L.LightningModule):
         it alone, whatever became of the ``pretrained`` or ``image_tower`` folder. Recorded again
         once the data has completed it (`setup`), so the checkpoint holds the config its weights
         were trained in."""
-        self.hparams["model_config"] = json.loads(json.dumps(self.model.config.to_dict()))
+        record_model_config(self, self.model.config)
 
     def forward(self, pixel_values: Tensor, input_ids: Tensor) -> Any:
         return self.model(pixel_values, input_ids)

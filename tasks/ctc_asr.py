@@ -5,7 +5,6 @@ Axis legend: B batch, N frames in, N' frames after subsampling, V = 1 + characte
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,6 +16,7 @@ from torchmetrics.text import CharErrorRate, WordErrorRate
 
 from tasks.optim import adamw_warmup_cosine
 from tasks.predictions import Record, records
+from tasks.recorded import record_model_config
 from tokenizers_mm import CharacterVocabulary, SpectrogramConfig
 from tokenizers_mm.checks import check_int
 from unitok.ctc import Decoder, Lexicon, check_decoder, ctc_decode
@@ -48,15 +48,6 @@ def ctc_log_likelihood(log_probs: Tensor, lengths: Tensor, paths: Sequence[Seque
     target_lengths = torch.tensor([len(path) for path in paths], dtype=torch.long, device=device)
     nll = F.ctc_loss(log_probs.float().transpose(0, 1), targets, lengths, target_lengths, blank=0, reduction="none")
     return -nll
-
-
-def with_dropout(model: ConformerCTC, dropout: float) -> ConformerCTC:
-    """A new model with ``model``'s weights and processor and ``dropout`` in its blocks (the
-    config's ``dropout``, as a fresh model's override sets it); in ``model``'s mode."""
-    tuned = ConformerCTC(model.config.replace(dropout=dropout))
-    tuned.load_state_dict(model.state_dict())
-    tuned.processor = model.processor
-    return tuned.train(model.training)
 
 
 class CTCSpeechTask(L.LightningModule):
@@ -130,11 +121,12 @@ class CTCSpeechTask(L.LightningModule):
             self.model = ConformerCTC.from_pretrained(pretrained).train()  # loading gives eval mode
             self._check_given(self.model.config, vocabulary, spectrogram)
             if dropout is not None and dropout != self.model.config.dropout:
-                self.model = with_dropout(self.model, dropout)
+                # in its blocks: the config's dropout, as a fresh model's override sets it
+                self.model = self.model.rebuilt(self.model.config.replace(dropout=dropout))
         elif vocabulary is not None:
             self.model = self._build(CharacterVocabulary(vocabulary), SpectrogramConfig.from_dict(spectrogram or {}))
         if self.model is not None:
-            self._record_config()
+            record_model_config(self, self.model.config)
         self.val_cer, self.val_wer = CharErrorRate(), WordErrorRate()
         self.test_cer, self.test_wer = CharErrorRate(), WordErrorRate()
 
@@ -165,11 +157,6 @@ class CTCSpeechTask(L.LightningModule):
                 raise ValueError(f"spectrogram {', '.join(differ)} differs from the pretrained model's; "
                                  "leave spectrogram out to use the model's")
 
-    def _record_config(self) -> None:
-        # JSON types (lists, not tuples), so the hyper-parameters round-trip through YAML, and
-        # `load_from_checkpoint` rebuilds the model from them alone.
-        self.hparams["model_config"] = json.loads(json.dumps(self._model.config.to_dict()))
-
     def configure_model(self) -> None:
         """Build the model from the data module's vocabulary and spectrogram settings, unless it
         exists; check a pretrained or given model against the data."""
@@ -184,7 +171,7 @@ class CTCSpeechTask(L.LightningModule):
             # Recorded so `load_from_checkpoint` rebuilds the same model without the data module.
             self.hparams["vocabulary"] = list(vocabulary.chars)
             self.hparams["spectrogram"] = spectrogram.to_dict()
-            self._record_config()
+            record_model_config(self, self.model.config)
             self._lexicon()  # a lexicon word the characters cannot spell fails now, not after a run
             return
         c = self.model.config

@@ -25,6 +25,7 @@ from torch import Tensor
 
 from tasks.optim import adamw_warmup_cosine
 from tasks.predictions import Record, class_records, records
+from tasks.recorded import record_model_config
 from tasks.run_folder import log_dir
 from tokenizers_mm.checks import check_int
 from unitok.models import DecisionTransformer, DecisionTransformerConfig, DecisionTransformerOutput
@@ -64,15 +65,6 @@ def action_loss(out: DecisionTransformerOutput | Tensor, actions: Tensor, attent
     if discrete:
         return F.cross_entropy(preds, actions[real].long())
     return F.mse_loss(preds, actions[real].float())
-
-
-def with_dropout(model: DecisionTransformer, dropout: float) -> DecisionTransformer:
-    """A new model with ``model``'s weights and processor, ``dropout`` on its embeddings,
-    residual branches and attention weights; in ``model``'s mode."""
-    tuned = DecisionTransformer(model.config.replace(dropout=dropout))
-    tuned.load_state_dict(model.state_dict())
-    tuned.processor = model.processor
-    return tuned.train(model.training)
 
 
 class DecisionTransformerTask(L.LightningModule):
@@ -161,7 +153,8 @@ class DecisionTransformerTask(L.LightningModule):
             self.model = DecisionTransformer.from_pretrained(pretrained).train()  # loading gives eval mode
             self._check_pretrained_options(pretrained)
             if dropout is not None and dropout != self.model.config.dropout:
-                self.model = with_dropout(self.model, dropout)
+                # on its embeddings, residual branches and attention weights
+                self.model = self.model.rebuilt(self.model.config.replace(dropout=dropout))
         self.evaluation: EvaluationResult | None = None
 
     # ------------------------------------------------------------------ model
@@ -204,8 +197,7 @@ class DecisionTransformerTask(L.LightningModule):
         if longest is not None and longest > self.model.config.max_ep_len:
             raise ValueError(f"the data has episodes of {longest} steps but the model's timestep embedding "
                              f"covers max_ep_len={self.model.config.max_ep_len}; use a preset with a larger one")
-        # JSON types (lists, not tuples), so the hyper-parameters round-trip through YAML.
-        self.hparams["model_config"] = json.loads(json.dumps(self.model.config.to_dict()))
+        record_model_config(self, self.model.config)
 
     def build_model(self, tokenizer: Any) -> DecisionTransformer:
         """A fresh model of ``preset`` (plus overrides) for the data ``tokenizer`` describes."""

@@ -5,7 +5,6 @@ Axis legend: B batch, K classes, C/H/W image channels/height/width.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Literal
 
@@ -20,6 +19,7 @@ from tasks.data.base import SplitDataModule
 from tasks.data.sampling import mix_seed, run_seed
 from tasks.optim import adamw_warmup_cosine
 from tasks.predictions import Record, class_records
+from tasks.recorded import record_model_config
 from tasks.run_folder import log_dir
 from tasks.teachers import TRAIN_CNN, accuracy, freeze, load_teacher, mix_up, train_cnn_teacher
 from tokenizers_mm.checks import check_int, check_number
@@ -34,16 +34,6 @@ FAMILIES: dict[str, tuple[type[ImageModel], type[ViTConfig] | type[MixerConfig]]
 }
 DEFAULT_PRESETS = {"vit": "vit-digits", "deit": "deit-digits", "mixer": "mixer-digits"}
 _MIXUP = 3  # the first word of the mixup draws' seeds (the samplers' streams use 0–2)
-
-
-def with_dropout(model: ImageModel, dropout: float) -> ImageModel:
-    """A new model with ``model``'s weights and processor and ``dropout`` on its embeddings and
-    residual branches (the config's ``dropout``, as a fresh model's override sets it); in
-    ``model``'s mode."""
-    tuned = type(model)(model.config.replace(dropout=dropout))
-    tuned.load_state_dict(model.state_dict())
-    tuned.processor = model.processor
-    return tuned.train(model.training)
 
 
 def hard_distillation_loss(logits_cls: Tensor, logits_dist: Tensor, labels: Tensor, teacher_logits: Tensor,
@@ -99,7 +89,7 @@ class ImageClassificationTask(L.LightningModule):
         mixup: α > 0 trains the student on mixup batches (a Beta(α, α) mixing weight; 0: none):
             each batch blended with a shuffled copy of itself, the labels alike, and a teacher
             reads the same blended images (its predictions on them are the targets: Beyer et
-            al., 2022's "consistent teacher"). Drawn from the run's seed and the step.
+            al., 2022's "consistent teacher"). Drawn from the run's seed and the batch.
         distillation: "none", "hard" or "soft" (DeiT only) with ``distill_alpha`` /
             ``distill_tau`` (soft); see `hard_distillation_loss`, `soft_distillation_loss`.
         teacher: ``"cnn:train"`` (train a `SmallCNN` on the training split for ``teacher_steps``
@@ -160,7 +150,7 @@ class ImageClassificationTask(L.LightningModule):
         check_number("label_smoothing", label_smoothing, 0.0, 1.0)
         check_int("teacher_steps", teacher_steps)
         self.model = self._build_model()
-        self._record_model()
+        record_model_config(self, self.model.config)  # again once the data has completed it (`setup`)
         K = self.model.config.num_classes
         if K < 2:
             raise ValueError(f"classification needs num_classes ≥ 2, got {K}")
@@ -193,7 +183,9 @@ class ImageClassificationTask(L.LightningModule):
                 raise ValueError(f"a pretrained model's {', '.join(architecture)} cannot be overridden")
             model = model_class.from_pretrained(h.pretrained).train()  # loading gives eval mode
             if h.dropout is not None and h.dropout != model.config.dropout:
-                model = with_dropout(model, h.dropout)
+                # the config's dropout, as a fresh model's override sets it: on the embeddings and
+                # residual branches, and on a ViT's (DeiT's) attention weights too
+                model = model.rebuilt(model.config.replace(dropout=h.dropout))
             if h.num_classes is not None and h.num_classes != model.config.num_classes:
                 model.reset_classifier(h.num_classes)
             if image_size is not None:
@@ -211,13 +203,6 @@ class ImageClassificationTask(L.LightningModule):
             # Normalisation has one value per channel; the data module's replaces this in `setup`.
             overrides.update(mean=(0.5,) * h.channels, std=(0.5,) * h.channels)
         return model_class(config_class.from_name(preset, **overrides))
-
-    def _record_model(self) -> None:
-        """The model's config in the hyperparameters (JSON types, so they round-trip through YAML):
-        a checkpoint (`load_from_checkpoint`, ``unitok test --ckpt_path``) rebuilds the model from
-        it alone, whatever became of ``pretrained``'s folder. Recorded again once the data has
-        completed it (`setup`), so the checkpoint holds the config its weights were trained in."""
-        self.hparams["model_config"] = json.loads(json.dumps(self.model.config.to_dict()))
 
     def forward(self, pixel_values: Tensor, **kwargs: Any) -> ImageClassifierOutput:
         return self.model(pixel_values, **kwargs)
@@ -281,7 +266,7 @@ class ImageClassificationTask(L.LightningModule):
             changes["crop_pct"] = datamodule.crop_pct
         if changes:
             self.model.config = c.replace(**changes)
-            self._record_model()
+            record_model_config(self, self.model.config)  # the config its weights are trained in
 
     def _resolve_teacher(self, datamodule: L.LightningDataModule | None) -> nn.Module:
         # Resolved when fitting, not in __init__: a distilled checkpoint loads for test/predict

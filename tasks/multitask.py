@@ -11,7 +11,6 @@ sampling weight (``"one"``). Each task's loss and held-out metric are logged und
 
 from __future__ import annotations
 
-import json
 from typing import Any, Literal
 
 import lightning as L
@@ -22,6 +21,7 @@ from torch import Tensor, nn
 from tasks.objectives import Objective
 from tasks.optim import adamw_warmup_cosine
 from tasks.predictions import Record
+from tasks.recorded import record_model_config
 from tokenizers_mm.checks import check_int
 from unitok.models import MultimodalConfig, MultimodalTransformer
 
@@ -123,7 +123,7 @@ class MultiTaskTask(L.LightningModule):
             raise ValueError("the model (checkpoint) does not read what the data gives: its modalities/heads "
                              f"{sorted(self.model.config.modalities)}/{sorted(self.model.config.heads)} differ "
                              "from the objectives' (same names, other settings)")
-        self.hparams["model_config"] = json.loads(json.dumps(self.model.config.to_dict()))
+        record_model_config(self, self.model.config)
         self.task_names = list(tasks)  # the data's order: validation's dataloader_idx follows it
         for name, objective in self.objectives.items():
             if name not in self.metrics:

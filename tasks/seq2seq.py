@@ -9,7 +9,6 @@ Axis legend: B batch, S source tokens, N target tokens, V vocabulary.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +18,7 @@ from torch import Tensor
 
 from tasks.optim import adamw_warmup_cosine
 from tasks.predictions import Record, mean_log_likelihood, records, until_eos
+from tasks.recorded import check_trained_tokenizer, record_model_config, take_trained_tokenizer
 from tokenizers_mm.checks import check_int, check_number
 from unitok.models import T5, T5Config
 
@@ -57,7 +57,9 @@ class Seq2SeqTask(L.LightningModule):
     Logs ``train_loss``, ``val_loss`` / ``test_loss``; on text-to-text batches (they carry a
     ``prefix`` list) also ``val_exact_match`` (greedy), ``val_exact_match_<prefix>`` per task
     and, with ``eval_num_beams``, ``val_exact_match_beam``. The model's config is stored in the
-    checkpoint's hyperparameters (``model_config``), so a checkpoint rebuilds its own model.
+    checkpoint's hyperparameters (``model_config``), so a checkpoint rebuilds its own model, and
+    so is the tokenizer it was trained with (``trained_tokenizer``): testing or resuming a
+    checkpoint with another one (of the same size) is refused.
 
     Args:
         vocab_size / eos_token_id: linked from the data module by the CLI.
@@ -128,9 +130,7 @@ class Seq2SeqTask(L.LightningModule):
             config = T5Config.from_name(preset, vocab_size=vocab_size, pad_token_id=pad_token_id,
                                         decoder_start_token_id=pad_token_id, **eos, **overrides)
             self.model = T5(config)
-        # JSON types, so the hyperparameters round-trip through YAML and `load_from_checkpoint`
-        # rebuilds this model from them alone, whatever became of ``pretrained``'s folder.
-        self.hparams["model_config"] = json.loads(json.dumps(self.model.config.to_dict()))
+        record_model_config(self, self.model.config)
         limit = self.model.config.max_decoder_length - 1  # the decoder start token takes one position
         if max_new_tokens > limit:
             raise ValueError(f"max_new_tokens={max_new_tokens} is more than the decoder's max_decoder_length - 1 = "
@@ -234,10 +234,16 @@ class Seq2SeqTask(L.LightningModule):
                 raise ValueError(f"the data module's {name}={given} differs from the model's {name}={have}; "
                                  f"set model.init_args.{name}: {given} (or use the model's tokenizer)")
         self._check_tokenizer(getattr(datamodule, "tokenizer", None), getattr(datamodule, "tokenizer_path", None))
+        check_trained_tokenizer(self, datamodule, stage)
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        take_trained_tokenizer(self, checkpoint)  # a checkpoint's model has no processor: its record is checked
 
     def _check_tokenizer(self, tokenizer: Any, source: str | None) -> None:
         """A pretrained model reads the data with the tokenizer saved with it: another one of the
-        same size passes the id checks, but every id would mean another piece."""
+        same size passes the id checks, but every id would mean another piece. (A model rebuilt
+        from a checkpoint carries none: the tokenizer its run recorded is checked instead,
+        `tasks.recorded.check_trained_tokenizer`.)"""
         pretrained = self.hparams.pretrained
         processor = self.model.processor if pretrained is not None else None
         saved = processor.text if processor is not None else None

@@ -241,6 +241,14 @@ class PretrainedModel(nn.Module):
         model.processor = _with_config_crop(Processor.load(directory), model.default_processor())
         return model.to(map_location).eval()
 
+    def rebuilt(self: M, config: Config) -> M:
+        """A new model of this class built from ``config`` (this one's with training choices
+        changed, e.g. dropout), holding this model's weights and processor, in this model's mode."""
+        model = type(self)(config)  # type: ignore[call-arg]
+        model.load_state_dict(self.state_dict())
+        model.processor = self.processor
+        return model.train(self.training)
+
     def num_parameters(self, trainable_only: bool = False) -> int:
         seen, total = set(), 0
         for p in self.parameters():

@@ -1,0 +1,149 @@
+"""A checkpoint records the tokenizer its model was trained with (``trained_tokenizer``): a model
+rebuilt from the checkpoint's ``model_config`` carries no tokenizer of its own, so ``unitok
+test / validate / predict --ckpt_path`` (and a resumed ``fit``, whose tokenizer folder may have
+been written again) with another tokenizer of the same size — which passes every id check, but
+whose ids mean other pieces — is refused, naming both.
+The tokenizer it was trained with runs; a checkpoint written before the record is taken as it is."""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import textwrap
+from pathlib import Path
+from types import SimpleNamespace
+
+import lightning as L
+import pytest
+import torch
+
+from tasks import Seq2SeqTask
+from tasks.cli import main
+from tasks.data.t5 import train_t5_tokenizer
+from tasks.recorded import TOKENIZER_KEY, tokenizer_fingerprint
+from tokenizers_mm import BPETokenizer, Processor, WordPieceTokenizer
+from unitok.models import T5, T5Config
+
+torch.set_num_threads(1)
+ROOT = Path(__file__).resolve().parents[2]
+STEPS = ["--trainer.max_steps", "2", "--trainer.val_check_interval", "2", "--trainer.limit_val_batches", "1",
+         "--trainer.limit_test_batches", "1", "--trainer.enable_progress_bar", "false",
+         "--trainer.enable_model_summary", "false"]
+TEXTS = [Path(ast.__file__).read_text(), Path(json.__file__).read_text()]  # two tokenizers' training texts
+
+
+def refusal(capsys, argv: list[str]) -> str:
+    """The one-line error ``unitok`` exits with (status 2)."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    return capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- T5 fine-tuned from a folder
+
+T5_RECIPE = str(ROOT / "configs" / "t5" / "text_to_text.yaml")
+T5_QUICK = ["--data.builtin_max_bytes", "150000", "--data.batch_size", "4", "--data.val_per_task", "2",
+            "--data.max_input_length", "32", "--data.max_target_length", "16", "--model.max_new_tokens", "4",
+            "--model.eval_num_beams", "null", *STEPS]
+
+
+def test_a_t5_checkpoint_refuses_another_tokenizer_of_its_size(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    saved, other = (train_t5_tokenizer([text], vocab_size=300, num_sentinels=2) for text in TEXTS)
+    assert saved.vocab_size == other.vocab_size == 300 and saved != other
+    model = T5(T5Config.from_name("t5-tiny", vocab_size=300, n_layers=1, n_decoder_layers=1))
+    model.processor = Processor(text=saved)
+    folder, other_folder = tmp_path / "pretrained", tmp_path / "other"
+    model.save_pretrained(folder)
+    other.save(other_folder)
+    main(["fit", "--config", T5_RECIPE, *T5_QUICK, "--model.pretrained", str(folder), "--data.tokenizer", str(folder)])
+    ckpt = tmp_path / "runs" / "t5_text_to_text" / "version_0" / "checkpoints" / "last.ckpt"
+    recorded = torch.load(ckpt, weights_only=True)["hyper_parameters"][TOKENIZER_KEY]
+    assert recorded == {"sha1": tokenizer_fingerprint(saved), "source": str(folder)}
+
+    test = ["test", "--config", T5_RECIPE, *T5_QUICK, "--model.pretrained", str(folder), "--ckpt_path", str(ckpt)]
+    message = (f"the data module's tokenizer (from {other_folder}) differs from the one the checkpoint's model was "
+               f"trained with (from {folder}): the same ids would mean other pieces; "
+               f"set data.init_args.tokenizer: {folder}")
+    for command in ("test", "validate", "predict"):
+        assert message in refusal(capsys, [command, *test[1:], "--data.tokenizer", str(other_folder)])
+
+    main([*test, "--data.tokenizer", str(folder)])  # the tokenizer it was trained with
+    logs = (tmp_path / "runs" / "t5_text_to_text").glob("version_*/metrics.csv")
+    assert any("test_loss" in log.read_text() for log in logs)
+
+
+def test_a_tokenizer_written_again_in_the_same_folder_is_refused_too(tmp_path):
+    folder = tmp_path / "tok"
+    first, second = (train_t5_tokenizer([text], vocab_size=300, num_sentinels=2) for text in TEXTS)
+    first.save(folder)
+    task = Seq2SeqTask(vocab_size=300, eos_token_id=1, n_layers=1)
+    task._trainer = SimpleNamespace(datamodule=SimpleNamespace(tokenizer=BPETokenizer.load(folder),
+                                                               tokenizer_path=str(folder)))
+    task.setup("fit")  # fitting records the data's tokenizer
+    checkpoint = {"hyper_parameters": dict(task.hparams)}
+    second.save(folder)
+    task._trainer.datamodule.tokenizer = BPETokenizer.load(folder)
+    message = (f"the data module's tokenizer (from {folder}) differs from the one the checkpoint's model was "
+               f"trained with (from {folder}, written again since): the same ids would mean other pieces; "
+               "give the data module the tokenizer exported with the model (its run's pretrained/ folder)")
+    fresh = Seq2SeqTask(vocab_size=300, eos_token_id=1, n_layers=1)
+    fresh._trainer = task._trainer
+    with pytest.raises(ValueError, match=re.escape(message)):
+        fresh.on_load_checkpoint(checkpoint)
+
+
+def test_a_checkpoint_without_the_record_is_taken_as_it_is(tmp_path):
+    tokenizer = train_t5_tokenizer([TEXTS[0]], vocab_size=300, num_sentinels=2)
+    task = Seq2SeqTask(vocab_size=300, eos_token_id=1, n_layers=1)
+    task._trainer = SimpleNamespace(datamodule=SimpleNamespace(tokenizer=tokenizer, tokenizer_path=None))
+    task.on_load_checkpoint({"hyper_parameters": {"model_config": task.hparams.model_config}})
+    task.setup("test")
+    assert TOKENIZER_KEY not in task.hparams  # nothing recorded outside fitting
+
+
+def test_load_from_checkpoint_keeps_the_record_and_checks_it_in_setup(tmp_path):
+    saved, other = (train_t5_tokenizer([text], vocab_size=300, num_sentinels=2) for text in TEXTS)
+    task = Seq2SeqTask(vocab_size=300, eos_token_id=1, n_layers=1)
+    task._trainer = SimpleNamespace(datamodule=SimpleNamespace(tokenizer=saved, tokenizer_path=None))
+    task.setup("fit")
+    path = tmp_path / "fitted.ckpt"  # what ModelCheckpoint stores
+    torch.save({"state_dict": task.state_dict(), "hyper_parameters": dict(task.hparams),
+                "pytorch-lightning_version": L.__version__}, path)
+    loaded = Seq2SeqTask.load_from_checkpoint(path)
+    assert loaded.hparams[TOKENIZER_KEY] == task.hparams[TOKENIZER_KEY]
+    loaded._trainer = SimpleNamespace(datamodule=SimpleNamespace(tokenizer=other, tokenizer_path="other/"))
+    with pytest.raises(ValueError, match=r"the data module's tokenizer \(from other/\) differs from the one the "
+                                         r"checkpoint's model was trained with \(trained by its run's data module\)"):
+        loaded.setup("test")
+    loaded._trainer = task._trainer
+    loaded.setup("test")
+
+
+# --------------------------------------------------------------------------- BERT fine-tuned, then tested
+
+BERT_RECIPE = str(ROOT / "configs" / "bert" / "finetune_cls.yaml")
+BERT_QUICK = ["--data.context_length", "24", "--data.batch_size", "4", "--data.val_per_class", "4",
+              "--data.train_per_class", "8", "--data.test_per_class", "2", "--model.pretrained", "null", *STEPS]
+
+
+def wordpiece(text: str) -> WordPieceTokenizer:
+    return WordPieceTokenizer.train(iterator=textwrap.wrap(text, 200), vocab_size=300)
+
+
+def test_a_fine_tuned_bert_checkpoint_refuses_another_tokenizer_of_its_size(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    trained, other = wordpiece(TEXTS[0]), wordpiece(TEXTS[1])
+    assert trained.vocab_size == other.vocab_size and trained != other
+    trained.save(tmp_path / "trained")
+    other.save(tmp_path / "other")
+    main(["fit", "--config", BERT_RECIPE, *BERT_QUICK, "--data.tokenizer", str(tmp_path / "trained")])
+    ckpt = str(tmp_path / "runs" / "bert_finetune_cls" / "version_0" / "checkpoints" / "last.ckpt")
+    test = ["test", "--config", BERT_RECIPE, *BERT_QUICK, "--ckpt_path", ckpt]
+    err = refusal(capsys, [*test, "--data.tokenizer", str(tmp_path / "other")])
+    assert (f"the data module's tokenizer (from {tmp_path / 'other'}) differs from the one the checkpoint's model "
+            f"was trained with (from {tmp_path / 'trained'})") in err
+    main([*test, "--data.tokenizer", str(tmp_path / "trained")])
