@@ -138,10 +138,10 @@ def test_a_run_fine_tuned_from_a_folder_resumes_without_it(dt_run):
     folder, options, runs = dt_run
     shutil.rmtree(folder)
     main(["fit", "--config", str(OFFLINE), *options, "--trainer.max_steps", "3", "--ckpt_path", "last"])
-    checkpoint = torch.load(runs / "version_1" / "checkpoints" / "last.ckpt", weights_only=False)
+    checkpoint = torch.load(runs / "version_1" / "checkpoints" / "last.ckpt", weights_only=True)
     assert checkpoint["global_step"] == 3
     assert checkpoint["unitok_settings"]["model.init_args.model_config"] is None  # the recipe's, as recorded
     # the resumed run's own config resumes it again: it holds the recipe's settings, not the checkpoint's config
     main(["fit", "--config", str(runs / "version_1" / "config.yaml"), "--trainer.max_steps", "4",
           "--ckpt_path", "last"])
-    assert torch.load(runs / "version_2" / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 4
+    assert torch.load(runs / "version_2" / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 4

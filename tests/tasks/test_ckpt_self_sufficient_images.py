@@ -67,18 +67,24 @@ def vit_folder(folder: Path, activation: str = "gelu") -> None:
 
 # --------------------------------------------------------------------------- through the CLI
 
-def test_a_vit_fine_tuned_from_a_folder_is_tested_validated_and_predicted_from_its_checkpoint_alone(
-        tmp_path, monkeypatch, capsys):
+def fine_tuned_vit(tmp_path: Path, monkeypatch) -> tuple[Path, list[str]]:
+    """A run of the ViT recipe fine-tuned from a folder -> (the folder, the run's options): a new size
+    and a new head, as a user would (the positions resampled to 32×32, a 10-class head)."""
     monkeypatch.chdir(tmp_path)
     folder = tmp_path / "pre"
     vit_folder(folder)
-    # a new size and a new head, as today: the positions resampled to 32×32, a 10-class head
     options = ["--config", str(VIT), *STEPS, "--model.pretrained", str(folder), "--model.image_size", "32",
                "--model.num_classes", "10"]
     main(["fit", *options])
+    return folder, options
+
+
+def test_a_vit_fine_tuned_from_a_folder_is_tested_validated_and_predicted_from_its_checkpoint_alone(
+        tmp_path, monkeypatch, capsys):
+    folder, options = fine_tuned_vit(tmp_path, monkeypatch)
     runs = tmp_path / "runs" / "vit_digits"
     ckpt = runs / "version_0" / "checkpoints" / "last.ckpt"
-    recorded = torch.load(ckpt, weights_only=False)["hyper_parameters"]["model_config"]
+    recorded = torch.load(ckpt, weights_only=True)["hyper_parameters"]["model_config"]
     # the model's final config: the overrides applied, the data's normalisation and filter adopted
     data = DigitsDataModule(image_size=32)
     assert recorded["image_size"] == [32, 32] and recorded["num_classes"] == 10
@@ -105,16 +111,11 @@ def test_a_vit_fine_tuned_from_a_folder_is_tested_validated_and_predicted_from_i
 
 
 def test_a_vit_run_fine_tuned_from_a_folder_resumes_without_it(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    folder = tmp_path / "pre"
-    vit_folder(folder)
-    options = ["--config", str(VIT), *STEPS, "--model.pretrained", str(folder), "--model.image_size", "32",
-               "--model.num_classes", "10"]
-    main(["fit", *options])
+    folder, options = fine_tuned_vit(tmp_path, monkeypatch)
     shutil.rmtree(folder)
     main(["fit", *options, "--trainer.max_steps", "3", "--ckpt_path", "last"])
     checkpoint = torch.load(tmp_path / "runs" / "vit_digits" / "version_1" / "checkpoints" / "last.ckpt",
-                            weights_only=False)
+                            weights_only=True)
     assert checkpoint["global_step"] == 3
     assert checkpoint["unitok_settings"]["model.init_args.model_config"] is None  # the recipe's, as recorded
 
@@ -129,7 +130,7 @@ def test_a_clip_started_from_an_exported_image_tower_tests_without_it(tmp_path, 
     main(["fit", *options])
     runs = tmp_path / "runs" / "clip_digits"
     ckpt = runs / "version_0" / "checkpoints" / "last.ckpt"
-    vision = torch.load(ckpt, weights_only=False)["hyper_parameters"]["model_config"]["vision"]
+    vision = torch.load(ckpt, weights_only=True)["hyper_parameters"]["model_config"]["vision"]
     data = CaptionedDigitsDataModule(image_size=32)
     assert (vision["mean"], vision["std"], vision["activation"]) == (list(data.mean), list(data.std), "gelu")
     test = ["test", *options, "--ckpt_path", str(ckpt)]
