@@ -18,7 +18,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 
-from tasks.objectives import Objective
+from tasks.objectives import Objective, as_objective
 from tasks.optim import adamw_warmup_cosine
 from tasks.predictions import Record
 from tasks.recorded import record_model_config
@@ -33,6 +33,8 @@ class MultiTaskTask(L.LightningModule):
         objectives: task name -> `Objective` (`ImageClassification`, `SpeechRecognition`,
             `LanguageModelling`, `ReturnConditionedControl`, `ImageAudioMatch`); names match
             the data module's tasks. Objectives that name the same segment share its embedder.
+            Kept in the hyperparameters as plain specs (`Objective.spec`), which are accepted
+            here too: a checkpoint loads with ``weights_only=True``.
         preset: a `MultimodalConfig` backbone preset; d_model / n_layers / n_heads / dropout
             override it. modality_embedding: add a learned vector per modality.
         tasks_per_step: "all" (every step trains every task on its batch) or "one" (each step
@@ -65,7 +67,10 @@ class MultiTaskTask(L.LightningModule):
         min_lr_ratio: float = 0.1,
     ) -> None:
         super().__init__()
-        self.save_hyperparameters()
+        # the objectives as plain specs, not objects: a checkpoint then loads with weights_only=True
+        self.save_hyperparameters(ignore=["objectives"])
+        objectives = {name: as_objective(name, o) for name, o in (objectives or {}).items()}
+        self.hparams["objectives"] = {name: o.spec() for name, o in objectives.items()}
         if not objectives:
             raise ValueError("MultiTaskTask needs at least one objective: objectives: {name: objective}")
         if tasks_per_step not in ("all", "one"):

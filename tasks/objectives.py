@@ -11,7 +11,10 @@ Axis legend: B batch, N frames / tokens, K classes or steps, V vocabulary.
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -24,6 +27,7 @@ from torchmetrics.text import CharErrorRate, WordErrorRate
 
 from tasks.ctc_asr import ctc_log_likelihood, ctc_loss
 from tasks.decision_transformer import action_loss, action_records
+from tasks.plain import plain
 from tasks.predictions import Record, class_records, records
 from tokenizers_mm import CharacterVocabulary, Tokens, TrajectoryWindows
 from tokenizers_mm.checks import check_int, check_number
@@ -55,6 +59,20 @@ class Objective:
 
     metric: str = "acc"  # the held-out metric's name
     higher_is_better: bool = True
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Objective:
+        # the arguments it is made with, kept for `spec` (a copy or unpickling calls this bare)
+        objective = super().__new__(cls)
+        bound = inspect.signature(cls.__init__).bind(objective, *args, **kwargs)
+        bound.apply_defaults()
+        objective._init_args = dict(list(bound.arguments.items())[1:])
+        return objective
+
+    def spec(self) -> dict[str, Any]:
+        """This objective as plain values, ``{"class_path": …, "init_args": {…}}`` as a recipe
+        writes it: what a checkpoint holds, so that it loads with ``weights_only=True``."""
+        return {"class_path": f"{type(self).__module__}.{type(self).__qualname__}",
+                "init_args": plain(self._init_args)}
 
     def __init__(self, loss_weight: float = 1.0, sampling_weight: float = 1.0) -> None:
         check_number("loss_weight", loss_weight, 0.0)
@@ -105,6 +123,20 @@ class Objective:
     def batch_size(self, batch: Any) -> int:
         first = next(iter(self.inputs(batch).values()))
         return first.batch_size if isinstance(first, (Tokens, TrajectoryWindows)) else int(first.shape[0])
+
+
+def as_objective(name: str, objective: Objective | Mapping[str, Any]) -> Objective:
+    """An objective, or one made from its `Objective.spec` (a checkpoint's, a plain config's)."""
+    if isinstance(objective, Objective):
+        return objective
+    if not isinstance(objective, Mapping) or not isinstance(objective.get("class_path"), str):
+        raise TypeError(f"objective {name!r} must be an Objective or {{'class_path': …, 'init_args': {{…}}}}, "
+                        f"got {objective!r}")
+    module, _, cls_name = objective["class_path"].rpartition(".")
+    cls = getattr(importlib.import_module(module), cls_name, None) if module else None
+    if not (isinstance(cls, type) and issubclass(cls, Objective)):
+        raise ValueError(f"objective {name!r}: {objective['class_path']!r} is not an Objective class")
+    return cls(**dict(objective.get("init_args") or {}))
 
 
 class ImageClassification(Objective):

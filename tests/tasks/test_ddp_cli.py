@@ -56,7 +56,7 @@ def test_fit_on_two_cpu_processes(recipe, tmp_path):
     last = only(files(tmp_path, "last.ckpt"), "last.ckpt")
     names = [p.name for p in files(tmp_path, "*.ckpt")]
     assert len(names) == len(set(names)), names  # no checkpoint written twice
-    checkpoint = torch.load(last, map_location="cpu", weights_only=False)
+    checkpoint = torch.load(last, map_location="cpu", weights_only=True)
     assert checkpoint["global_step"] == 4
 
     metrics = only(files(tmp_path, "metrics.csv"), "metrics.csv").read_text().splitlines()

@@ -247,10 +247,26 @@ def test_the_checkpoint_rebuilds_the_model_without_the_data(caches, tmp_path):
     t.fit(task, datamodule=data)
     path = tmp_path / "step2.ckpt"
     t.save_checkpoint(path)
-    loaded = MultiTaskTask.load_from_checkpoint(path, weights_only=False)
+    loaded = MultiTaskTask.load_from_checkpoint(path, weights_only=True)
     assert loaded.model is not None and loaded.model.config == task.model.config
     for key, value in task.model.state_dict().items():
         torch.testing.assert_close(loaded.model.state_dict()[key], value, msg=key)
+
+
+def test_objectives_are_kept_as_plain_specs_that_make_them_again():
+    from tasks.objectives import as_objective
+
+    control = ReturnConditionedControl(eval_targets=[100.0, 300.0], eval_episodes=2, loss_weight=0.5)
+    task = MultiTaskTask({"digits": ImageClassification(label_smoothing=0.1), "cartpole": control}, preset="mm-tiny")
+    specs = task.hparams["objectives"]
+    assert specs["cartpole"] == {"class_path": "tasks.objectives.ReturnConditionedControl",
+                                 "init_args": {"segment": "trajectory", "eval_targets": [100.0, 300.0],
+                                               "eval_episodes": 2, "eval_seed": 10_000, "sample": None,
+                                               "loss_weight": 0.5, "sampling_weight": 1.0}}
+    again = MultiTaskTask(specs, preset="mm-tiny")  # as load_from_checkpoint gives them
+    assert again.hparams["objectives"] == specs and again.objectives["digits"].label_smoothing == 0.1
+    with pytest.raises(ValueError, match="'torch.nn.Linear' is not an Objective class"):
+        as_objective("x", {"class_path": "torch.nn.Linear", "init_args": {"in_features": 1, "out_features": 1}})
 
 
 def test_a_checkpoint_of_globally_normalised_audio_reads_its_data_again(caches, tmp_path):
@@ -263,7 +279,7 @@ def test_a_checkpoint_of_globally_normalised_audio_reads_its_data_again(caches, 
     t.fit(task, datamodule=data)
     assert task.model.config.modalities["audio"].spectrogram["normalize"] == "global"
     t.save_checkpoint(tmp_path / "step1.ckpt")
-    loaded = MultiTaskTask.load_from_checkpoint(tmp_path / "step1.ckpt", weights_only=False)
+    loaded = MultiTaskTask.load_from_checkpoint(tmp_path / "step1.ckpt", weights_only=True)
     assert loaded.model.config == task.model.config
     trainer().test(loaded, datamodule=data, verbose=False)  # setup checks the checkpoint reads what the data gives
 

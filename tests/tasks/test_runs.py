@@ -29,7 +29,7 @@ QUICK = ["--trainer.max_steps", "4", "--trainer.val_check_interval", "2", "--tra
 
 
 def step_of(checkpoint: Path) -> int:
-    return int(torch.load(checkpoint, map_location="cpu", weights_only=False)["global_step"])
+    return int(torch.load(checkpoint, map_location="cpu", weights_only=True)["global_step"])
 
 
 def test_every_run_gets_its_own_version_and_nothing_overwrites_another(tmp_path, monkeypatch):

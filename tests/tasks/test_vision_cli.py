@@ -58,7 +58,7 @@ def test_distillation_recipe_trains_its_cnn_teacher_first_and_keeps_it_out_of_th
     run = tmp_path / "runs" / "deit_digits_distill"
     teacher = run / "version_0" / "teacher_cnn.pt"
     assert teacher.is_file()
-    checkpoint = torch.load(run / "latest" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    checkpoint = torch.load(run / "latest" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     assert checkpoint["state_dict"] and all(k.startswith("model.") for k in checkpoint["state_dict"])
     # The saved teacher is a path the recipe accepts instead of training a new one.
     main(["fit", "--config", str(DEIT), "--model.teacher", str(teacher), "--model.distillation", "hard", *QUICK])
