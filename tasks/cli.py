@@ -130,10 +130,14 @@ class UnitokCLI(LightningCLI):
         self.model_config_from: str | None = None  # the checkpoint whose model_config builds the model
         super().__init__(*args, **kwargs)
 
+    def subcommand_config(self) -> Namespace:
+        """The parsed settings of the subcommand being run (all of them without one)."""
+        return self.config.get(str(self.subcommand), self.config) if self.subcommand else self.config
+
     # ------------------------------------------------------------------ the run's folder
     def recipe_root(self) -> Path:
         """``--trainer.default_root_dir``, else ``runs/<recipe file name>`` (``runs/unitok`` without one)."""
-        config = self.config.get(str(self.subcommand), self.config) if self.subcommand else self.config
+        config = self.subcommand_config()
         root = config.get("trainer", {}).get("default_root_dir")
         if root:
             return Path(root)
@@ -146,7 +150,7 @@ class UnitokCLI(LightningCLI):
         Data caches (tokenizers, token files, synthesised speech, recorded episodes) of a data
         module given no ``cache_dir`` go to ``<root>/cache``, shared by the recipe's runs, unless
         ``$UNITOK_CACHE_DIR`` names a cache shared by every recipe."""
-        config = self.config.get(str(self.subcommand), self.config) if self.subcommand else self.config
+        config = self.subcommand_config()
         self._take_checkpoint_model_config(config)
         unread = ("model.init_args.pretrained", "model.init_args.image_tower") if self.model_config_from else ()
         try:
@@ -172,7 +176,7 @@ class UnitokCLI(LightningCLI):
                 raise
             self.parser.error(str(refusal))
         if self.model_config_from is not None:  # built: the run's config.yaml keeps the recipe's value
-            config = self.config.get(str(self.subcommand), self.config) if self.subcommand else self.config
+            config = self.subcommand_config()
             config.model.init_args.model_config = None
 
     def _parse_ckpt_path(self) -> None:
@@ -219,7 +223,7 @@ class UnitokCLI(LightningCLI):
 
     def _set_seed(self) -> None:
         """``--seed_everything`` outside numpy's range (a negative seed) is refused as a misspelt option is."""
-        config = self.config.get(str(self.subcommand), self.config) if self.subcommand else self.config
+        config = self.subcommand_config()
         self.seed_asked = config.get("seed_everything")  # True: drawn at random, compared with nothing
         try:
             super()._set_seed()
@@ -228,7 +232,7 @@ class UnitokCLI(LightningCLI):
 
     def run_settings(self) -> dict[str, Any]:
         """The settings that make a run's curve: its model, its data and (when one was asked for) its seed."""
-        config = self.config.get(str(self.subcommand), self.config) if self.subcommand else self.config
+        config = self.subcommand_config()
         model = config.get("model")
         if self.model_config_from is not None:  # the checkpoint's (while the model is built), not a setting
             model = model.clone()
