@@ -26,6 +26,7 @@ from torchmetrics.classification import MulticlassAccuracy
 from tasks.contrastive import MAX_LOGIT_SCALE, ContrastiveTask, contrastive_loss
 from tasks.data.image import DigitsDataModule
 from tasks.predictions import Record, class_records
+from tasks.recorded import record_model_config
 from tokenizers_mm.checks import check_number
 from unitok.zero_shot import ZeroShotClassifier
 
@@ -134,7 +135,7 @@ class BindTask(ContrastiveTask):
             if not audio.spectrogram:  # stored with the model: raw audio is read as in training
                 self.model.config = self.model.config.replace(audio=audio.replace(spectrogram=spectrogram.to_dict()))
                 self.model.audio.config = self.model.config.audio
-                self._record_model()
+                record_model_config(self, self.model.config)  # with the data's spectrogram settings
             elif audio.spectrogram != spectrogram.to_dict():
                 raise ValueError(f"the audio data's spectrogram settings {spectrogram.to_dict()} differ from the "
                                  f"model's {audio.spectrogram}")

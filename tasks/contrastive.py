@@ -109,7 +109,7 @@ class ContrastiveTask(L.LightningModule):
             raise ValueError("dropout sets the towers built here; an image_tower brings its own (only the text "
                              "tower's would change): leave dropout out, or set it in the ViT's recipe")
         self.model = self._build_model()
-        self._record_model()
+        record_model_config(self, self.model.config)  # again once the data has completed it (`setup`)
         if lock_image_tower:
             self.model.lock_image_tower()
         self.classifier: ZeroShotClassifier | None = None
@@ -141,14 +141,6 @@ class ContrastiveTask(L.LightningModule):
         vit = ViT.from_pretrained(h.image_tower)
         return CLIP.from_vit(vit, text=config.text, embed_dim=config.embed_dim, shared_backbone=config.shared_backbone,
                              audio=config.audio).train()
-
-    def _record_model(self) -> None:
-        """The CLIP's config in the hyperparameters (JSON types, so they round-trip through YAML):
-        a checkpoint (`load_from_checkpoint`, ``unitok test --ckpt_path``) rebuilds the model from
-        it alone, whatever became of the ``pretrained`` or ``image_tower`` folder. Recorded again
-        once the data has completed it (`setup`), so the checkpoint holds the config its weights
-        were trained in."""
-        record_model_config(self, self.model.config)
 
     def forward(self, pixel_values: Tensor, input_ids: Tensor) -> Any:
         return self.model(pixel_values, input_ids)
@@ -195,7 +187,7 @@ class ContrastiveTask(L.LightningModule):
             # Stored with the model, so zero-shot on raw images normalises as in training.
             self.model.config = c.replace(vision=c.vision.replace(mean=mean, std=std))
             self.model.visual.config = self.model.config.vision
-            self._record_model()
+            record_model_config(self, self.model.config)  # the config its weights are trained in
         names = getattr(datamodule, "class_names", None)
         templates = self.hparams.zero_shot_templates or getattr(datamodule, "zero_shot_templates", None)
         if names and templates:
