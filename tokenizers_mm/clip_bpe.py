@@ -7,6 +7,7 @@ timm and torchvision); this module adds the batch layout, truncation policy and 
 
 from __future__ import annotations
 
+import itertools
 import warnings
 from collections.abc import Sequence
 from typing import Any, Literal
@@ -75,6 +76,10 @@ class CLIPTokenizer:
     def encode(self, text: str, context_length: int | None = None) -> Tensor:
         """One caption -> (N,) ids with start and end tokens (N ≤ ``context_length``, by default
         the tokenizer's). A caption with no words once cleaned (as ``"&nbsp;"``) is refused."""
+        return torch.tensor(self._ids(text, context_length), dtype=torch.long)
+
+    def _ids(self, text: str, context_length: int | None) -> list[int]:
+        """`encode`'s ids as a list (a batch makes one tensor of its rows, not one a caption)."""
         if not isinstance(text, str):
             raise TypeError(f"captions must be str, got {type(text).__name__}")
         limit = self.context_length if context_length is None else check_context_length(context_length)
@@ -91,7 +96,7 @@ class CLIPTokenizer:
             if self.truncation == "warn":
                 warnings.warn(f"caption {text[:60]!r} has {len(ids)} tokens; cut to {limit}", stacklevel=3)
             ids = [*ids[: limit - 1], self.eot_id]
-        return torch.tensor(ids, dtype=torch.long)
+        return ids
 
     def batch_encode(self, texts: Sequence[str], pad_to: int | None = None,
                      context_length: int | None = None) -> Tokens:
@@ -102,16 +107,17 @@ class CLIPTokenizer:
         if len(texts) == 0:
             raise ValueError("batch_encode needs at least one caption, got an empty list")
         check_int("pad_to", pad_to, or_none=True)
-        rows = [self.encode(t, context_length) for t in texts]
-        width = max(len(r) for r in rows) if pad_to is None else pad_to
-        if width < max(len(r) for r in rows):
-            raise ValueError(f"pad_to={pad_to} is shorter than the longest caption ({max(len(r) for r in rows)})")
+        rows = [self._ids(t, context_length) for t in texts]
+        longest = max(len(r) for r in rows)
+        width = longest if pad_to is None else pad_to
+        if width < longest:
+            raise ValueError(f"pad_to={pad_to} is shorter than the longest caption ({longest})")
+        # the rows' ids as one flat tensor scattered under the mask: per-row tensors and writes (or a
+        # tensor of the padded lists) cost more than the BPE itself once its cache is warm
+        mask = torch.arange(width) < torch.tensor([len(r) for r in rows])[:, None]
         ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros(len(rows), width, dtype=torch.long)
-        for i, row in enumerate(rows):
-            ids[i, : len(row)] = row
-            mask[i, : len(row)] = 1
-        return Tokens(ids=ids, attention_mask=mask, modality="text")
+        ids[mask] = torch.tensor(list(itertools.chain.from_iterable(rows)), dtype=torch.long)
+        return Tokens(ids=ids, attention_mask=mask.long(), modality="text")
 
     def __call__(self, texts: str | Sequence[str], context_length: int | None = None) -> Tensor:
         """open_clip's calling convention: (B, context_length) ids, zero-padded; a caption is cut
