@@ -29,7 +29,12 @@ from torch import Tensor, nn
 
 from tasks.optim import adamw_warmup_cosine
 from tasks.predictions import Record, class_records, records
-from tasks.recorded import check_trained_tokenizer, record_model_config, take_trained_tokenizer
+from tasks.recorded import (
+    check_pretrained_tokenizer,
+    check_trained_tokenizer,
+    record_model_config,
+    take_trained_tokenizer,
+)
 from tokenizers_mm.checks import check_int
 from unitok.heads import ClassificationHead, ScalarMix
 from unitok.models import BERT, ELECTRA, GPT, BERTConfig, GPTConfig
@@ -127,6 +132,7 @@ class _FineTuneTask(L.LightningModule):
             raise ValueError(f"label count mismatch: the data module has {expected} labels "
                              f"{tuple(getattr(datamodule, 'label_names', ()))} but the task was built with "
                              f"num_labels={self.num_labels}")
+        check_pretrained_tokenizer(self.model, self.hparams.get("pretrained"), datamodule)
         check_trained_tokenizer(self, datamodule, stage)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:

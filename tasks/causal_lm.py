@@ -11,6 +11,7 @@ from torch import Tensor
 
 from tasks.optim import adamw_warmup_cosine
 from tasks.predictions import Record, mean_log_likelihood, records, until_eos
+from tasks.recorded import check_trained_tokenizer, take_trained_tokenizer
 from tokenizers_mm.checks import check_int
 from unitok.compile import loss_backend
 from unitok.losses import linear_cross_entropy
@@ -55,6 +56,14 @@ class CausalLMTask(L.LightningModule):
         config = GPTConfig.from_name(preset, vocab_size=vocab_size, context_length=context_length,
                                      eos_token_id=eos_token_id, **overrides)
         self.model = GPT(config)
+
+    def setup(self, stage: str) -> None:
+        # the tokenizer the model learns its ids with: a checkpoint tested or resumed with another
+        # of the same size would read every id as another piece (`tasks.recorded`)
+        check_trained_tokenizer(self, getattr(self.trainer, "datamodule", None) if self._trainer else None, stage)
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        take_trained_tokenizer(self, checkpoint)
 
     def forward(self, input_ids: Tensor, **kwargs: Any):
         return self.model(input_ids, **kwargs)

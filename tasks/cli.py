@@ -152,7 +152,9 @@ class UnitokCLI(LightningCLI):
         ``$UNITOK_CACHE_DIR`` names a cache shared by every recipe."""
         config = self.subcommand_config()
         self._take_checkpoint_model_config(config)
-        unread = ("model.init_args.pretrained", "model.init_args.image_tower") if self.model_config_from else ()
+        unread = {"model.init_args.pretrained", "model.init_args.image_tower"} if self.model_config_from else set()
+        if self.subcommand != "fit":  # a teacher is read for fitting alone (`ImageClassificationTask.setup`)
+            unread.add("model.init_args.teacher")
         try:
             check_exports({f"--{key.replace('.init_args.', '.')}": value for key, value in config.items()
                            if key.startswith(("model.", "data.")) and key not in unread})

@@ -18,6 +18,7 @@ from torch import Tensor
 
 from tasks.optim import adamw_warmup_cosine
 from tasks.predictions import Record, mean_log_likelihood, records
+from tasks.recorded import check_trained_tokenizer, take_trained_tokenizer
 from unitok.models import BERT, ELECTRA, BERTConfig, ELECTRAConfig
 
 
@@ -47,6 +48,10 @@ class _PretrainingTask(L.LightningModule):
         if given is not None and have is not None and given != have:
             raise ValueError(f"the data module's pad_token_id={given} differs from the model's pad_token_id={have}; "
                              f"set model.init_args.pad_token_id: {given} (the tokenizer's [PAD])")
+        check_trained_tokenizer(self, datamodule, stage)  # a checkpoint tested with another tokenizer is refused
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        take_trained_tokenizer(self, checkpoint)
 
     def _log_all(self, stage: str, metrics: dict[str, Tensor], batch_size: int) -> None:
         for name, value in metrics.items():

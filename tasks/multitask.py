@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from tasks.objectives import Objective, as_objective
 from tasks.optim import adamw_warmup_cosine
 from tasks.predictions import Record
-from tasks.recorded import record_model_config
+from tasks.recorded import check_trained_tokenizer, record_model_config, take_trained_tokenizer
 from tokenizers_mm.checks import check_int
 from unitok.models import MultimodalConfig, MultimodalTransformer
 
@@ -115,6 +115,7 @@ class MultiTaskTask(L.LightningModule):
         processor = getattr(data, "processor", None)
         if callable(processor):  # one model reads one text vocabulary: refuse two tokenizers now, not at export
             processor()
+        check_trained_tokenizer(self, data, stage)  # and a checkpoint tested with another one is refused
         for name, objective in self.objectives.items():
             try:
                 objective.bind(name, tasks[name])
@@ -133,6 +134,9 @@ class MultiTaskTask(L.LightningModule):
         for name, objective in self.objectives.items():
             if name not in self.metrics:
                 self.metrics[name] = nn.ModuleDict(objective.make_metrics()).to(self.device)
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        take_trained_tokenizer(self, checkpoint)
 
     def build_config(self) -> MultimodalConfig:
         """Every objective's segments (shared names must agree) and heads, on the preset backbone."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +43,18 @@ def tokenizer_fingerprint(tokenizer: Any) -> str | None:
 
 
 def _data_tokenizer(datamodule: Any) -> tuple[Any, str | None]:
-    """The data module's tokenizer and where it was read from (None: trained by the data module)."""
+    """The data module's tokenizer and where it was read from (None: trained by the data module).
+    Of a `MultiTaskDataModule` (``tasks``): the text tokenizer its tasks share (its ``processor``
+    refuses two), from the first task that reads text."""
+    tasks = getattr(datamodule, "tasks", None) if datamodule is not None else None
+    if isinstance(tasks, Mapping):
+        for task in tasks.values():
+            processor = getattr(task, "processor", None)
+            text = processor().text if callable(processor) and processor() is not None else None
+            if text is not None:
+                source = getattr(task, "tokenizer_path", None)
+                return text, str(source) if source is not None else None
+        return None, None
     tokenizer = getattr(datamodule, "tokenizer", None) if datamodule is not None else None
     source = getattr(datamodule, "tokenizer_path", None)
     return tokenizer, str(source) if source is not None else None
@@ -61,6 +73,22 @@ def _compare(recorded: dict[str, Any], tokenizer: Any, source: str | None) -> No
            "give the data module the tokenizer exported with the model (its run's pretrained/ folder)")
     raise ValueError(f"the data module's tokenizer ({data}) differs from the one the checkpoint's model was trained "
                      f"with ({had}): the same ids would mean other pieces; {fix}")
+
+
+def check_pretrained_tokenizer(model: Any, pretrained: str | None, datamodule: Any) -> None:
+    """In ``setup``: a model loaded from a ``pretrained`` folder reads the data with the tokenizer
+    saved with it; another of the same size passes every id check, but each id would mean another
+    piece. (A model rebuilt from a checkpoint's ``model_config`` carries none: the tokenizer its
+    run recorded is checked instead, `check_trained_tokenizer`.)"""
+    processor = getattr(model, "processor", None) if pretrained is not None else None
+    saved = getattr(processor, "text", None)
+    tokenizer, source = _data_tokenizer(datamodule)
+    if saved is None or tokenizer is None or saved == tokenizer:
+        return
+    data = f"from {source}" if source is not None else "trained by the data module"
+    raise ValueError(f"the data module's tokenizer ({data}) differs from the one saved with the pretrained "
+                     f"model ({pretrained}): the same ids would mean other pieces; set "
+                     f"data.init_args.tokenizer: {pretrained}")
 
 
 def check_trained_tokenizer(module: L.LightningModule, datamodule: Any, stage: str) -> None:
@@ -96,5 +124,5 @@ def take_trained_tokenizer(module: L.LightningModule, checkpoint: dict[str, Any]
             _compare(recorded, tokenizer, source)
 
 
-__all__ = ["TOKENIZER_KEY", "check_trained_tokenizer", "record_model_config", "take_trained_tokenizer",
+__all__ = ["TOKENIZER_KEY", "check_pretrained_tokenizer", "check_trained_tokenizer", "record_model_config", "take_trained_tokenizer",
            "tokenizer_fingerprint"]

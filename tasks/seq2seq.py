@@ -18,7 +18,12 @@ from torch import Tensor
 
 from tasks.optim import adamw_warmup_cosine
 from tasks.predictions import Record, mean_log_likelihood, records, until_eos
-from tasks.recorded import check_trained_tokenizer, record_model_config, take_trained_tokenizer
+from tasks.recorded import (
+    check_pretrained_tokenizer,
+    check_trained_tokenizer,
+    record_model_config,
+    take_trained_tokenizer,
+)
 from tokenizers_mm.checks import check_int, check_number
 from unitok.models import T5, T5Config
 
@@ -233,26 +238,11 @@ class Seq2SeqTask(L.LightningModule):
             if given is not None and given != have:
                 raise ValueError(f"the data module's {name}={given} differs from the model's {name}={have}; "
                                  f"set model.init_args.{name}: {given} (or use the model's tokenizer)")
-        self._check_tokenizer(getattr(datamodule, "tokenizer", None), getattr(datamodule, "tokenizer_path", None))
+        check_pretrained_tokenizer(self.model, self.hparams.pretrained, datamodule)
         check_trained_tokenizer(self, datamodule, stage)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         take_trained_tokenizer(self, checkpoint)  # a checkpoint's model has no processor: its record is checked
-
-    def _check_tokenizer(self, tokenizer: Any, source: str | None) -> None:
-        """A pretrained model reads the data with the tokenizer saved with it: another one of the
-        same size passes the id checks, but every id would mean another piece. (A model rebuilt
-        from a checkpoint carries none: the tokenizer its run recorded is checked instead,
-        `tasks.recorded.check_trained_tokenizer`.)"""
-        pretrained = self.hparams.pretrained
-        processor = self.model.processor if pretrained is not None else None
-        saved = processor.text if processor is not None else None
-        if saved is None or tokenizer is None or saved == tokenizer:
-            return
-        data = f"from {source}" if source is not None else "trained by the data module"
-        raise ValueError(f"the data module's tokenizer ({data}) differs from the one saved with the pretrained "
-                         f"model ({pretrained}): the same ids would mean other pieces; set "
-                         f"data.init_args.tokenizer: {pretrained}")
 
     def configure_optimizers(self):
         return adamw_warmup_cosine(self.model, self.trainer, self.hparams)

@@ -190,19 +190,41 @@ class SplitDataModule(L.LightningDataModule):
         point, self.resume_point = self.resume_point, None
         return point
 
+    def data_key(self) -> str | None:
+        """What identifies the data this module trains on, for the built-in corpora whose content
+        is made by code that may change (a synthesised corpus's spec and synthesis version, a
+        token stream's hash); None where the settings alone identify it. Recorded in checkpoints:
+        a resumed run whose training data is no longer the checkpoint's is refused."""
+        return None
+
     def state_dict(self) -> dict[str, Any]:
         """Saved in checkpoints: the training seed and where training stands in the data (epoch,
-        batches of it done), from which a resumed run's training loader starts."""
+        batches of it done), from which a resumed run's training loader starts; the `data_key`."""
         trainer = self.trainer
         if trainer is None or self.shuffle_seed is None or trainer.state.fn != "fit":
             return {}
         epoch, batches = training_position(trainer)
-        return {"seed": self.shuffle_seed, "epoch": epoch, "batches": batches}
+        key = self.data_key()
+        return {"seed": self.shuffle_seed, "epoch": epoch, "batches": batches} | ({"data": key} if key else {})
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if state_dict:
+            self._check_same_data(state_dict.get("data"))
             self.shuffle_seed = int(state_dict["seed"])
             self.resume_point = ResumePoint(int(state_dict["epoch"]), int(state_dict["batches"]))
+
+    def _check_same_data(self, recorded: str | None) -> None:
+        """A resumed fit trains on the checkpoint's data or not at all: the same settings over a
+        corpus made otherwise since (another version of the code that synthesises or cuts it)
+        would go on along another curve, recorded as the checkpoint's."""
+        trainer = self.trainer
+        if recorded is None or trainer is None or trainer.state.fn != "fit":
+            return
+        now = self.data_key()
+        if now is not None and now != recorded:
+            raise ValueError(f"{type(self).__name__}'s training data is not the checkpoint's (data key {recorded} → "
+                             f"{now}: the same settings make another corpus since); a resumed run would go on "
+                             "along another curve: start a new run (fit without --ckpt_path)")
 
     def teardown(self, stage: str) -> None:
         """A later ``fit`` draws its own seed (or a checkpoint's)."""

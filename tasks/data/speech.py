@@ -803,6 +803,10 @@ class SpokenDigitsDataModule(SpeechDataModule):
         """Synthesise the corpus once (Lightning calls this on one process per node)."""
         spoken_digits_corpus(self.spec, self.cache_dir)
 
+    def data_key(self) -> str:
+        """The corpus's spec (voices, strings, conditions) and synthesis version, as its cache names them."""
+        return self.spec.key()
+
     def setup(self, stage: str | None = None) -> None:
         if self.train_utterances:
             return

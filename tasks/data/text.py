@@ -381,6 +381,13 @@ class TextDataModule(SplitDataModule):
         n_val = max(self.context_length + 1, int(self._n_tokens * self.val_fraction))
         return self._n_tokens - n_val, self._n_tokens
 
+    def data_key(self) -> str:
+        """A hash of the training part of the token stream: the ids training windows are cut from."""
+        cut, _ = self._split()
+        itemsize = np.dtype(self._dtype).itemsize
+        with open(self._token_file, "rb") as f:  # type: ignore[arg-type]
+            return hashlib.sha1(f.read(cut * itemsize)).hexdigest()[:16]
+
     def train_dataset(self) -> TokenWindows:
         cut, _ = self._split()
         return TokenWindows(self._token_file, self._dtype, 0, cut, self.context_length,  # type: ignore[arg-type]

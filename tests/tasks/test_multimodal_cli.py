@@ -7,8 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from tasks.cli import main
+from tasks.recorded import TOKENIZER_KEY
 from unitok.models import MultimodalTransformer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,6 +48,8 @@ def test_four_task_recipe_fits_one_model_and_tests_from_its_checkpoint(tmp_path,
              "--model.init_args.objectives.cartpole.init_args.eval_episodes", "1"]
     main(["fit", "--config", str(FOUR), *QUICK, *small])
     run = tmp_path / "runs" / "mm_four_tasks"
+    hparams = torch.load(run / "latest" / "checkpoints" / "last.ckpt", weights_only=True)["hyper_parameters"]
+    assert hparams[TOKENIZER_KEY]["sha1"]  # the text task's tokenizer: a test with another one is refused
     model = MultimodalTransformer.from_pretrained(run / "latest" / "pretrained")
     assert set(model.config.modalities) == {"image", "audio", "text", "trajectory"}
     metrics = (run / "version_0" / "metrics.csv").read_text()

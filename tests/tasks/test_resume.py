@@ -30,7 +30,7 @@ from tasks.data.sampling import (
     SeededRandomSampler,
     resumable_loader,
 )
-from tasks.data.speech import BucketBatchSampler
+from tasks.data.speech import BucketBatchSampler, SpokenDigitsDataModule
 from tasks.resume import (
     ResumableRNG,
     ResumedBest,
@@ -425,3 +425,39 @@ def test_resumable_loaders_keep_the_datasets_attributes(digits):
     assert isinstance(loader.dataset, SeededFetch) and len(loader.dataset) == len(digits.train_set)
     assert loader.dataset.transform is digits.train_set.transform
     assert hasattr(loader, "state_dict") and hasattr(loader, "load_state_dict")  # resumable, for Lightning
+
+
+def test_a_resume_on_a_corpus_made_otherwise_since_is_refused_by_name(tmp_path, monkeypatch, capsys):
+    # The same settings, another token stream (what another version of the code that cuts or
+    # tokenizes the built-in corpus would give): the resumed run would train on other data.
+    args = ["--data.builtin_max_bytes", "60000", "--data.vocab_size", "300", "--data.context_length", "16",
+            "--data.batch_size", "4", "--data.cache_dir", str(tmp_path / "cache"), "--model.preset", "gpt-nano",
+            "--trainer.max_steps", "2", "--trainer.limit_val_batches", "1"]
+    monkeypatch.chdir(tmp_path)
+    fit(GPT, tmp_path / "run", *args)
+    [last] = (tmp_path / "run").rglob("last.ckpt")
+    recorded = torch.load(last, weights_only=True)["TextDataModule"]["data"]
+    [tokens] = (tmp_path / "cache").rglob("tokens.bin")
+    stream = np.fromfile(tokens, dtype=np.uint16)
+    stream[:8] = stream[8:16]  # a corpus cut otherwise
+    stream.tofile(tokens)
+    with pytest.raises(SystemExit) as refused:
+        fit(GPT, tmp_path / "run", *args, "--trainer.max_steps", "4", "--ckpt_path", str(last))
+    assert refused.value.code == 2
+    assert f"TextDataModule's training data is not the checkpoint's (data key {recorded} → " in capsys.readouterr().err
+    fit(GPT, tmp_path / "run", *args, "--trainer.max_steps", "4")  # a new run on it is fine
+    main(["validate", "--config", str(GPT), *args, *QUIET, "--trainer.default_root_dir", str(tmp_path / "run"),
+          "--ckpt_path", str(last)])  # and so is evaluating the checkpoint on it
+
+
+def test_the_spoken_digit_corpus_key_names_its_voices_and_synthesis_version(monkeypatch):
+    from tasks.data import speech
+
+    data = SpokenDigitsDataModule(batch_size=4, train_utterances=8, held_out_utterances=4)
+    key = data.data_key()
+    assert key == data.spec.key() == SpokenDigitsDataModule(batch_size=4, train_utterances=8,
+                                                            held_out_utterances=4).data_key()
+    assert SpokenDigitsDataModule(batch_size=4, train_utterances=8, held_out_utterances=4,
+                                  train_voices=["linda"]).data_key() != key
+    monkeypatch.setattr(speech, "CORPUS_VERSION", speech.CORPUS_VERSION + 1)  # synthesis changed since
+    assert data.data_key() != key

@@ -3,7 +3,9 @@ rebuilt from the checkpoint's ``model_config`` carries no tokenizer of its own, 
 test / validate / predict --ckpt_path`` (and a resumed ``fit``, whose tokenizer folder may have
 been written again) with another tokenizer of the same size — which passes every id check, but
 whose ids mean other pieces — is refused, naming both.
-The tokenizer it was trained with runs; a checkpoint written before the record is taken as it is."""
+The tokenizer it was trained with runs; a checkpoint written before the record is taken as it is.
+Fine-tuned (T5, BERT, GPT), pretrained (GPT, BERT) and multi-task models record it alike, and a model
+loaded from a ``pretrained`` folder reads data with that folder's tokenizer only."""
 
 from __future__ import annotations
 
@@ -147,3 +149,99 @@ def test_a_fine_tuned_bert_checkpoint_refuses_another_tokenizer_of_its_size(tmp_
     assert (f"the data module's tokenizer (from {tmp_path / 'other'}) differs from the one the checkpoint's model "
             f"was trained with (from {tmp_path / 'trained'})") in err
     main([*test, "--data.tokenizer", str(tmp_path / "trained")])
+
+
+# --------------------------------------------------------------------------- pretraining: GPT and BERT
+
+GPT_RECIPE = str(ROOT / "configs" / "gpt" / "tiny.yaml")
+GPT_QUICK = ["--data.builtin_max_bytes", "60000", "--data.context_length", "16", "--data.batch_size", "4",
+             "--model.preset", "gpt-nano", *STEPS]
+
+
+def bpe(text: str) -> BPETokenizer:
+    return BPETokenizer.train(iterator=textwrap.wrap(text, 200), vocab_size=300)
+
+
+def test_a_pretrained_gpt_checkpoint_refuses_another_tokenizer_of_its_size(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    trained, other = bpe(TEXTS[0]), bpe(TEXTS[1])
+    assert trained.vocab_size == other.vocab_size and trained != other
+    trained.save(tmp_path / "trained")
+    other.save(tmp_path / "other")
+    main(["fit", "--config", GPT_RECIPE, *GPT_QUICK, "--data.tokenizer", str(tmp_path / "trained")])
+    ckpt = tmp_path / "runs" / "gpt_tiny" / "version_0" / "checkpoints" / "last.ckpt"
+    recorded = torch.load(ckpt, weights_only=True)["hyper_parameters"][TOKENIZER_KEY]
+    assert recorded == {"sha1": tokenizer_fingerprint(trained), "source": str(tmp_path / "trained")}
+    test = ["test", "--config", GPT_RECIPE, *GPT_QUICK, "--ckpt_path", str(ckpt)]
+    for command in ("test", "validate"):
+        err = refusal(capsys, [command, *test[1:], "--data.tokenizer", str(tmp_path / "other")])
+        assert (f"the data module's tokenizer (from {tmp_path / 'other'}) differs from the one the checkpoint's "
+                f"model was trained with (from {tmp_path / 'trained'})") in err
+    main([*test, "--data.tokenizer", str(tmp_path / "trained")])
+    assert any("test_loss" in log.read_text() for log in (tmp_path / "runs" / "gpt_tiny").glob("version_*/metrics.csv"))
+
+
+def test_a_masked_lm_checkpoint_refuses_another_tokenizer_of_its_size():
+    from tasks import MaskedLMTask
+
+    trained, other = wordpiece(TEXTS[0]), wordpiece(TEXTS[1])
+    task = MaskedLMTask(vocab_size=300, context_length=16, n_layers=1)
+    task._trainer = SimpleNamespace(datamodule=SimpleNamespace(tokenizer=trained, tokenizer_path=None))
+    task.setup("fit")  # fitting records the data's tokenizer
+    assert task.hparams[TOKENIZER_KEY] == {"sha1": tokenizer_fingerprint(trained), "source": None}
+    fresh = MaskedLMTask(vocab_size=300, context_length=16, n_layers=1)
+    fresh._trainer = SimpleNamespace(datamodule=SimpleNamespace(tokenizer=other, tokenizer_path="other/"))
+    with pytest.raises(ValueError, match=r"the data module's tokenizer \(from other/\) differs from the one the "
+                                         r"checkpoint's model was trained with \(trained by its run's data module\)"):
+        fresh.on_load_checkpoint({"hyper_parameters": dict(task.hparams)})
+    fresh._trainer = task._trainer
+    fresh.on_load_checkpoint({"hyper_parameters": dict(task.hparams)})  # the tokenizer it was trained with
+
+
+def test_multi_task_data_gives_the_text_tokenizer_its_tasks_share():
+    from tasks.data.combined import MultiTaskDataModule
+    from tasks.recorded import check_trained_tokenizer
+
+    trained, other = bpe(TEXTS[0]), bpe(TEXTS[1])
+    images = SimpleNamespace(processor=lambda: Processor(labels=("0", "1")))  # no text: skipped
+    data = MultiTaskDataModule({"digits": images, "text": SimpleNamespace(  # type: ignore[dict-item]
+        processor=lambda: Processor(text=trained), tokenizer_path="tok/")})
+    module = SimpleNamespace(hparams={})
+    check_trained_tokenizer(module, data, "fit")
+    assert module.hparams[TOKENIZER_KEY] == {"sha1": tokenizer_fingerprint(trained), "source": "tok/"}
+    data.tasks["text"] = SimpleNamespace(processor=lambda: Processor(text=other), tokenizer_path="tok/")
+    with pytest.raises(ValueError, match=r"\(from tok/\) differs .* \(from tok/, written again since\)"):
+        check_trained_tokenizer(module, data, "test")
+
+
+# --------------------------------------------------------------------------- fine-tuning from a folder
+
+def test_fine_tuning_a_pretrained_folder_refuses_data_read_with_another_tokenizer(tmp_path, monkeypatch, capsys):
+    from unitok.models import BERT, BERTConfig
+
+    monkeypatch.chdir(tmp_path)
+    saved, other = wordpiece(TEXTS[0]), wordpiece(TEXTS[1])
+    body = BERT(BERTConfig.from_name("bert-micro", vocab_size=saved.vocab_size, context_length=32, n_layers=1))
+    body.processor = Processor(text=saved)
+    folder = tmp_path / "pretrained"
+    body.save_pretrained(folder)
+    other.save(tmp_path / "other")
+    fit = ["fit", "--config", BERT_RECIPE, *BERT_QUICK, "--model.pretrained", str(folder)]
+    err = refusal(capsys, [*fit, "--data.tokenizer", str(tmp_path / "other")])
+    assert (f"the data module's tokenizer (from {tmp_path / 'other'}) differs from the one saved with the pretrained "
+            f"model ({folder}): the same ids would mean other pieces; set data.init_args.tokenizer: {folder}") in err
+    main([*fit, "--data.tokenizer", str(folder)])  # the folder's own tokenizer
+    assert list((tmp_path / "runs" / "bert_finetune_cls").glob("version_*/checkpoints/last.ckpt"))
+
+
+def test_a_t5_folder_refuses_data_read_with_another_tokenizer(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    saved, other = (train_t5_tokenizer([text], vocab_size=300, num_sentinels=2) for text in TEXTS)
+    model = T5(T5Config.from_name("t5-tiny", vocab_size=300, n_layers=1, n_decoder_layers=1))
+    model.processor = Processor(text=saved)
+    folder = tmp_path / "pretrained"
+    model.save_pretrained(folder)
+    other.save(tmp_path / "other")
+    err = refusal(capsys, ["fit", "--config", T5_RECIPE, *T5_QUICK, "--model.pretrained", str(folder),
+                           "--data.tokenizer", str(tmp_path / "other")])
+    assert f"differs from the one saved with the pretrained model ({folder})" in err

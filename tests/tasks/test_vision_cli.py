@@ -5,6 +5,7 @@ skipped for these tasks, which have no such arguments.)"""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -63,6 +64,24 @@ def test_distillation_recipe_trains_its_cnn_teacher_first_and_keeps_it_out_of_th
     # The saved teacher is a path the recipe accepts instead of training a new one.
     main(["fit", "--config", str(DEIT), "--model.teacher", str(teacher), "--model.distillation", "hard", *QUICK])
     assert list(run.glob("version_1/metrics.csv")) and not (run / "version_1" / "teacher_cnn.pt").exists()
+
+
+def test_a_distilled_checkpoint_is_tested_after_its_teacher_is_gone(tmp_path, monkeypatch, capsys):
+    # the teacher is read for fitting only: testing the student needs no teacher export
+    monkeypatch.chdir(tmp_path)
+    teacher = "runs/vit_digits/latest/pretrained"
+    main(["fit", "--config", str(VIT), *QUICK])
+    main(["fit", "--config", str(DEIT), "--model.teacher", teacher, *QUICK])
+    run = tmp_path / "runs" / "deit_digits_distill"
+    ckpt = run / "version_0" / "checkpoints" / "last.ckpt"
+    shutil.rmtree(tmp_path / "runs" / "vit_digits")
+    for command in ("test", "validate"):
+        main([command, "--config", str(DEIT), "--model.teacher", teacher, "--ckpt_path", str(ckpt), *QUICK])
+    assert "test_acc" in (run / "version_1" / "metrics.csv").read_text()
+    with pytest.raises(SystemExit) as refused:  # fitting still needs it, and says which recipe writes it
+        main(["fit", "--config", str(DEIT), "--model.teacher", teacher, *QUICK])
+    assert refused.value.code == 2
+    assert f"--model.teacher={teacher} does not exist" in capsys.readouterr().err
 
 
 def test_the_data_poor_recipe_logs_its_teachers_accuracy_and_runs_without_a_teacher(tmp_path, monkeypatch):

@@ -7,6 +7,7 @@ trip; bad input is a clear error."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -110,6 +111,26 @@ def test_one_image_segment_is_vit(positions):
         torch.testing.assert_close(model({"image": tokens}).heads["digit"], vit(pixels).logits, atol=1e-5, rtol=0)
     with pytest.raises(ValueError, match="distill_token"):
         MultimodalTransformer.from_vit(ViT(ViTConfig.from_name("deit-digits", n_layers=1)))
+
+
+def test_a_one_segment_model_keeps_what_its_source_read_raw_input_with(tmp_path):
+    # the GPT's tokenizer and the ViT's class names are stored by no config: built from them, the
+    # multimodal model carries them, saves them and reads raw text / names its classes as they did
+    import ast
+
+    from tokenizers_mm import BPETokenizer, Processor
+
+    tok = BPETokenizer.train(iterator=[Path(ast.__file__).read_text()], vocab_size=300)
+    gpt = GPT(GPTConfig(vocab_size=tok.vocab_size, context_length=16, d_model=32, n_layers=1, n_heads=4))
+    gpt.processor = Processor(text=tok)
+    model = MultimodalTransformer.from_gpt(gpt)
+    assert model.processor.text == tok
+    model.save_pretrained(tmp_path / "gpt")
+    assert MultimodalTransformer.from_pretrained(tmp_path / "gpt").processor.text == tok
+    vit = ViT(ViTConfig.from_name("vit-digits", n_layers=1))
+    vit.processor = Processor(labels=tuple("0123456789"))
+    assert MultimodalTransformer.from_vit(vit).processor.labels == tuple("0123456789")
+    assert MultimodalTransformer.from_vit(ViT(ViTConfig.from_name("vit-digits", n_layers=1))).processor.labels is None
 
 
 def test_one_trajectory_segment_is_a_decision_transformer():

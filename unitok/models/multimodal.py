@@ -456,6 +456,14 @@ def _check_same_stack(ours: BackboneConfig, theirs: BackboneConfig) -> None:
                          "activation / norm_eps; the multimodal stack is pre-norm LayerNorm with biases)")
 
 
+def _carried(model: Any, part: str) -> Processor | None:
+    """The ``part`` ("text": a GPT's tokenizer, "labels": a classifier's class names) of ``model``'s
+    processor, as a processor of its own (None: it has none), for the one-segment model built from
+    it (`MultimodalTransformer.from_gpt` / `from_vit`): saved with it, it still reads raw input."""
+    value = getattr(getattr(model, "processor", None), part, None)
+    return Processor(**{part: value}) if value is not None else None
+
+
 class MultimodalTransformer(PretrainedModel):
     """One set of transformer weights for every modality; see the module docstring.
 
@@ -543,7 +551,7 @@ class MultimodalTransformer(PretrainedModel):
             state[f"embedders.{segment}.pos_embed.weight"] = gpt.pos_embed.weight
         if not c.tie_embeddings:
             state[f"heads.{head}.weight"] = gpt.lm_head.weight
-        return cls._from_state(config, state, gpt.backbone)
+        return cls._from_state(config, state, gpt.backbone, _carried(gpt, "text"))
 
     @classmethod
     def from_vit(cls, vit: Any, segment: str = "image", head: str = "classifier") -> MultimodalTransformer:
@@ -569,7 +577,7 @@ class MultimodalTransformer(PretrainedModel):
                  if k.startswith(("patch_embed.", "cls_token", "pos_embed"))}
         if c.num_classes:
             state.update({f"heads.{head}.out.weight": vit.head.weight, f"heads.{head}.out.bias": vit.head.bias})
-        return cls._from_state(config, state, vit.backbone)
+        return cls._from_state(config, state, vit.backbone, _carried(vit, "labels") if c.num_classes else None)
 
     @classmethod
     def from_decision_transformer(cls, dt: Any, segment: str = "trajectory", head: str = "action") -> MultimodalTransformer:
@@ -589,8 +597,10 @@ class MultimodalTransformer(PretrainedModel):
         return cls._from_state(config, state, dt.backbone)
 
     @classmethod
-    def _from_state(cls, config: MultimodalConfig, state: dict[str, Tensor], backbone: Backbone) -> MultimodalTransformer:
+    def _from_state(cls, config: MultimodalConfig, state: dict[str, Tensor], backbone: Backbone,
+                    processor: Processor | None = None) -> MultimodalTransformer:
         model = cls(config)
+        model.processor = processor  # what the source model read raw input with that no config stores
         _check_same_stack(model.backbone.config, backbone.config)
         state = {**state, **{f"backbone.{k}": v for k, v in backbone.state_dict().items()}}
         ignore = (*model.tied_keys, "modality_embed.weight")
