@@ -29,6 +29,7 @@ from unitok.layers.attention import (
     add_position_bias,
     build_attention_mask,
     causal_mask,
+    check_padding_mask,
 )
 from unitok.layers.conv_module import ConvModule, ConvNorm
 from unitok.layers.kv_cache import KVCache, StaticKVCache
@@ -315,8 +316,8 @@ class Backbone(nn.Module):
 
         Args:
             x: (B, N, D) embedded tokens.
-            attention_mask: (B, T) 1 for real tokens, 0 for padding; with a cache it covers
-                the cached positions followed by the N new ones.
+            attention_mask: (B, T) 1 (or True) for real tokens, 0 for padding, nothing else (not an
+                additive mask); with a cache it covers the cached positions followed by the N new ones.
             cache: a `KVCache` to read and extend (incremental decoding), or a `StaticKVCache`
                 (fixed capacity, read whole: ``mask`` then says which positions are written).
             output_hidden_states / output_attentions: also return per-layer states / weights
@@ -325,8 +326,9 @@ class Backbone(nn.Module):
             causal: override the config's masking for this call (one backbone shared by a
                 causal text tower and a bidirectional image tower, as in CLIP's shared option).
             encoder_hidden_states / encoder_attention_mask: (B, S, D) states and (B, S) 1/0 mask
-                that "cross_attn" sublayers attend to (encoder–decoder models).
-            mask: a ready (B|1, 1, N, T) boolean mask of which keys each query may see (True:
+                that "cross_attn" sublayers attend to (encoder–decoder models); every row needs
+                a real state to attend to.
+            mask: a ready (B|1, H|1, N, T) boolean mask of which keys each query may see (True:
                 may attend), replacing the one built from ``attention_mask`` and ``causal``
                 (packed multimodal sequences, `unitok.packing`); ``attention_mask`` then only
                 tells sublayers that mix along N which tokens are padding.
@@ -340,12 +342,14 @@ class Backbone(nn.Module):
         """
         if x.dim() != 3 or x.shape[-1] != self.config.d_model:
             raise ValueError(f"backbone expects (batch, tokens, {self.config.d_model}), got {tuple(x.shape)}")
-        n_new = x.shape[1]
+        B, n_new = x.shape[:2]
         n_keys = cache.key_length(n_new) if cache is not None else n_new
         if mask is not None:
-            if mask.dtype != torch.bool or mask.dim() != 4 or tuple(mask.shape[-2:]) != (n_new, n_keys):
-                raise ValueError(f"mask must be a boolean (batch|1, 1, {n_new}, {n_keys}) tensor, got "
-                                 f"{mask.dtype} {tuple(mask.shape)}")
+            H = self.config.n_heads
+            if (mask.dtype != torch.bool or mask.dim() != 4 or tuple(mask.shape[-2:]) != (n_new, n_keys)
+                    or mask.shape[0] not in (1, B) or mask.shape[1] not in (1, H)):
+                raise ValueError(f"mask must be a boolean ({B}|1, {H}|1, {n_new}, {n_keys}) tensor (batch, heads, "
+                                 f"queries, keys), got {mask.dtype} {tuple(mask.shape)}")
         if isinstance(cache, StaticKVCache):
             if mask is None:
                 raise ValueError("a StaticKVCache is read whole: pass mask= (batch|1, 1, N, capacity) saying "
@@ -353,7 +357,7 @@ class Backbone(nn.Module):
             if self.relative_bias is not None:
                 raise ValueError("a relative position bias needs the queries' positions, which a StaticKVCache "
                                  "does not know: decode with a KVCache")
-        if attention_mask is not None and bool(attention_mask.all()):
+        if attention_mask is not None and check_padding_mask(attention_mask, (B, n_keys), "attention_mask")[0]:
             attention_mask = None  # nothing padded: let the fused kernel take its fast path
         causal = self.config.causal if causal is None else causal
         if mask is not None:
@@ -373,10 +377,12 @@ class Backbone(nn.Module):
             mask = add_position_bias(bias, mask)
         memory_mask = None
         if encoder_hidden_states is not None and encoder_attention_mask is not None:
-            if encoder_attention_mask.shape != encoder_hidden_states.shape[:2]:
-                raise ValueError(f"encoder_attention_mask must be {tuple(encoder_hidden_states.shape[:2])}, "
-                                 f"got {tuple(encoder_attention_mask.shape)}")
-            if not bool(encoder_attention_mask.all()):
+            unpadded, empty = check_padding_mask(encoder_attention_mask, tuple(encoder_hidden_states.shape[:2]),
+                                                 "encoder_attention_mask")
+            if empty:  # a query row would attend to no key: NaN, or a number no reference computes
+                raise ValueError(f"source row(s) {empty} are empty (all padding in encoder_attention_mask): give "
+                                 "each row at least one token")
+            if not unpadded:
                 memory_mask = encoder_attention_mask.bool()[:, None, None, :]
         padding = attention_mask[:, -n_new:].bool() if attention_mask is not None else None
         ctx = AttentionContext(mask=mask, is_causal=is_causal, cache=cache, kernel=kernel,

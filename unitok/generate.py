@@ -22,7 +22,7 @@ from tokenizers_mm.checks import check_int, check_number
 from unitok.compile import check_backend
 from unitok.config import Config
 from unitok.embed.positions import positions_from_mask
-from unitok.layers.attention import build_attention_mask
+from unitok.layers.attention import build_attention_mask, check_padding_mask
 from unitok.layers.decode_layout import (
     FEW_ROWS,
     MAX_COPY_BYTES,
@@ -207,7 +207,8 @@ def _check_prompt(input_ids: Tensor, attention_mask: Tensor | None) -> Tensor:
         return torch.ones_like(input_ids)
     if attention_mask.shape != input_ids.shape:
         raise ValueError(f"attention_mask shape {tuple(attention_mask.shape)} != input_ids shape {tuple(input_ids.shape)}")
-    empty = (~attention_mask.bool().any(dim=1)).nonzero()[:, 0].tolist()
+    # 1 and 0 only (every path reads it so, the compiled one's included), and no empty row
+    _, empty = check_padding_mask(attention_mask, tuple(input_ids.shape))
     if empty:
         raise ValueError(f"prompt row(s) {empty} are empty (all padding): give each row at least one token")
     right = (~attention_mask[:, -1].bool()).nonzero()[:, 0].tolist()

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from unitok.layers import build_attention_mask, causal_mask, reference_attention, sdpa_attention
-from unitok.layers.attention import SHORT_BF16_SCORES
+from unitok.layers.attention import SHORT_BF16_SCORES, check_padding_mask
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -55,6 +55,25 @@ def test_padding_query_rows_never_produce_nan():
 def test_mask_length_mismatch_is_an_error():
     with pytest.raises(ValueError, match="covers 3 positions, expected 4"):
         build_attention_mask(4, 4, True, torch.ones(1, 3))
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.long, torch.uint8, torch.float32])
+def test_a_padding_mask_says_in_one_reading_whether_anything_is_padded_and_which_rows_are_empty(dtype):
+    padded = torch.tensor([[1, 1, 0], [0, 0, 0], [1, 1, 1]]).to(dtype)
+    assert check_padding_mask(padded, (3, 3)) == (False, [1])
+    assert check_padding_mask(torch.ones(2, 3, dtype=dtype), (2, 3)) == (True, [])
+
+
+@pytest.mark.parametrize("mask, message", [
+    (torch.tensor([[0.0, -1e4]]), r"attention_mask holds \[-10000.0\]: expected 1 for a real token and 0 for padding"),
+    (torch.tensor([[1, 3]]), r"attention_mask holds \[3\]"),
+    (torch.tensor([[1, -1]]), r"attention_mask holds \[-1\]"),
+    (torch.tensor([[1.0, 0.5]]), r"attention_mask holds \[0.5\]"),
+    (torch.ones(2, 2), r"attention_mask must be \(1, 2\) \(batch, keys\), got \(2, 2\)"),
+], ids=["additive", "3", "-1", "0.5", "shape"])
+def test_a_padding_mask_of_other_values_or_shape_is_refused(mask, message):
+    with pytest.raises(ValueError, match=message):
+        check_padding_mask(mask, (1, 2))
 
 
 def _inputs(n: int, dtype: torch.dtype, mask_kind: str):

@@ -246,3 +246,85 @@ def test_keep_last_is_refused_where_it_would_change_the_answer(config, kwargs, m
     model = Backbone(BackboneConfig(d_model=16, n_layers=1, n_heads=4, **config))
     with pytest.raises(ValueError, match=message):
         model(torch.randn(1, 6, 16), **kwargs)
+
+
+# --------------------------------------------------------------------------- masks
+ADDITIVE = torch.tensor([[0.0, 0.0, 0.0, -1e4, -1e4]]).expand(2, 5)  # Hugging Face's "extended" form
+
+
+@pytest.mark.parametrize("mask, found", [
+    (ADDITIVE, r"\[-10000.0\]"),
+    (torch.tensor([[2, 2, 2, 0, 0]]).expand(2, 5), r"\[2\]"),
+    (torch.tensor([[1.0, 1.0, 0.3, 0.0, 0.0]]).expand(2, 5), r"\[0.30000001192092896\]"),
+    (torch.tensor([[1.0, 1.0, float("nan"), 0.0, 0.0]]).expand(2, 5), r"\[nan.*\]"),
+], ids=["additive", "0/2", "0.3", "nan"])
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+def test_a_padding_mask_of_values_other_than_1_and_0_is_refused_naming_them(mask, found, causal):
+    model = Backbone(BackboneConfig(d_model=16, n_layers=1, n_heads=2, causal=causal))
+    with pytest.raises(ValueError, match=found + r": expected 1 for a real token and 0 for padding \(a padding mask, "
+                                              r"not an additive one\)"):
+        model(torch.randn(2, 5, 16), mask)
+
+
+def test_bool_integer_and_float_padding_masks_of_1_and_0_give_one_answer():
+    torch.manual_seed(0)
+    model = Backbone(BackboneConfig(d_model=16, n_layers=1, n_heads=2)).eval()
+    x = torch.randn(2, 5, 16)
+    real = torch.tensor([[True] * 5, [True] * 3 + [False] * 2])
+    expected = model(x, real).last_hidden_state
+    for mask in (real.long(), real.int(), real.to(torch.uint8), real.float(), real.half()):
+        torch.testing.assert_close(model(x, mask).last_hidden_state, expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(attention_mask=torch.ones(1, 5, dtype=torch.long)), r"attention_mask must be \(4, 5\) \(batch, keys\), "
+                                                               r"got \(1, 5\)"),
+    (dict(attention_mask=torch.ones(2, 5, dtype=torch.long)), r"attention_mask must be \(4, 5\)"),
+    (dict(attention_mask=torch.ones(5, dtype=torch.long)), r"attention_mask must be \(4, 5\) .*got \(5,\)"),
+    (dict(attention_mask=torch.ones(4, 1, 5, dtype=torch.long)), r"attention_mask must be \(4, 5\) .*got \(4, 1, 5\)"),
+    (dict(mask=torch.ones(3, 1, 5, 5, dtype=torch.bool)), r"mask must be a boolean \(4\|1, 2\|1, 5, 5\) tensor"),
+    (dict(mask=torch.ones(4, 3, 5, 5, dtype=torch.bool)), r"mask must be a boolean \(4\|1, 2\|1, 5, 5\) tensor "
+                                                          r"\(batch, heads, queries, keys\), got torch.bool \(4, 3, 5, 5\)"),
+], ids=["one row for four", "two rows for four", "1-d", "3-d", "mask of 3 rows", "mask of 3 heads"])
+def test_masks_of_another_shape_are_refused_naming_the_one_expected(kwargs, message):
+    model = Backbone(BackboneConfig(d_model=16, n_layers=1, n_heads=2, causal=True))
+    with pytest.raises(ValueError, match=message):
+        model(torch.randn(4, 5, 16), **kwargs)
+
+
+def test_a_mask_for_every_row_or_every_head_broadcasts():
+    torch.manual_seed(0)
+    model = Backbone(BackboneConfig(d_model=16, n_layers=1, n_heads=2)).eval()
+    x = torch.randn(4, 5, 16)
+    causal = torch.ones(5, 5, dtype=torch.bool).tril()
+    expected = model(x, mask=causal.expand(4, 2, 5, 5)).last_hidden_state
+    for shape in ((1, 1, 5, 5), (4, 1, 5, 5), (1, 2, 5, 5)):
+        torch.testing.assert_close(model(x, mask=causal.expand(shape)).last_hidden_state, expected, rtol=0, atol=0)
+
+
+CROSS = BackboneConfig(d_model=16, n_layers=1, n_heads=2, block=("attn", "cross_attn", "mlp"), causal=True)
+
+
+@pytest.mark.parametrize("options", [dict(kernel="sdpa"), dict(kernel="reference"), dict(output_attentions=True)],
+                         ids=["sdpa", "reference", "attentions"])
+def test_an_all_padding_encoder_row_is_refused_before_it_attends_to_nothing(options):
+    # Every kernel would answer it differently: NaN (reference, bf16) or a number no reference computes (fp32 SDPA).
+    model = Backbone(CROSS).eval()
+    source_mask = torch.tensor([[1, 1, 1, 0, 0], [0, 0, 0, 0, 0], [1, 0, 0, 0, 0]])
+    with pytest.raises(ValueError, match=r"source row\(s\) \[1\] are empty \(all padding in encoder_attention_mask\): "
+                                         "give each row at least one token"):
+        model(torch.randn(3, 2, 16), encoder_hidden_states=torch.randn(3, 5, 16), encoder_attention_mask=source_mask,
+              **options)
+
+
+def test_an_encoder_mask_is_checked_as_the_padding_mask_is():
+    model = Backbone(CROSS).eval()
+    x, memory = torch.randn(2, 2, 16), torch.randn(2, 5, 16)
+    with pytest.raises(ValueError, match=r"encoder_attention_mask holds \[2\]: expected 1 for a real token"):
+        model(x, encoder_hidden_states=memory, encoder_attention_mask=torch.tensor([[2, 2, 0, 0, 0]] * 2))
+    with pytest.raises(ValueError, match=r"encoder_attention_mask must be \(2, 5\) \(batch, keys\), got \(2, 4\)"):
+        model(x, encoder_hidden_states=memory, encoder_attention_mask=torch.ones(2, 4))
+    padded = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
+    expected = model(x, encoder_hidden_states=memory, encoder_attention_mask=padded).last_hidden_state
+    got = model(x, encoder_hidden_states=memory, encoder_attention_mask=padded.bool()).last_hidden_state
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)

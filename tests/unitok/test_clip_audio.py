@@ -177,3 +177,9 @@ def test_an_audio_towers_spectrogram_settings_equal_themselves_after_a_save_and_
     with pytest.raises(ValueError, match="spectrogram n_mels=40 differs from n_mels=32"):
         config.audio.replace(n_mels=32, spectrogram={"n_mels": 40})
     assert CLIP(config.replace(audio=config.audio.replace(n_mels=32, spectrogram={}))).processor.part("audio").n_mels == 32
+
+
+def test_clip_audio_config_is_exported_beside_the_other_clip_configs():
+    from unitok.models import CLIPAudioConfig, CLIPConfig
+
+    assert CLIPConfig(audio=CLIPAudioConfig(n_mels=16)).audio.n_mels == 16

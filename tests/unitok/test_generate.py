@@ -265,3 +265,14 @@ def test_numpy_ids_and_masks_of_the_wrong_type_are_judged_by_what_they_are():
         with pytest.raises((ValueError, TypeError), match="top_k"):
             model.generate(ids, max_new_tokens=3, strategy="sample", top_k=bad)
 
+
+
+@pytest.mark.parametrize("compile_", [False, True])
+@pytest.mark.parametrize("mask", [[[0.0, -1e4, 0.0], [0.0, 0.0, 0.0]], [[0, 2, 2], [1, 1, 1]]],
+                         ids=["additive", "two"])
+def test_a_prompt_mask_of_other_values_than_1_and_0_is_refused_on_every_path(mask, compile_):
+    # the compiled path's static cache reads the mask itself: it must not take 2 or -10000 for "real"
+    model = tiny_gpt()
+    ids = torch.tensor([[5, 6, 7], [8, 9, 10]])
+    with pytest.raises(ValueError, match=r"attention_mask holds \[.*\]: expected 1 for a real token and 0 for padding"):
+        model.generate(ids, attention_mask=torch.tensor(mask), max_new_tokens=2, compile=compile_)

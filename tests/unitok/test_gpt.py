@@ -173,13 +173,67 @@ def test_presets_are_data():
         (lambda m: m.generate(torch.ones(3, 4, dtype=torch.long), attention_mask=torch.tensor(
             [[1, 1, 1, 1], [0, 0, 0, 0], [0, 0, 0, 0]]), max_new_tokens=2, strategy="beam"), ValueError,
          r"prompt row\(s\) \[1, 2\] are empty \(all padding\)"),
+        (lambda m: m(torch.ones(1, 3, dtype=torch.long), position_ids=torch.tensor([[0, 1, 32]])), ValueError,
+         r"position ids \[32\] are outside 0..31 \(the model's positions\)"),
+        (lambda m: m(torch.ones(1, 3, dtype=torch.long), position_ids=torch.tensor([[-1, 0, 1]])), ValueError,
+         r"position ids \[-1\] are outside 0..31"),
+        (lambda m: m(torch.ones(1, 3, dtype=torch.long), position_ids=torch.tensor([[0.0, 1.0, 2.0]])), TypeError,
+         "position ids must be integers"),
+        (lambda m: m(torch.ones(2, 1, dtype=torch.long), position_ids=torch.arange(5).expand(2, 5)), ValueError,
+         r"position_ids must be \(2\|1, 1\), one per new token, got \(2, 5\)"),
+        (lambda m: m(torch.ones(2, 3, dtype=torch.long), attention_mask=torch.tensor([[0.0, 0.0, 0.0], [-1e4, 0.0, 0.0]])),
+         ValueError, r"attention_mask holds \[-10000.0\]: expected 1 for a real token and 0 for padding"),
+        (lambda m: m(torch.ones(2, 3, dtype=torch.long), attention_mask=torch.tensor([[2, 2, 2], [0, 2, 2]])),
+         ValueError, r"attention_mask holds \[2\]"),  # not positions counted twice as fast
+        (lambda m: m(torch.ones(2, 20, dtype=torch.long), attention_mask=torch.full((2, 20), 2)),
+         ValueError, r"attention_mask holds \[2\]"),  # counted twice as fast they would pass the table's end
+        (lambda m: m(torch.ones(2, 3, dtype=torch.long), attention_mask=torch.ones(1, 3)), ValueError,
+         r"attention_mask must be \(batch, cached \+ new\) = \(2, 3\)"),
     ],
     ids=["id>=vocab", "too-long", "empty", "1-d", "empty-prompt", "prompt+new>context", "strategy", "typo", "top_p",
-         "greedy_floor", "right-padded", "all-padding-row"],
+         "greedy_floor", "right-padded", "all-padding-row", "position>=context", "negative-position",
+         "float-positions", "positions-for-other-tokens", "additive-mask", "mask-of-2", "mask-of-2-past-context",
+         "mask-of-one-row"],
 )
 def test_bad_input_raises_a_clear_error(call, error, message):
     with pytest.raises(error, match=message):
         call(tiny())
+
+
+def test_a_cached_step_with_positions_for_more_tokens_is_refused_before_the_cache_grows():
+    model = tiny()
+    prompt = torch.randint(2, 50, (2, 4))
+    cache = model(prompt, use_cache=True).cache
+    with pytest.raises(ValueError, match=r"position_ids must be \(2\|1, 1\)"):
+        model(torch.randint(2, 50, (2, 1)), position_ids=torch.arange(5).expand(2, 5), cache=cache)
+    assert cache.seq_len == 4  # not 5 positions appended for one token
+    step = torch.tensor([[7], [9]])
+    shared = model(step, position_ids=torch.tensor([[4]]), cache=cache).logits  # (1, N): every row's
+    per_row = model(step, position_ids=torch.tensor([[4], [4]]), cache=model(prompt, use_cache=True).cache).logits
+    torch.testing.assert_close(shared, per_row, rtol=0, atol=0)
+
+
+def test_position_ids_are_checked_as_token_ids_are_deferred_on_a_gpu(monkeypatch):
+    import unitok.checks as checks
+
+    model = tiny()
+    ids, positions = torch.tensor([[3, 4, 5]]), torch.tensor([[0, 2, 1]])
+    expected = model(ids, position_ids=positions).logits
+    monkeypatch.setattr(checks, "_DEFERRING_DEVICES", frozenset({"cpu", "cuda"}))  # CPU tensors defer as CUDA ones
+    torch.testing.assert_close(model(ids, position_ids=positions).logits, expected, rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"position ids \[40\] are outside 0..31"):
+        model(ids, position_ids=torch.tensor([[0, 1, 40]]))  # the gather read 31 meanwhile, not past the table
+
+
+def test_a_decode_step_checks_the_prompts_positions_when_it_checks_its_ids():
+    from unitok.layers import StaticKVCache
+
+    model = tiny()
+    cache = StaticKVCache(model.config.n_layers, 8)
+    cache.index = torch.arange(2)
+    mask = torch.ones(1, 1, 2, 8, dtype=torch.bool)
+    with pytest.raises(ValueError, match=r"position ids \[32\] are outside 0..31"):
+        model.decode_step(torch.tensor([[3, 4]]), torch.tensor([[31, 32]]), mask, cache, check=True)
 
 
 def test_config_typos_and_unknown_presets_are_named():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from unitok.layers import KVCache
+from unitok.layers import KVCache, StaticKVCache
 
 
 def test_appends_grow_past_capacity_and_keep_everything():
@@ -48,3 +48,36 @@ def test_reorder_to_another_row_count_builds_new_buffers():
     cache.reorder(torch.tensor([0, 0, 1, 1]))  # expanding a batch to 2 beams each
     assert cache.layer(0)[0].shape == (4, 1, 3, 4)
     assert torch.equal(cache.layer(0)[0][0], cache.layer(0)[0][1])
+
+
+@pytest.mark.parametrize("step", [(1, 2, 1, 4), (3, 2, 1, 4), (2, 1, 1, 4), (2, 2, 1, 8)],
+                         ids=["fewer rows", "more rows", "other heads", "other width"])
+def test_keys_that_do_not_continue_the_cache_are_refused_before_anything_is_written(step):
+    cache = KVCache(n_layers=1, capacity=8)  # preallocated, as generate makes it: a step could broadcast into it
+    first = torch.randn(2, 2, 3, 4)
+    cache.update(0, first, -first)
+    with pytest.raises(ValueError, match=rf"new keys of shape \({', '.join(map(str, step))}\) \(batch, heads, tokens, "
+                                         r"width\) do not continue this cache of 2 rows, 2 heads and width 4"):
+        cache.update(0, torch.ones(step), torch.ones(step))
+    assert cache.seq_len == 3 and torch.equal(cache.layer(0)[0], first)  # untouched
+    static = StaticKVCache(n_layers=1, capacity=8)
+    static.index = torch.arange(3)
+    static.update(0, first, -first)
+    static.index = torch.tensor([3])
+    with pytest.raises(ValueError, match="do not continue this cache of 2 rows"):
+        static.update(0, torch.ones(step), torch.ones(step))
+
+
+@pytest.mark.parametrize("index, message", [
+    (torch.tensor([3, 3]), r"distinct positions within 0..7, got \[3, 3\]"),  # one token's keys would be lost
+    (torch.tensor([8]), r"distinct positions within 0..7, got \[8\]"),
+    (torch.tensor([-1, 0]), r"distinct positions within 0..7, got \[-1, 0\]"),
+    (torch.tensor([[0, 1]]), r"a \(N,\) long tensor of positions, got torch.int64 \(1, 2\)"),
+    (torch.tensor([0.0]), r"a \(N,\) long tensor of positions, got torch.float32 \(1,\)"),
+], ids=["duplicate", "past the end", "negative", "2-d", "float"])
+def test_a_static_cache_refuses_write_positions_it_cannot_hold_where_they_are_set(index, message):
+    cache = StaticKVCache(n_layers=1, capacity=8)
+    with pytest.raises(ValueError, match=message):
+        cache.index = index
+    cache.index = torch.tensor([5, 0, 7])  # distinct, in any order
+    assert cache.index.tolist() == [5, 0, 7]

@@ -97,6 +97,26 @@ def test_bad_input_is_refused():
         backbone(torch.randn(1, 3, 16))
 
 
+@pytest.mark.parametrize("kernel", ["sdpa", "reference"])
+def test_an_empty_source_is_refused_by_the_forward_and_decode_as_by_generate(kernel):
+    # Its decoder rows would attend to no encoder state: NaN (reference kernel, bf16) or a number
+    # Hugging Face does not compute (fp32 SDPA), depending on the kernel.
+    model = tiny()
+    src = torch.randint(2, 50, (3, 6))
+    mask = torch.ones_like(src)
+    mask[1] = 0
+    mask[2, 3:] = 0
+    empty = r"source row\(s\) \[1\] are empty \(all padding"
+    with pytest.raises(ValueError, match=empty):
+        model(src, mask, decoder_input_ids=torch.randint(2, 50, (3, 4)), kernel=kernel)
+    with pytest.raises(ValueError, match=empty):
+        model.decode(torch.randint(2, 50, (3, 1)), model.encode(src, mask).last_hidden_state, mask, kernel=kernel)
+    with pytest.raises(ValueError, match=empty):
+        model.generate(src, mask, max_new_tokens=2)
+    mask[1, 0] = 1  # one real token is enough
+    assert torch.isfinite(model(src, mask, decoder_input_ids=torch.randint(2, 50, (3, 4)), kernel=kernel).logits).all()
+
+
 def test_labels_without_a_batch_axis_are_refused_naming_their_shape():
     with pytest.raises(ValueError, match=r"labels must be \(batch, tokens\) target ids, got \(3,\); one example's "
                                          r"targets need a batch axis"):
@@ -110,6 +130,17 @@ def test_a_speech_t5_names_the_utterances_too_short_for_subsampling():
     mask[1, 5:] = 0
     with pytest.raises(ValueError, match=r"rows \[1\] have \[5\] frames, too short for the ×4 subsampling"):
         T5(config).encode(torch.randn(3, 20, 16), mask)
+
+
+def test_a_speech_t5_refuses_a_frame_mask_of_other_values_or_shape():
+    # the mask's sum is each utterance's frame count: a 0/2 mask would double it
+    config = T5Config.from_name("t5-speech-tiny", n_mels=16, vocab_size=12, d_model=32, d_kv=8, n_layers=1,
+                                n_decoder_layers=1, d_ff=64)
+    model = T5(config)
+    with pytest.raises(ValueError, match=r"attention_mask holds \[2\]: expected 1 for a real token and 0 for padding"):
+        model.encode(torch.randn(2, 20, 16), torch.tensor([[1] * 20, [2] * 10 + [0] * 10]))
+    with pytest.raises(ValueError, match=r"attention_mask must be \(2, 20\) \(batch, keys\), got \(2, 19\)"):
+        model.encode(torch.randn(2, 20, 16), torch.ones(2, 19, dtype=torch.long))
 
 
 def test_whisper_style_t5_reads_spectrogram_frames_and_learns_to_transcribe():

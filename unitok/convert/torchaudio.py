@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 from torch import nn
 
+from tokenizers_mm import CharacterVocabulary
 from unitok.convert.dropout import one_rate
 from unitok.convert.keymap import (
     KeyRule,
@@ -47,9 +48,10 @@ def _dropout(layers: nn.ModuleList) -> float:
 
 
 def from_torchaudio(model: nn.Module, ctc_head: nn.Linear | None = None,
-                    vocabulary: Sequence[str] | None = None) -> ConformerCTC:
+                    vocabulary: Sequence[str] | CharacterVocabulary | None = None) -> ConformerCTC:
     """Convert a ``torchaudio.models.Conformer`` (and a ``Linear`` CTC head over its output) into
-    a `ConformerCTC` with the same outputs. ``vocabulary``: the head's characters after blank.
+    a `ConformerCTC` with the same outputs. ``vocabulary``: the head's characters after blank (a
+    sequence of characters, or a `tokenizers_mm.CharacterVocabulary`, whose ids are blank + them).
 
     torchaudio's ``dropout`` becomes ``ConformerConfig.dropout``, which drops every site
     torchaudio does and, in training, also the Conformer's input frames and the CTC head's
@@ -64,7 +66,7 @@ def from_torchaudio(model: nn.Module, ctc_head: nn.Linear | None = None,
     _require(isinstance(norm, (nn.BatchNorm1d, nn.GroupNorm)), f"conv norm {type(norm).__name__}")
     _require(not isinstance(norm, nn.GroupNorm) or norm.num_groups == 1, "GroupNorm with more than one group")
     eps = layer.final_layer_norm.eps
-    vocab = tuple(vocabulary or ())
+    vocab = tuple(vocabulary.chars if isinstance(vocabulary, CharacterVocabulary) else vocabulary or ())
     if ctc_head is not None:
         _require(isinstance(ctc_head, nn.Linear) and ctc_head.in_features == d_model,
                  f"the CTC head must be a Linear({d_model}, V)")

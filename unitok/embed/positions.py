@@ -10,6 +10,8 @@ import math
 import torch
 from torch import Tensor, nn
 
+from unitok.checks import defers, host_values, raise_if
+
 
 def sinusoidal_table(n_positions: int, d_model: int) -> Tensor:
     """(P, D) table with PE[p, 2i] = sin(p / 10000^(2i/D)) and PE[p, 2i+1] = cos(p / 10000^(2i/D))."""
@@ -23,6 +25,32 @@ def sinusoidal_table(n_positions: int, d_model: int) -> Tensor:
     return table.float()
 
 
+def checked_positions(positions: Tensor, n_positions: int) -> Tensor:
+    """``positions`` as a table of ``n_positions`` rows may be indexed by them, or an error naming
+    the ids outside 0..n_positions-1 (not the gather's bare IndexError, or a device assert on a
+    GPU). As `TokenEmbedding` checks ids: on a GPU inside `deferred_checks` the verdict is read as
+    the scope ends, and the gather meanwhile reads clamped positions."""
+    if positions.dtype not in (torch.int64, torch.int32):  # what the gather takes
+        raise TypeError(f"position ids must be integers (torch.long or torch.int32), got {positions.dtype}; "
+                        "convert them with .long()")
+    if not positions.numel():
+        return positions
+    values = host_values(positions)  # under torch.func.vmap: every sample's
+
+    def fail() -> None:
+        bad = values[(values < 0) | (values >= n_positions)].unique()[:5].tolist()
+        raise ValueError(f"position ids {bad} are outside 0..{n_positions - 1} (the model's positions)")
+
+    if defers(positions) and values is positions:
+        safe = positions.clamp(0, n_positions - 1)
+        raise_if((safe != positions).any(), fail, deferred=True)
+        return safe
+    lo, hi = torch.aminmax(values)  # one reduction instead of min() and max()
+    if int(lo) < 0 or int(hi) >= n_positions:
+        fail()
+    return positions
+
+
 class LearnedPositions(nn.Module):
     """A trainable (P, D) table indexed by position id (GPT-2's ``wpe``, BERT's position embeddings)."""
 
@@ -32,8 +60,10 @@ class LearnedPositions(nn.Module):
         self.weight = nn.Parameter(torch.empty(n_positions, d_model, device=device, dtype=dtype))
         nn.init.normal_(self.weight, std=0.02)
 
-    def forward(self, positions: Tensor) -> Tensor:  # (B, N) -> (B, N, D)
-        return nn.functional.embedding(positions, self.weight)
+    def forward(self, positions: Tensor, check: bool = True) -> Tensor:  # (B, N) -> (B, N, D)
+        """``check=False`` skips the range check, for positions the caller counted itself."""
+        return nn.functional.embedding(checked_positions(positions, self.n_positions) if check else positions,
+                                       self.weight)
 
     def span(self, start: int, length: int) -> Tensor:
         """(length, D) encodings of positions start … start+length-1 (no index tensor needed)."""
@@ -48,8 +78,10 @@ class SinusoidalPositions(nn.Module):
         self.n_positions = n_positions
         self.register_buffer("table", sinusoidal_table(n_positions, d_model), persistent=False)
 
-    def forward(self, positions: Tensor) -> Tensor:  # (B, N) -> (B, N, D)
-        return nn.functional.embedding(positions, self.table)
+    def forward(self, positions: Tensor, check: bool = True) -> Tensor:  # (B, N) -> (B, N, D)
+        """``check=False`` skips the range check, for positions the caller counted itself."""
+        return nn.functional.embedding(checked_positions(positions, self.n_positions) if check else positions,
+                                       self.table)
 
     def span(self, start: int, length: int) -> Tensor:
         """(length, D) encodings of positions start … start+length-1."""
@@ -58,9 +90,11 @@ class SinusoidalPositions(nn.Module):
 
 def positions_from_mask(attention_mask: Tensor) -> Tensor:
     """(B, T) 1/0 mask -> (B, T) position ids counted from each row's first real token (left
-    padding shifts nothing); padding positions get 0."""
-    counted = attention_mask.long().cumsum(-1) - 1
-    return counted.masked_fill(attention_mask == 0, 0)
+    padding shifts nothing); padding positions get 0. Whatever the mask holds, they lie in
+    0..T-1 (any nonzero counts as real, as attention reads it): a mask of other values than 1 and
+    0 is refused by the backbone it goes to, not by a position table indexed past its end first."""
+    real = attention_mask != 0
+    return real.cumsum(-1).sub_(1).mul_(real)  # a bool cumsum counts in long; times real: 0 at padding
 
 
 def make_positions(kind: str, n_positions: int, d_model: int) -> nn.Module | None:

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from unitok.checks import host_values
 from unitok.layers.fused_linear import linear
 from unitok.layers.kv_cache import KVCache
 
@@ -121,6 +122,32 @@ def build_attention_mask(
     if bool(empty.any()):
         mask = mask | (_diagonal(n_queries, n_keys, device) & empty[:, None, None, None])
     return mask
+
+
+def check_padding_mask(mask: Tensor, shape: tuple[int, int], name: str = "attention_mask") -> tuple[bool, list[int]]:
+    """Refuse a padding mask that is not ``shape`` (batch, keys) of 1 (a real token) and 0
+    (padding): an additive mask (0 / -10000), a 0/2 or a 0.3 mask would be read as something else.
+    Returns whether every position is real and which rows are all padding, read in one transfer
+    (the host sync that choosing the fused kernel's unmasked path takes anyway)."""
+    if tuple(mask.shape) != tuple(shape):
+        raise ValueError(f"{name} must be {tuple(shape)} (batch, keys), got {tuple(mask.shape)}")
+    if mask.dtype.is_complex:
+        raise TypeError(f"{name} must hold 1 for a real token and 0 for padding (bool, integer or float), "
+                        f"got {mask.dtype}")
+    if not mask.numel():
+        return True, []
+    values = host_values(mask)  # under torch.func.vmap: every sample's
+    lo, hi = torch.aminmax(values, dim=-1)  # (B,) each: 0/1 integers lie in [0, 1]
+    rows = [lo, hi]
+    if values.is_floating_point():  # 0.3 lies in [0, 1] too, and NaN compares as nothing
+        rows.append(((values != 0) & (values != 1)).any(dim=-1).to(values.dtype))
+    stats = torch.stack(rows).tolist()
+    lo_rows, hi_rows = stats[0], stats[1]
+    if min(lo_rows) < 0 or max(hi_rows) > 1 or (len(stats) > 2 and any(stats[2])):
+        found = values[(values != 0) & (values != 1)].unique()[:5].tolist()
+        raise ValueError(f"{name} holds {found}: expected 1 for a real token and 0 for padding "
+                         "(a padding mask, not an additive one)")
+    return min(lo_rows) == 1, [row for row, top in enumerate(hi_rows) if top == 0]
 
 
 def add_position_bias(bias: Tensor, mask: Tensor | None) -> Tensor:

@@ -11,6 +11,19 @@ from torch import Tensor
 from tokenizers_mm.checks import check_int
 
 
+def check_continues(buffer: Tensor | None, keys: Tensor, values: Tensor) -> None:
+    """Refuse (B, H, N, K) keys/values that do not continue a cache holding ``buffer`` (its rows,
+    heads and width), before anything is written: a one-row step into a two-row cache would be
+    broadcast into every row, the cache corrupted without an error."""
+    if values.shape != keys.shape:
+        raise ValueError(f"keys {tuple(keys.shape)} and values {tuple(values.shape)} must have one shape")
+    if buffer is not None and (keys.shape[0], keys.shape[1], keys.shape[3]) != (
+            buffer.shape[0], buffer.shape[1], buffer.shape[3]):
+        raise ValueError(f"new keys of shape {tuple(keys.shape)} (batch, heads, tokens, width) do not continue this "
+                         f"cache of {buffer.shape[0]} rows, {buffer.shape[1]} heads and width {buffer.shape[3]}: "
+                         "continue a cache with the batch that filled it (or reorder it first)")
+
+
 class KVCache:
     """Per-layer keys and values kept in buffers that grow geometrically.
 
@@ -45,6 +58,7 @@ class KVCache:
         start = self._lengths[layer]
         end = start + keys.shape[2]
         buf_k, buf_v = self._keys[layer], self._values[layer]
+        check_continues(buf_k, keys, values)
         if buf_k is None or buf_k.shape[2] < end:
             size = max(end, self.capacity, 2 * (buf_k.shape[2] if buf_k is not None else 0))
             new_k = keys.new_empty(keys.shape[0], keys.shape[1], size, keys.shape[3])
@@ -111,7 +125,7 @@ class StaticKVCache:
         check_int("capacity", capacity)
         self.n_layers = n_layers
         self.capacity = capacity
-        self.index: Tensor | None = None
+        self._index: Tensor | None = None
         self.length = 0
         self._keys: list[Tensor | None] = [None] * n_layers
         self._values: list[Tensor | None] = [None] * n_layers
@@ -119,6 +133,27 @@ class StaticKVCache:
 
     def __len__(self) -> int:
         return self.length
+
+    @property
+    def index(self) -> Tensor | None:
+        """(N,) long positions the next N tokens are written to."""
+        return self._index
+
+    @index.setter
+    def index(self, positions: Tensor | None) -> None:
+        # Checked where it is set (once a prompt, once for the step's index the loop then advances
+        # in place), not in the compiled step: two tokens at one position would lose one's keys.
+        if positions is not None:
+            if not isinstance(positions, Tensor) or positions.dtype != torch.long or positions.dim() != 1:
+                what = f"{positions.dtype} {tuple(positions.shape)}" if isinstance(positions, Tensor) else \
+                    type(positions).__name__
+                raise ValueError(f"StaticKVCache.index must be a (N,) long tensor of positions, got {what}")
+            ordered = positions.sort().values
+            if len(ordered) and bool((ordered[0] < 0) | (ordered[-1] >= self.capacity)
+                                     | (ordered[1:] == ordered[:-1]).any()):  # one host sync, not three
+                raise ValueError(f"StaticKVCache.index must hold distinct positions within 0..{self.capacity - 1}, "
+                                 f"got {positions.tolist()}")
+        self._index = positions
 
     @property
     def seq_len(self) -> int:
@@ -133,6 +168,7 @@ class StaticKVCache:
         if self.index is None or self.index.shape != (keys.shape[2],):
             shape = None if self.index is None else tuple(self.index.shape)
             raise ValueError(f"set StaticKVCache.index to the {keys.shape[2]} positions being written, got {shape}")
+        check_continues(self._keys[layer], keys, values)
         if self._keys[layer] is None:
             size = (keys.shape[0], keys.shape[1], self.capacity, keys.shape[3])
             self._keys[layer] = keys.new_zeros(size)

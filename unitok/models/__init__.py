@@ -2,7 +2,7 @@
 
 from unitok.models.base import CheckpointMismatchError, PretrainedModel
 from unitok.models.bert import BERT, BERTConfig, BERTOutput
-from unitok.models.clip import CLIP, CLIPConfig, CLIPTextConfig
+from unitok.models.clip import CLIP, CLIPAudioConfig, CLIPConfig, CLIPTextConfig
 from unitok.models.conformer import ConformerConfig, ConformerCTC
 from unitok.models.decision_transformer import (
     DecisionTransformer,
@@ -30,7 +30,7 @@ from unitok.models.t5 import T5, T5Config, T5Encoder
 from unitok.models.vit import DeiT, ViT, ViTConfig
 
 __all__ = [
-    "BERT", "BERTConfig", "BERTOutput", "CheckpointMismatchError", "CLIP", "CLIPConfig", "CLIPTextConfig",
+    "BERT", "BERTConfig", "BERTOutput", "CheckpointMismatchError", "CLIP", "CLIPAudioConfig", "CLIPConfig", "CLIPTextConfig",
     "ConformerConfig", "ConformerCTC", "DecisionTransformer", "DecisionTransformerConfig",
     "DecisionTransformerOutput", "DeiT", "ELECTRA", "ELECTRAConfig", "ELECTRAOutput", "GPT", "GPTConfig",
     "MixerConfig", "MLPMixer", "PretrainedModel", "ActionHeadConfig", "AudioModality", "ClassifierHeadConfig",

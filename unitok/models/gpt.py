@@ -145,8 +145,8 @@ class GPT(PretrainedModel):
         Args:
             input_ids: (B, N) ids, or a `Tokens` batch (its mask and positions are used).
             attention_mask: (B, T) 1 for real tokens; with a cache it covers cache + new tokens.
-            position_ids: (B, N); by default counted from the first real token of each row,
-                so left padding does not shift positions.
+            position_ids: (B, N) (or (1, N) for every row) within 0..context_length-1; by default
+                counted from the first real token of each row, so left padding does not shift positions.
             cache / use_cache: continue from a `KVCache`, or start one (returned in ``.cache``).
             labels: (B, N) targets aligned with the inputs (usually the input ids themselves);
                 shifted inside, as in Hugging Face's ``GPT2LMHeadModel``: ``.loss`` is the mean
@@ -214,13 +214,17 @@ class GPT(PretrainedModel):
                 f"attention_mask must be (batch, cached + new) = {(input_ids.shape[0], n_total)}, "
                 f"got {tuple(attention_mask.shape)}"
             )
+        B, N = input_ids.shape
+        if position_ids is not None and (position_ids.dim() != 2 or position_ids.shape[0] not in (1, B)
+                                         or position_ids.shape[1] != N):
+            raise ValueError(f"position_ids must be ({B}|1, {N}), one per new token, got {tuple(position_ids.shape)}")
         x = self.tok_embed(input_ids, check=check_ids)
         if self.pos_embed is not None:
             if position_ids is None and attention_mask is None:
-                x = x + self.pos_embed.span(past, input_ids.shape[1])  # (N, D) broadcast over the batch
+                x = x + self.pos_embed.span(past, N)  # (N, D) broadcast over the batch
+            elif position_ids is None:  # counted from the mask: within 0..T-1, T within the context
+                x = x + self.pos_embed(self._positions(input_ids, attention_mask, past), check=False)
             else:
-                if position_ids is None:
-                    position_ids = self._positions(input_ids, attention_mask, past)
                 x = x + self.pos_embed(position_ids)
         if self.training and self.drop.p > 0:
             x = self.drop(x)
@@ -277,10 +281,10 @@ class GPT(PretrainedModel):
         """One shape-stable decoding step over a `StaticKVCache` (what ``generate(compile=...)``
         compiles): (B, N) ids at (B, N) positions, written at ``cache.index``, each query seeing
         the keys ``mask`` (B, 1, N, capacity) allows -> (B, V) logits after the last id. No host
-        syncs; ``check`` range-checks the ids (the prompt's, not the model's own tokens)."""
+        syncs; ``check`` range-checks the ids and positions (the prompt's, not the model's own tokens)."""
         x = self.tok_embed(new_ids, check=check)
         if self.pos_embed is not None:
-            x = x + self.pos_embed(positions)
+            x = x + self.pos_embed(positions, check=check)
         hidden = self.backbone(x, cache=cache, mask=mask).last_hidden_state
         return self.lm_head(hidden[:, -1])
 

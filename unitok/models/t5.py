@@ -26,7 +26,7 @@ from unitok.embed import RelativePositionBias, TokenEmbedding
 from unitok.embed.frames import ConvSubsampling
 from unitok.generate import GenerationConfig, check_prompt_tensors, generate
 from unitok.layers.activations import Activation
-from unitok.layers.attention import CrossAttention, Kernel, SelfAttention
+from unitok.layers.attention import CrossAttention, Kernel, SelfAttention, check_padding_mask
 from unitok.layers.decode_layout import head_logits
 from unitok.layers.fused_linear import linear
 from unitok.layers.kv_cache import KVCache
@@ -183,6 +183,8 @@ class T5Encoder(PretrainedModel):
         if not bool(torch.isfinite(inputs).all()):
             raise ValueError("spectrogram frames contain NaN/inf values")
         B, N, _ = inputs.shape
+        if attention_mask is not None:  # its sum is each source's frame count: 1 and 0 only
+            check_padding_mask(attention_mask, (B, N))
         lengths = (attention_mask.sum(dim=1) if attention_mask is not None
                    else torch.full((B,), N, device=inputs.device)).long()
         x, lengths = self.frontend(inputs, lengths)

@@ -53,3 +53,11 @@ def test_encoder_without_a_head_and_head_vocabulary_mismatch():
         from_torchaudio(ref, torch.nn.Linear(32, 6), vocabulary=list("abc"))
     with pytest.raises(ValueError, match="Conformer only"):
         from_torchaudio(torch.nn.Linear(2, 2))
+
+
+def test_the_vocabulary_may_be_a_character_vocabulary_as_the_readme_builds_it():
+    from tokenizers_mm import CharacterVocabulary
+
+    chars = CharacterVocabulary.build(["abc", "de"])
+    ours = from_torchaudio(reference(), torch.nn.Linear(32, 6), vocabulary=chars)
+    assert ours.config.vocabulary == chars.chars == tuple("abcde")
