@@ -211,6 +211,11 @@ class _LabelTask(_FineTuneTask):
             self.model = GPT.for_sequence_classification(body, num_labels, dropout)
             self.feature_head = None
         elif mode == "features":
+            # the layer mix and its classifier live beside the model, in no config `save_pretrained`
+            # writes: an export of the body alone would pass for the classifier (`ExportPretrained`)
+            self.not_exportable = ("mode='features' trains a layer mix and a classifier that the model's folder "
+                                   "cannot hold; the run's checkpoints hold them (unitok test / predict "
+                                   "--ckpt_path), or fine-tune with mode 'full' or 'frozen' for a folder")
             self.model = body.with_heads((), freeze_backbone=True)
             head_dropout = classifier_dropout if classifier_dropout is not None else \
                 (dropout if dropout is not None else body.config.dropout)

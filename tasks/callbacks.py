@@ -48,61 +48,132 @@ class LastCheckpoint(L.Callback):
         self.save(trainer)
 
 
+class StoppedBySignal(SystemExit):
+    """Raised by `StopOnSignal` where a run stops after SIGTERM / SIGINT; ``code`` is the exit
+    status, 128 + the signal (143, 130)."""
+
+
 class StopOnSignal(L.Callback):
-    """SIGTERM (a scheduler's stop) or SIGINT (Ctrl-C) ends the run at a step boundary with
-    ``last.ckpt`` written and exit status 128 + the signal (143, 130), not 0: a stopped run is
-    resumable (``--ckpt_path last``) and does not look finished. SIGTERM goes through
-    Lightning's own handler (it raises `SIGTERMException` between steps, on every rank); SIGINT
-    finishes the step in progress (a second Ctrl-C interrupts at once)."""
+    """SIGTERM (a scheduler's stop) or SIGINT (Ctrl-C) stops a run between two optimizer steps,
+    with ``last.ckpt`` written, and exits with status 128 + the signal (143, 130), not 0: a
+    stopped run is resumable (``--ckpt_path last``), continues the same curve, and does not look
+    finished.
+
+    The signal is noted, and the run stops where the next step would start: the step in
+    progress finishes (every batch of a gradient accumulation) and so does a validation under
+    way; nothing of Lightning's can hold the stop off (``min_steps``) or add work to it (its
+    validation when ``should_stop`` is set). A run whose last step is already done finishes
+    (``last.ckpt``, the exported model) and then exits with that status. `unitok validate`,
+    ``test`` and ``predict`` stop before their next batch and write no checkpoint. A second
+    Ctrl-C interrupts at once. Under DDP every rank stops at the same step."""
 
     def __init__(self) -> None:
         self.received: int | None = None
-        self._previous: Any = None
-        self._held_sigterm = False
+        self._previous: dict[int, Any] = {}  # the handlers ours replaced, by signal
+        self._mid_step = False  # the last batch trained left its step's gradients to accumulate
 
-    def _on_sigint(self, signum: int, frame: Any) -> None:
-        if self.received == signal.SIGINT:
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        if signum == signal.SIGINT and self.received == signal.SIGINT:
             raise KeyboardInterrupt
-        self.received = signal.SIGINT
+        if self.received is None:
+            self.received = signum
 
-    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if threading.current_thread() is threading.main_thread():  # handlers live in the main thread only
-            self._previous = signal.signal(signal.SIGINT, self._on_sigint)
+    def _install(self, signum: int) -> None:
+        if signum not in self._previous and threading.current_thread() is threading.main_thread():
+            self._previous[signum] = signal.signal(signum, self._on_signal)
+
+    def _restore(self) -> None:
+        for signum, previous in self._previous.items():
+            if signal.getsignal(signum) == self._on_signal:  # (Lightning puts its own SIGTERM's back itself)
+                signal.signal(signum, previous)
+        self._previous = {}
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self.received, self._mid_step = None, False
+        self._install(signal.SIGINT)
+
+    def _take_over_sigterm(self, trainer: L.Trainer) -> None:
+        # Lightning's SIGTERM handler (set up after `setup`) makes it raise SIGTERMException at
+        # its next check: mid-accumulation, mid-validation, or never (predict). Ours replaces it
+        # as the run starts, taking on a SIGTERM it has noted already.
+        if signal.SIGTERM in self._previous:
+            return
+        signals = trainer._signal_connector
+        if signals.received_sigterm:
+            signals.received_sigterm = False
+            self._on_signal(signal.SIGTERM, None)
+        self._install(signal.SIGTERM)
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._take_over_sigterm(trainer)
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._take_over_sigterm(trainer)  # (in fit: at the sanity check)
+
+    def on_test_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._take_over_sigterm(trainer)
+
+    def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._take_over_sigterm(trainer)
+
+    def _signalled(self, trainer: L.Trainer) -> bool:
+        """Whether this rank or another received a stop signal (every rank asks at the same batch)."""
+        stop = trainer.strategy.reduce_boolean_decision(self.received is not None, all=False)
+        if stop and self.received is None:
+            self.received = signal.SIGTERM  # another rank's (a scheduler's stop, most likely)
+        return stop
+
+    def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
+        if self._mid_step or not self._signalled(trainer):  # (asked at the batches that start a step)
+            return
+        # The loop counted this batch as fetched ("ready"), and noted whether it is the epoch's
+        # last, before this hook: left so, the checkpoint would move a resumed run's batch count
+        # (its validation schedule) one on, or end its epoch a batch early.
+        progress = trainer.fit_loop.epoch_loop.batch_progress
+        progress.total.ready -= 1
+        progress.current.ready -= 1
+        progress.is_last_batch = False  # (the batch trained last was not: this one came after it)
+        raise StoppedBySignal(self.exit_code)  # on_exception writes last.ckpt
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
-        # Lightning raises SIGTERMException after any batch: in the middle of a gradient
-        # accumulation that would save half a step's gradients, which a resumed run cannot
-        # recompute (another curve). Hold the signal until the optimizer step is taken.
-        signals = trainer._signal_connector
-        if trainer.fit_loop.epoch_loop._should_accumulate():
-            if signals.received_sigterm:
-                signals.received_sigterm, self._held_sigterm = False, True
-        elif self._held_sigterm:
-            signals.received_sigterm, self._held_sigterm = True, False
-        if trainer.strategy.reduce_boolean_decision(self.received is not None, all=False):  # every rank stops
-            rank_zero_warn(f"received SIGINT: stopping after step {trainer.global_step}, saving last.ckpt")
-            self.received = signal.SIGINT
-            trainer.should_stop = True  # LastCheckpoint writes last.ckpt when training ends
+        self._mid_step = trainer.fit_loop.epoch_loop._should_accumulate()
+
+    def _stop_evaluating(self, trainer: L.Trainer) -> None:
+        if self._signalled(trainer):
+            raise StoppedBySignal(self.exit_code)
+
+    def on_validation_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
+        if trainer.state.fn == TrainerFn.VALIDATING:  # `unitok validate`, not a validation within fit
+            self._stop_evaluating(trainer)
+
+    def on_test_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
+        self._stop_evaluating(trainer)
+
+    def on_predict_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
+        self._stop_evaluating(trainer)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.received is not None:
+            rank_zero_warn(f"received {signal.Signals(self.received).name} after the last step: training is "
+                           f"complete (step {trainer.global_step}); the run finishes and exits with status "
+                           f"{self.exit_code}")
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        if isinstance(exception, SIGTERMException):
-            self.received = signal.SIGTERM
-            if trainer.state.fn != TrainerFn.FITTING:  # test / validate / predict read a checkpoint, write none
-                rank_zero_warn(f"received SIGTERM: {trainer.state.fn.value} stopped")
-                return
-            rank_zero_warn(f"received SIGTERM: stopped after step {trainer.global_step}, saving last.ckpt")
-            trainer.save_checkpoint(checkpoint_dir(trainer) / "last.ckpt", weights_only=False)
-
-    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._restore()
+        if isinstance(exception, SIGTERMException):  # Lightning's own stop (where ours was not installed)
+            self.received = signal.SIGTERM
+        elif not isinstance(exception, StoppedBySignal):
+            return
+        name = signal.Signals(self.received).name
+        if trainer.state.fn != TrainerFn.FITTING:  # test / validate / predict read a checkpoint, write none
+            rank_zero_warn(f"received {name}: {trainer.state.fn.value} stopped")
+            return
+        rank_zero_warn(f"received {name}: stopped after step {trainer.global_step}, saving last.ckpt "
+                       "(resume with --ckpt_path last)")
+        trainer.save_checkpoint(checkpoint_dir(trainer) / "last.ckpt", weights_only=False)
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self._restore()
-
-    def _restore(self) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
-            self._previous = None
 
     @property
     def exit_code(self) -> int:
@@ -208,12 +279,14 @@ class ExportPretrained(L.Callback):
 
     @rank_zero_only
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        stop = next((c for c in trainer.callbacks if isinstance(c, StopOnSignal)), None)
-        if stop is not None and stop.received is not None:
-            print("stopped by a signal: no model exported (resume with --ckpt_path last)")
-            return
+        # (a run stopped by a signal never gets here: `StopOnSignal` raises; one that got a signal
+        # after its last step did finish, and is exported)
         if self.steps_made(trainer) == 0:  # the weights of no new step would pass for this run's (and move `latest`)
             print("no training step was made in this run: no model exported")
+            return
+        reason = getattr(pl_module, "not_exportable", None)  # a task whose trained parts no config holds
+        if reason:
+            print(f"no model exported: {reason}")
             return
         folder = Path(self.dirpath or log_dir(trainer) / "pretrained")
         model = pl_module.model

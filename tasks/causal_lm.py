@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from tasks.optim import adamw_warmup_cosine
-from tasks.predictions import Record, mean_log_likelihood, records, until_eos
+from tasks.predictions import PromptSet, Record, mean_log_likelihood, records, until_eos
 from tasks.recorded import check_trained_tokenizer, take_trained_tokenizer
 from tokenizers_mm.checks import check_int
 from unitok.compile import loss_backend
@@ -28,7 +28,8 @@ class CausalLMTask(L.LightningModule):
         learning_rate / weight_decay / betas: AdamW (no decay on biases and norm gains).
         warmup_steps / min_lr_ratio: linear warm-up, then cosine decay to
             ``min_lr_ratio × learning_rate`` at the end of training.
-        generate_max_new_tokens: length of continuations in ``predict``.
+        generate_max_new_tokens: length of continuations in ``predict`` (EOS ends one sooner); a
+            prompt must leave that much room in the context.
     """
 
     def __init__(
@@ -104,18 +105,45 @@ class CausalLMTask(L.LightningModule):
 
     prediction_format = "{input}{prediction}"  # how `tasks.PrintPredictions` shows a record
 
+    def on_predict_start(self) -> None:
+        """Every prompt of the predict set is checked before any is continued: one too long for
+        its continuation is refused now, not when its batch comes after the others were computed."""
+        tok = getattr(self.trainer.datamodule, "tokenizer", None)
+        loaders = self.trainer.predict_dataloaders
+        for loader in loaders if isinstance(loaders, list | tuple) else [loaders]:
+            dataset = getattr(loader, "dataset", None)
+            if tok is not None and isinstance(dataset, PromptSet):
+                self._check_room(dataset.texts, _token_counts(tok, dataset.texts),
+                                 [dataset.item_id(i) for i in range(len(dataset))])
+
+    def _check_room(self, texts: list[str], counts: list[int], names: list[Any] | None = None) -> None:
+        """A ValueError naming the first prompt (by ``names``, its ids in the predict set, where
+        known) that leaves less room in the context than ``generate_max_new_tokens``: no
+        continuation is cut short."""
+        context, asked = self.model.config.context_length, self.hparams.generate_max_new_tokens
+        too_long = [i for i, n in enumerate(counts) if n + asked > context]
+        if not too_long:
+            return
+        i = too_long[0]
+        prompt = f"prompt {names[i]} ({texts[i]!r}, " if names is not None else f"prompt {texts[i]!r} ("
+        more = f" (and {len(too_long) - 1} more)" if len(too_long) > 1 else ""
+        room = (f"shorten it or ask for at most {context - counts[i]} new tokens (--model.generate_max_new_tokens)"
+                if counts[i] < context else "shorten it")
+        raise ValueError(f"{prompt}{counts[i]} tokens){more} and generate_max_new_tokens {asked} exceed the model's "
+                         f"context of {context} tokens: {room}")
+
     @torch.no_grad()
     def predict_step(self, batch: list[str], batch_idx: int) -> list[Record]:
-        """Continue each prompt string greedily (as far as the context allows); needs the data
-        module's tokenizer. Records (`tasks.predictions`): the prompt as ``input``, the
-        continuation as ``prediction``, its mean log-probability per token as ``score``."""
+        """Continue each prompt string greedily by ``generate_max_new_tokens`` (or to its EOS),
+        whatever its batch; needs the data module's tokenizer. Records (`tasks.predictions`): the
+        prompt as ``input``, the continuation as ``prediction``, its mean log-probability per
+        token as ``score``."""
         tok = self.trainer.datamodule.tokenizer  # type: ignore[union-attr]
         prompts = tok.batch_encode(batch, padding_side="left").to(self.device)
         S = prompts.seq_len
-        room = self.model.config.context_length - S
-        if room < 1:
-            raise ValueError(f"prompts of {S} tokens leave no room in context {self.model.config.context_length}")
-        out = self.model.generate(prompts, max_new_tokens=min(room, self.hparams.generate_max_new_tokens))
+        counts = prompts.attention_mask.sum(1).tolist() if prompts.attention_mask is not None else [S] * len(batch)
+        self._check_room(list(batch), counts)  # (checked ahead for a PromptSet: this is for any other loader)
+        out = self.model.generate(prompts, max_new_tokens=self.hparams.generate_max_new_tokens)
         new = out[:, S:]  # (B, T)
         kept = until_eos(new, self.model.config.eos_token_id)
         prompt_mask = prompts.attention_mask if prompts.attention_mask is not None else torch.ones_like(prompts.ids)
@@ -130,3 +158,13 @@ class CausalLMTask(L.LightningModule):
 
     def configure_optimizers(self):
         return adamw_warmup_cosine(self.model, self.trainer, self.hparams)
+
+
+def _token_counts(tok: Any, texts: list[str], chunk: int = 1024) -> list[int]:
+    """The number of tokens each text encodes to, as `CausalLMTask.predict_step` encodes it."""
+    counts: list[int] = []
+    for start in range(0, len(texts), chunk):
+        tokens = tok.batch_encode(texts[start:start + chunk], padding_side="left")
+        mask = tokens.attention_mask
+        counts += mask.sum(1).tolist() if mask is not None else [tokens.seq_len] * len(texts[start:start + chunk])
+    return counts

@@ -29,7 +29,7 @@ import torch
 from jsonargparse import Namespace
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
-from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
@@ -42,6 +42,7 @@ from tasks.callbacks import (
 )
 from tasks.data.base import CACHE_ENV
 from tasks.optim import check_optimizer_settings
+from tasks.predictions import PredictionWriter
 from tasks.resume import (
     SETTINGS_KEY,
     RecordSettings,
@@ -151,6 +152,8 @@ class UnitokCLI(LightningCLI):
         module given no ``cache_dir`` go to ``<root>/cache``, shared by the recipe's runs, unless
         ``$UNITOK_CACHE_DIR`` names a cache shared by every recipe."""
         config = self.subcommand_config()
+        self._check_root()
+        self._check_ckpt_source(config.get("ckpt_path"))
         self._take_checkpoint_model_config(config)
         unread = {"model.init_args.pretrained", "model.init_args.image_tower"} if self.model_config_from else set()
         if self.subcommand != "fit":  # a teacher is read for fitting alone (`ImageClassificationTask.setup`)
@@ -162,6 +165,24 @@ class UnitokCLI(LightningCLI):
             self.parser.error(str(error))
         if not os.environ.get(CACHE_ENV):
             fill_cache_dirs(config.get("data"), str(self.recipe_root() / "cache"))
+
+    def _check_root(self) -> None:
+        """The recipe's root must be a folder (made if missing): a file there, or on the way to it,
+        is refused now rather than as a traceback when the run's folder is made."""
+        root = self.recipe_root()
+        existing = next((p for p in (root, *root.parents) if p.exists()), None)
+        if existing is not None and not existing.is_dir():
+            given = self.subcommand_config().get("trainer", {}).get("default_root_dir")
+            name = f"--trainer.default_root_dir {root}" if given else f"the recipe's runs folder {root}"
+            self.parser.error(f"{name}: {existing} is a file; expected a folder (made if missing) to hold the runs")
+
+    def _check_ckpt_source(self, ckpt: Any) -> None:
+        """``--ckpt_path`` names a checkpoint on this machine: a URL (which Lightning would fetch
+        over the network) and Lightning's ``hpc`` / ``registry`` look-ups are refused."""
+        if isinstance(ckpt, str) and ("://" in ckpt or ckpt == "hpc"
+                                      or re.fullmatch(r"registry(:.*)?", ckpt, flags=re.IGNORECASE | re.S)):
+            self.parser.error(f"--ckpt_path {ckpt}: a run reads no checkpoint over the network or from a registry; "
+                              "give a checkpoint file, or last / best (the newest run's)")
 
     def instantiate_classes(self) -> None:
         """A value the model or data module refuses while being built (a misspelt preset, a file
@@ -278,11 +299,22 @@ class UnitokCLI(LightningCLI):
         if trainer.get("logger") in (None, True):
             trainer["logger"] = [CSVLogger(save_dir=root, name="", version=version),
                                  TensorBoardLogger(save_dir=root, name="", version=version, default_hp_metric=False)]
+        else:
+            self._check_loggers(trainer["logger"])
         callbacks = list(trainer.get("callbacks") or [])
         for callback in callbacks:
             if isinstance(callback, ModelCheckpoint) and callback.dirpath is not None:
                 raise ValueError(f"ModelCheckpoint(dirpath={callback.dirpath!r}) would write outside the run's "
                                  f"folder; leave dirpath unset (checkpoints go to {self.run_dir}/checkpoints)")
+            if isinstance(callback, ExportPretrained) and callback.dirpath is not None:
+                raise ValueError(f"ExportPretrained(dirpath={callback.dirpath!r}) would write outside the run's "
+                                 f"folder, where `latest` does not point and the next run writes again; leave "
+                                 f"dirpath unset (the model goes to {self.run_dir}/pretrained)")
+            if isinstance(callback, PredictionWriter) and callback.output_path is not None \
+                    and not _inside(self.run_dir, callback.output_path):
+                raise ValueError(f"PredictionWriter(output_path={callback.output_path!r}) would write outside the "
+                                 f"run's folder; give a path relative to it (predictions.jsonl goes to "
+                                 f"{self.run_dir}) or leave output_path unset")
         self.stop = StopOnSignal()
         callbacks += [LastCheckpoint(), self.stop, FrozenInEval(), RecordSettings(self.run_settings())]
         if not any(isinstance(c, ResumableRNG) for c in callbacks):
@@ -305,6 +337,19 @@ class UnitokCLI(LightningCLI):
         extra = [self._get(self.config_init, c) for c in self._parser(self.subcommand).callback_keys]
         return self._instantiate_trainer({**trainer, **kwargs}, extra)
 
+    def _check_loggers(self, logger: Any) -> None:
+        """A logger of the recipe's or the command line's must write into the run's folder: one
+        writing elsewhere would take the run (its checkpoints, its export) there, away from the
+        folder ``latest`` and ``--ckpt_path last`` / ``best`` look in."""
+        for each in logger if isinstance(logger, list | tuple) else [logger]:
+            if not isinstance(each, Logger):
+                continue  # False: no logger
+            folder = getattr(each, "log_dir", None) or each.save_dir
+            if folder and Path(folder).resolve() != self.run_dir.resolve():
+                raise ValueError(f"--trainer.logger: {type(each).__name__} would write into {folder}, not the run's "
+                                 f"folder {self.run_dir} (where `latest` and --ckpt_path last / best look); leave "
+                                 "--trainer.logger unset (the run's CSV and TensorBoard logs go to its folder)")
+
     def _run_subcommand(self, subcommand: str) -> None:
         config = self.config_init[subcommand]
         ckpt = config.get("ckpt_path")
@@ -313,8 +358,7 @@ class UnitokCLI(LightningCLI):
                 config["ckpt_path"] = str(find_checkpoint(self.recipe_root(), ckpt))
             except FileNotFoundError as error:
                 self.parser.error(str(error))
-        elif (isinstance(ckpt, str) and ckpt not in ("hpc", "registry") and "://" not in ckpt
-              and not Path(ckpt).is_file()):
+        elif isinstance(ckpt, str) and not Path(ckpt).is_file():  # (URLs, hpc, registry: `_check_ckpt_source`)
             self.parser.error(f"--ckpt_path {ckpt}: no such checkpoint file ('last' or 'best' find the newest run's)")
         if isinstance(config.get("ckpt_path"), str) and Path(config["ckpt_path"]).is_file():
             self._check_checkpoint(subcommand, config["ckpt_path"])
@@ -362,6 +406,11 @@ class UnitokCLI(LightningCLI):
 
 _OWN_PACKAGES = tuple(str(Path(__file__).resolve().parents[1] / name) + os.sep
                       for name in ("unitok", "tasks", "tokenizers_mm"))
+
+
+def _inside(folder: Path, path: str) -> bool:
+    """Whether ``path`` (relative to ``folder``, or absolute) lies inside ``folder``."""
+    return (folder / path).resolve().is_relative_to(folder.resolve())
 
 
 def _own_refusal(error: BaseException) -> BaseException | None:

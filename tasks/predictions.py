@@ -122,8 +122,8 @@ def until_eos(generated: Tensor, eos_token_id: int | None) -> Tensor:
 
 # --------------------------------------------------------------------------- prompts
 class PromptSet(Dataset):
-    """Inputs for text models' ``predict``: the recipe's prompts, or the non-empty lines of a
-    text file (then each item is named ``"file:line"``). Items are strings."""
+    """Inputs for text models' ``predict``: the recipe's prompts (each one non-blank text), or the
+    non-empty lines of a text file (then each item is named ``"file:line"``). Items are strings."""
 
     def __init__(self, prompts: Sequence[str] | None = None, file: str | Path | None = None) -> None:
         if file is not None:
@@ -139,6 +139,13 @@ class PromptSet(Dataset):
         else:
             if not prompts:
                 raise ValueError("no prompts to predict: give prompts or a predict file")
+            # every prompt now, before any batch is predicted (not as the batch that holds it runs)
+            for index, text in enumerate(prompts):
+                if not isinstance(text, str):
+                    raise TypeError(f"prompt {index} is a {type(text).__name__} ({text!r}), expected text")
+                if not text.strip():
+                    raise ValueError(f"prompt {index} is {text!r}: a prompt needs text to continue or answer, "
+                                     "not an empty or blank string")
             self.texts, self.names = list(prompts), None
 
     def __len__(self) -> int:
@@ -187,12 +194,14 @@ class PredictionWriter(BasePredictionWriter):
     the fields) to ``<output dir>/predictions.jsonl``.
 
     Args:
-        output_path: the file to write, or a folder to write ``predictions.jsonl`` into;
-            default: the run's log folder (``trainer.log_dir``, e.g. ``runs/vit_digits/version_3``,
-            or ``default_root_dir`` without a logger).
+        output_path: the file to write, or a folder to write ``predictions.jsonl`` into (a path
+            with no suffix that is not a file); relative to the run's log folder
+            (``trainer.log_dir``, e.g. ``runs/vit_digits/version_3``, or ``default_root_dir``
+            without a logger), so that each run keeps its own; default: that folder.
 
     Records are collected per rank, put in predict-set order (by loader, then by index) and
-    written by global rank 0 once prediction ends (gathered from every rank under DDP).
+    written by global rank 0 once prediction ends (gathered from every rank under DDP). A path
+    that cannot be written (a file where a folder is meant) is refused before anything is predicted.
     """
 
     def __init__(self, output_path: str | None = None) -> None:
@@ -203,11 +212,23 @@ class PredictionWriter(BasePredictionWriter):
         self._seen: dict[int, int] = {}
 
     def resolve_path(self, trainer: L.Trainer) -> Path:
-        """Where the records go."""
-        if self.output_path is not None:
-            path = Path(self.output_path)
-            return path / FILENAME if path.is_dir() or path.suffix == "" else path
-        return log_dir(trainer) / FILENAME
+        """Where the records go; a ValueError for a path that could not be written."""
+        folder = log_dir(trainer)
+        if self.output_path is None:
+            return folder / FILENAME
+        given = Path(self.output_path)
+        path = folder / given  # (an absolute path stays as it is)
+        if path.is_file() and path.suffix == "":
+            raise ValueError(f"PredictionWriter output_path {self.output_path!r} is an existing file ({path}) without "
+                             f"a suffix, where a folder is meant: give a folder to write {FILENAME} into, or a file "
+                             f"name with a suffix (e.g. {given.name}.jsonl)")
+        if path.is_dir() or path.suffix == "":
+            path = path / FILENAME
+        blocking = next((p for p in path.parents if p.exists()), None)
+        if blocking is not None and not blocking.is_dir():
+            raise ValueError(f"PredictionWriter output_path {self.output_path!r}: {blocking} is a file, not a folder, "
+                             f"so {path} cannot be written")
+        return path
 
     def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.path = self.resolve_path(trainer)

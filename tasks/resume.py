@@ -129,7 +129,7 @@ def _only_under(folder: str, remove: Any) -> Any:
 class ResumedLogStep(L.Callback):
     """The step a resumed run logs at is the step it trains: Lightning keeps a logging counter of
     its own (``_batches_that_stepped``) that a checkpoint written in a stop can hold one behind
-    or ahead (Ctrl-C's extra validation; SIGTERM while a validation's checkpoint is written),
+    or ahead (a checkpoint written mid-validation or by another stop than `StopOnSignal`'s),
     and every loss after the resume was then logged one step off the uninterrupted run's."""
 
     def __init__(self) -> None:

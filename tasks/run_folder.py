@@ -65,16 +65,30 @@ def run_dir(root: Path, version: int) -> Path:
     return root / f"version_{version}"
 
 
+# A TensorBoard file holding its header alone (88 bytes: the file-version event), no logged value.
+EVENTS_HEADER_BYTES = 128
+
+
+def _bookkeeping(path: Path) -> bool:
+    """A file a run writes before anything happens: the CLI's saved ``config.yaml``, or a
+    TensorBoard events file with no event beyond its header."""
+    if path.is_symlink() or not path.is_file():
+        return False
+    if path.name.startswith("events.out.tfevents."):
+        return path.stat().st_size <= EVENTS_HEADER_BYTES
+    return path.name == "config.yaml"
+
+
 def remove_if_empty(folder: Path) -> None:
-    """Remove ``folder`` if nothing was written in it (only empty folders inside): a run refused
-    before its first log leaves no version behind."""
+    """Remove ``folder`` if nothing was written in it (empty folders, the saved config and an
+    empty TensorBoard file at most): a run refused before its first step leaves no version behind."""
     if not folder.is_dir():
         return
     inner = sorted((p for p in folder.rglob("*")), key=lambda p: len(p.parts), reverse=True)
-    if any(not p.is_dir() or p.is_symlink() for p in inner):
+    if any(not (p.is_dir() and not p.is_symlink()) and not _bookkeeping(p) for p in inner):
         return
     for p in inner:
-        p.rmdir()
+        p.rmdir() if p.is_dir() else p.unlink()
     folder.rmdir()
 
 

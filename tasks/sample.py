@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import torch
 
 from tokenizers_mm import BPETokenizer
 from tokenizers_mm.checks import check_number, number_bounds
 from unitok.models import GPT
+from unitok.models.base import read_config
 
 
 def _count(text: str) -> int:
@@ -26,6 +28,21 @@ def _count_or_zero(text: str) -> int:
     if not text.strip().lstrip("+").isdigit():
         raise argparse.ArgumentTypeError(f"must be a whole number ≥ 0, got {text!r}")
     return int(text)
+
+
+SEED_RANGE = (-(2**63), 2**64 - 1)  # what a torch.Generator takes (a negative seed as its 64-bit two's complement)
+
+
+def _seed(text: str) -> int:
+    """A whole number in torch's seed range, for argparse."""
+    low, high = SEED_RANGE
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or not low <= value <= high:
+        raise argparse.ArgumentTypeError(f"must be a whole number from {low} to {high}, got {text!r}")
+    return value
 
 
 def _number(low: float = -math.inf, high: float = math.inf, *, low_open: bool = False) -> Callable[[str], float]:
@@ -74,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sample: keep the k likeliest tokens (default 50, as Hugging Face; 0: no top-k filter)")
     p.add_argument("--top_p", type=_number(0.0, 1.0, low_open=True), default=None,
                    help="sample: keep the smallest set of tokens whose probability reaches p")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=_seed, default=0)
     p.add_argument("--device", default="cpu")
     p.add_argument("--compile", type=_backend, default=None, metavar="BACKEND",
                    help="greedy / sample: decode through the compiled static-cache step (e.g. inductor)")
@@ -89,11 +106,24 @@ def main(argv: Sequence[str] | None = None) -> list[str]:
             parser.error(f"--{name} is read by --strategy {strategy}, not {args.strategy}")
     try:
         return generate_texts(args)
-    except ValueError as error:  # a refusal (a prompt too long, a mismatched tokenizer): one line, exit 2
+    # a refusal (a prompt too long, a folder that is not a GPT's, a missing tokenizer): one line, exit 2
+    except (ValueError, OSError) as error:
         parser.error(str(error))
 
 
+def check_gpt_folder(folder: str) -> None:
+    """``--model`` must be a folder written by ``save_pretrained`` for a GPT."""
+    try:
+        family, _ = read_config(Path(folder))
+    except (OSError, ValueError) as error:
+        raise type(error)(f"--model {folder}: {error}") from None
+    if family != GPT.__name__:
+        raise ValueError(f"--model {folder} holds a {family}, not a GPT: unitok sample continues text with a GPT's "
+                         "folder (e.g. runs/gpt_tiny/latest/pretrained)")
+
+
 def generate_texts(args: argparse.Namespace) -> list[str]:
+    check_gpt_folder(args.model)  # before its tokenizer is looked for
     tok = BPETokenizer.load(args.tokenizer or args.model)
     model = GPT.from_pretrained(args.model, map_location=args.device).eval()
     if tok.vocab_size > model.config.vocab_size:

@@ -77,3 +77,26 @@ def test_label_count_mismatch_is_a_clear_error(tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert refused.value.code == 2 and "label count mismatch: the data module has 4 labels" in err
     assert "Traceback" not in err
+
+
+def test_a_features_mode_run_exports_no_folder_its_classifier_would_be_missing_from(tmp_path, monkeypatch, capsys):
+    # the layer mix and its classifier sit beside the model: the body's folder alone would load as
+    # a classifier without a classifier (the pipeline refuses it), so the checkpoints are the run's result
+    import ast
+    import textwrap
+
+    from tokenizers_mm import WordPieceTokenizer
+
+    monkeypatch.chdir(tmp_path)
+    WordPieceTokenizer.train(iterator=textwrap.wrap(Path(ast.__file__).read_text(), 200), vocab_size=300).save("tok")
+    quick = ["--data.tokenizer", "tok", "--data.context_length", "24", "--data.batch_size", "4", "--data.val_per_class", "4",
+             "--data.train_per_class", "8", "--data.test_per_class", "2", "--model.pretrained", "null",
+             "--trainer.max_steps", "2", "--trainer.limit_val_batches", "1", "--trainer.limit_test_batches", "1",
+             "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
+    main(["fit", "--config", str(RECIPES["finetune_cls"]), *quick, "--model.mode", "features"])
+    assert "no model exported: mode='features' trains a layer mix and a classifier" in capsys.readouterr().out
+    run = tmp_path / "runs" / "bert_finetune_cls"
+    assert not list(run.glob("version_*/pretrained")) and not (run / "latest").exists()
+    [ckpt] = run.glob("version_0/checkpoints/last.ckpt")
+    main(["test", "--config", str(RECIPES["finetune_cls"]), *quick, "--model.mode", "features", "--ckpt_path", str(ckpt)])
+    assert "test_acc" in capsys.readouterr().out

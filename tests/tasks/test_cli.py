@@ -142,7 +142,7 @@ def test_fit_subprocess_then_predict_test_and_sample(tmp_path, monkeypatch, caps
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         main(["predict", "--config", str(TINY), "--ckpt_path", ckpt, *QUICK,
-              "--data.predict_prompts", "['def main(', 'import ']"])
+              "--data.predict_prompts", "['def main(', 'import ']", "--model.generate_max_new_tokens", "5"])
         printed = capsys.readouterr().out
         assert "def main(" in printed and "import " in printed
         main(["test", "--config", str(TINY), "--ckpt_path", ckpt, *QUICK])

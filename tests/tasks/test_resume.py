@@ -377,7 +377,7 @@ def test_the_callbacks_a_run_needs():
     assert [type(c) for c in resume_callbacks()] == [ResumableRNG, ResumedBest, ResumedLogStep]
 
 
-@pytest.mark.parametrize("counter", [12, 14])  # Ctrl-C's extra validation; SIGTERM while a checkpoint is written
+@pytest.mark.parametrize("counter", [12, 14])  # a logging counter one behind or one ahead of the step
 def test_a_resumed_run_logs_each_step_at_its_own_number(counter):
     from types import SimpleNamespace
 
