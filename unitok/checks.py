@@ -123,3 +123,30 @@ def check_finite(values: Tensor, name: str) -> None:
     # four kernels on a GPU; only a non-finite sum counts the bad values (a sum can also
     # overflow from finite values, which then pass).
     raise_if(values.sum(), fail, defers(values), bad=lambda total: not math.isfinite(total))
+
+
+def checked_indices(ids: Tensor, n: int, what: str, allowed: str) -> Tensor:
+    """Integer ``ids`` that index a table of ``n`` rows (token ids, position ids): a TypeError for
+    other dtypes, a ValueError naming the ids outside 0..n-1 as ``what`` and the ``allowed`` range
+    (not the gather's bare IndexError, nor a device assert on a GPU). On a GPU inside
+    `deferred_checks` the verdict is read as the scope ends, and the returned ids, which the
+    gather reads meanwhile, are clamped into range; elsewhere ``ids`` are returned as they are."""
+    if ids.dtype not in (torch.int64, torch.int32):  # what the gather takes: not float, bool, uint8, int16
+        raise TypeError(f"{what} must be integers (torch.long or torch.int32), got {ids.dtype}; "
+                        "convert them with .long()")
+    if not ids.numel():
+        return ids
+    values = host_values(ids)  # under torch.func.vmap: every sample's
+
+    def fail() -> None:
+        bad = values[(values < 0) | (values >= n)].unique()[:5].tolist()
+        raise ValueError(f"{what} {bad} are outside {allowed}")
+
+    if defers(ids) and values is ids:
+        safe = ids.clamp(0, n - 1)
+        raise_if((safe != ids).any(), fail, deferred=True)
+        return safe
+    lo, hi = torch.aminmax(values)  # one reduction instead of min() and max()
+    if int(lo) < 0 or int(hi) >= n:
+        fail()
+    return ids

@@ -13,8 +13,10 @@ import ast
 import json
 import re
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import lightning as L
 import pytest
@@ -136,12 +138,18 @@ def wordpiece(text: str) -> WordPieceTokenizer:
     return WordPieceTokenizer.train(iterator=textwrap.wrap(text, 200), vocab_size=300)
 
 
+def saved_pair(folder: Path, make: Callable[[str], Any]) -> tuple[Any, Any]:
+    """Two tokenizers of one size made from the two texts, saved as ``folder/trained`` and ``folder/other``."""
+    trained, other = make(TEXTS[0]), make(TEXTS[1])
+    assert trained.vocab_size == other.vocab_size and trained != other
+    trained.save(folder / "trained")
+    other.save(folder / "other")
+    return trained, other
+
+
 def test_a_fine_tuned_bert_checkpoint_refuses_another_tokenizer_of_its_size(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    trained, other = wordpiece(TEXTS[0]), wordpiece(TEXTS[1])
-    assert trained.vocab_size == other.vocab_size and trained != other
-    trained.save(tmp_path / "trained")
-    other.save(tmp_path / "other")
+    saved_pair(tmp_path, wordpiece)
     main(["fit", "--config", BERT_RECIPE, *BERT_QUICK, "--data.tokenizer", str(tmp_path / "trained")])
     ckpt = str(tmp_path / "runs" / "bert_finetune_cls" / "version_0" / "checkpoints" / "last.ckpt")
     test = ["test", "--config", BERT_RECIPE, *BERT_QUICK, "--ckpt_path", ckpt]
@@ -164,10 +172,7 @@ def bpe(text: str) -> BPETokenizer:
 
 def test_a_pretrained_gpt_checkpoint_refuses_another_tokenizer_of_its_size(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    trained, other = bpe(TEXTS[0]), bpe(TEXTS[1])
-    assert trained.vocab_size == other.vocab_size and trained != other
-    trained.save(tmp_path / "trained")
-    other.save(tmp_path / "other")
+    trained, _ = saved_pair(tmp_path, bpe)
     main(["fit", "--config", GPT_RECIPE, *GPT_QUICK, "--data.tokenizer", str(tmp_path / "trained")])
     ckpt = tmp_path / "runs" / "gpt_tiny" / "version_0" / "checkpoints" / "last.ckpt"
     recorded = torch.load(ckpt, weights_only=True)["hyper_parameters"][TOKENIZER_KEY]

@@ -10,7 +10,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from unitok.checks import defers, host_values, raise_if
+from unitok.checks import checked_indices
 
 
 def sinusoidal_table(n_positions: int, d_model: int) -> Tensor:
@@ -26,29 +26,9 @@ def sinusoidal_table(n_positions: int, d_model: int) -> Tensor:
 
 
 def checked_positions(positions: Tensor, n_positions: int) -> Tensor:
-    """``positions`` as a table of ``n_positions`` rows may be indexed by them, or an error naming
-    the ids outside 0..n_positions-1 (not the gather's bare IndexError, or a device assert on a
-    GPU). As `TokenEmbedding` checks ids: on a GPU inside `deferred_checks` the verdict is read as
-    the scope ends, and the gather meanwhile reads clamped positions."""
-    if positions.dtype not in (torch.int64, torch.int32):  # what the gather takes
-        raise TypeError(f"position ids must be integers (torch.long or torch.int32), got {positions.dtype}; "
-                        "convert them with .long()")
-    if not positions.numel():
-        return positions
-    values = host_values(positions)  # under torch.func.vmap: every sample's
-
-    def fail() -> None:
-        bad = values[(values < 0) | (values >= n_positions)].unique()[:5].tolist()
-        raise ValueError(f"position ids {bad} are outside 0..{n_positions - 1} (the model's positions)")
-
-    if defers(positions) and values is positions:
-        safe = positions.clamp(0, n_positions - 1)
-        raise_if((safe != positions).any(), fail, deferred=True)
-        return safe
-    lo, hi = torch.aminmax(values)  # one reduction instead of min() and max()
-    if int(lo) < 0 or int(hi) >= n_positions:
-        fail()
-    return positions
+    """``positions`` as a table of ``n_positions`` rows may be indexed by them (`checked_indices`:
+    an error naming the ids outside 0..n_positions-1; clamped while a GPU's verdict is deferred)."""
+    return checked_indices(positions, n_positions, "position ids", f"0..{n_positions - 1} (the model's positions)")
 
 
 class LearnedPositions(nn.Module):
