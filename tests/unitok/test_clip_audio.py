@@ -183,3 +183,10 @@ def test_clip_audio_config_is_exported_beside_the_other_clip_configs():
     from unitok.models import CLIPAudioConfig, CLIPConfig
 
     assert CLIPConfig(audio=CLIPAudioConfig(n_mels=16)).audio.n_mels == 16
+
+
+def test_an_audio_mask_of_other_values_than_1_and_0_is_refused_not_summed_into_lengths():
+    frames = torch.randn(2, 40, AUDIO["n_mels"])
+    mask = torch.tensor([[1] * 40, [2] * 20 + [0] * 20])
+    with pytest.raises(ValueError, match=r"audio attention_mask holds \[2\]: expected 1 for a real token and 0"):
+        tiny().encode_audio(Tokens(features=frames, attention_mask=mask, modality="audio"))

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tokenizers_mm import SpectrogramConfig
+from tokenizers_mm import SpectrogramConfig, Tokens
 from unitok.backbone import Backbone, BackboneConfig
 from unitok.embed.frames import subsampled_length
 from unitok.layers.attention import AttentionContext
@@ -159,3 +159,10 @@ def test_a_model_without_spectrogram_settings_reads_frames_of_its_own_width():
     assert model.config.spectrogram == {} and model.processor.part("audio").n_mels == 40
     wave = 0.1 * torch.randn(8000, generator=torch.Generator().manual_seed(0))
     assert isinstance(model.transcribe(wave, sample_rate=16000)[0], str)
+
+
+def test_an_audio_mask_of_other_values_than_1_and_0_is_refused_not_summed_into_lengths():
+    # Tokens' mask sums to each utterance's frame count: a 0/2 mask would double it
+    frames, mask = torch.randn(2, 40, 16), torch.tensor([[1] * 40, [2] * 20 + [0] * 20])
+    with pytest.raises(ValueError, match=r"audio attention_mask holds \[2\]: expected 1 for a real token and 0"):
+        tiny()(Tokens(features=frames, attention_mask=mask, modality="audio"))

@@ -488,3 +488,11 @@ def test_a_segment_without_return_tokens_reads_windows_without_returns():
     windows = trajectory()
     without = TrajectoryWindows(**{**windows.as_dict(), "returns_to_go": None})
     torch.testing.assert_close(model({"trajectory": without}).heads["act"], model({"trajectory": windows}).heads["act"])
+
+
+def test_an_audio_segment_mask_of_other_values_than_1_and_0_is_refused():
+    model = four_modalities()
+    bad = audio()
+    bad = Tokens(features=bad.features, attention_mask=bad.attention_mask * 2, modality="audio")
+    with pytest.raises(ValueError, match=r"segment 'audio' attention_mask holds \[2\]: expected 1 for a real token"):
+        model({"audio": bad})

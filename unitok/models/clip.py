@@ -34,6 +34,7 @@ from unitok.embed import TokenEmbedding
 from unitok.embed.modalities import AudioEmbedder
 from unitok.heads.pooling import pool_tokens
 from unitok.layers.activations import Activation
+from unitok.layers.attention import check_padding_mask
 from unitok.models.base import PretrainedModel, load_state_dict_strict
 from unitok.models.vit import ViT, ViTConfig
 from unitok.outputs import CLIPOutput
@@ -426,7 +427,8 @@ class CLIP(PretrainedModel):
         if isinstance(audio, Tokens):
             if audio.features is None or audio.grid is not None:
                 raise ValueError("encode_audio reads audio Tokens of log-mel frames, got ids or image patches")
-            if lengths is None and audio.attention_mask is not None:
+            if lengths is None and audio.attention_mask is not None:  # its sum: each utterance's frames
+                check_padding_mask(audio.attention_mask, tuple(audio.features.shape[:2]), "audio attention_mask")
                 lengths = audio.attention_mask.long().sum(dim=1)
             audio = audio.features
         if not isinstance(audio, Tensor) or audio.dim() != 3 or audio.shape[-1] != config.n_mels:

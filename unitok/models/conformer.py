@@ -23,6 +23,7 @@ from unitok.checks import check_dtype
 from unitok.config import Config
 from unitok.embed.frames import ConvSubsampling
 from unitok.layers.activations import Activation
+from unitok.layers.attention import check_padding_mask
 from unitok.layers.conv_module import ConvNorm
 from unitok.losses import ctc_loss
 from unitok.models.base import PretrainedModel
@@ -134,7 +135,8 @@ class ConformerCTC(PretrainedModel):
         if isinstance(features, Tokens):
             if features.features is None:
                 raise ValueError("ConformerCTC reads audio Tokens (frame features), got token ids")
-            if lengths is None and features.attention_mask is not None:
+            if lengths is None and features.attention_mask is not None:  # its sum: each utterance's frames
+                check_padding_mask(features.attention_mask, tuple(features.features.shape[:2]), "audio attention_mask")
                 lengths = features.attention_mask.sum(dim=1)
             features = features.features
         if not isinstance(features, Tensor) or features.dim() != 3:

@@ -39,7 +39,7 @@ from unitok.heads import (
     pool_tokens,
 )
 from unitok.layers.activations import Activation
-from unitok.layers.attention import Kernel
+from unitok.layers.attention import Kernel, check_padding_mask
 from unitok.models.base import PretrainedModel, load_state_dict_strict
 from unitok.packing import Segment, SegmentSpan, pack_segments
 
@@ -701,6 +701,7 @@ class MultimodalTransformer(PretrainedModel):
         if value.attention_mask is None:
             lengths = torch.full((frames.shape[0],), frames.shape[1], dtype=torch.long, device=frames.device)
         else:
+            check_padding_mask(value.attention_mask, tuple(frames.shape[:2]), f"segment {name!r} attention_mask")
             mask = value.attention_mask.bool()
             lengths = mask.long().sum(dim=1)
             # the convolutional front end reads each utterance's first `lengths` frames
