@@ -357,8 +357,15 @@ class Backbone(nn.Module):
             if self.relative_bias is not None:
                 raise ValueError("a relative position bias needs the queries' positions, which a StaticKVCache "
                                  "does not know: decode with a KVCache")
-        if attention_mask is not None and check_padding_mask(attention_mask, (B, n_keys), "attention_mask")[0]:
-            attention_mask = None  # nothing padded: let the fused kernel take its fast path
+        if attention_mask is not None:
+            if cache is not None and n_keys > n_new and tuple(attention_mask.shape) == (B, n_keys):
+                # a decoding step: the columns of the cached tokens were checked as the prompt ran,
+                # and re-reading the whole mask each token would cost the step more than it checks
+                unpadded = bool(attention_mask.all())
+            else:
+                unpadded = check_padding_mask(attention_mask, (B, n_keys), "attention_mask")[0]
+            if unpadded:
+                attention_mask = None  # nothing padded: let the fused kernel take its fast path
         causal = self.config.causal if causal is None else causal
         if mask is not None:
             is_causal = False

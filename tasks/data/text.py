@@ -305,6 +305,7 @@ class TextDataModule(SplitDataModule):
         self._token_file: Path | None = None
         self._dtype = "uint16"
         self._n_tokens = 0
+        self._data_key: tuple[Path | None, int, str] | None = None  # (token file, cut, its key), see `data_key`
 
     # ------------------------------------------------------------------ sources and cache
     def source_files(self) -> list[Path]:
@@ -382,11 +383,17 @@ class TextDataModule(SplitDataModule):
         return self._n_tokens - n_val, self._n_tokens
 
     def data_key(self) -> str:
-        """A hash of the training part of the token stream: the ids training windows are cut from."""
+        """A hash of the training part of the token stream: the ids training windows are cut from
+        (read once a token file, in chunks: every checkpoint records it)."""
         cut, _ = self._split()
-        itemsize = np.dtype(self._dtype).itemsize
-        with open(self._token_file, "rb") as f:  # type: ignore[arg-type]
-            return hashlib.sha1(f.read(cut * itemsize)).hexdigest()[:16]
+        if self._data_key is None or self._data_key[:2] != (self._token_file, cut):
+            h, left = hashlib.sha1(), cut * np.dtype(self._dtype).itemsize
+            with open(self._token_file, "rb") as f:  # type: ignore[arg-type]
+                while left and (chunk := f.read(min(left, 1 << 24))):
+                    h.update(chunk)
+                    left -= len(chunk)
+            self._data_key = (self._token_file, cut, h.hexdigest()[:16])
+        return self._data_key[2]
 
     def train_dataset(self) -> TokenWindows:
         cut, _ = self._split()

@@ -461,3 +461,15 @@ def test_the_spoken_digit_corpus_key_names_its_voices_and_synthesis_version(monk
                                   train_voices=["linda"]).data_key() != key
     monkeypatch.setattr(speech, "CORPUS_VERSION", speech.CORPUS_VERSION + 1)  # synthesis changed since
     assert data.data_key() != key
+
+
+def test_the_text_data_key_reads_its_token_stream_once(tmp_path, monkeypatch):
+    # every checkpoint records the key: a big corpus must not be re-read and hashed at each save
+    from tasks.data import text as text_data
+
+    data = text_data.TextDataModule(builtin_max_bytes=60000, vocab_size=300, context_length=16, batch_size=4,
+                                    cache_dir=tmp_path)
+    data.prepare_data()
+    opened = []
+    monkeypatch.setattr(text_data, "open", lambda *a, **k: opened.append(a[0]) or open(*a, **k), raising=False)
+    assert data.data_key() == data.data_key() and len(opened) == 1

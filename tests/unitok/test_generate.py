@@ -276,3 +276,16 @@ def test_a_prompt_mask_of_other_values_than_1_and_0_is_refused_on_every_path(mas
     ids = torch.tensor([[5, 6, 7], [8, 9, 10]])
     with pytest.raises(ValueError, match=r"attention_mask holds \[.*\]: expected 1 for a real token and 0 for padding"):
         model.generate(ids, attention_mask=torch.tensor(mask), max_new_tokens=2, compile=compile_)
+
+
+def test_a_decoding_step_does_not_judge_the_prompts_mask_again(monkeypatch):
+    # the prompt pass checks the padding mask's values; each later step reads it once, for the kernel
+    import unitok.backbone as backbone
+
+    calls = []
+    judge = backbone.check_padding_mask
+    monkeypatch.setattr(backbone, "check_padding_mask", lambda *a, **k: calls.append(1) or judge(*a, **k))
+    ids = torch.tensor([[0, 5, 6], [7, 8, 9]])
+    tiny_gpt().generate(ids, attention_mask=torch.tensor([[0, 1, 1], [1, 1, 1]]), max_new_tokens=6,
+                        eos_token_id=None)
+    assert len(calls) == 1  # the prompt's pass only, not one a token

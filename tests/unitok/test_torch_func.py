@@ -67,6 +67,14 @@ def test_gpt_per_sample_gradients_are_each_samples_own(return_logits):
     assert_each_sample_alone(tiny_gpt(), lambda run, x: run(x, labels=x, return_logits=return_logits).loss, ids)
 
 
+def test_per_sample_gradients_over_a_padded_batch_are_each_samples_own():
+    # the padding mask's check reads every sample's rows under vmap, as one batch of rows
+    ids = torch.randint(0, 50, (3, 8), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(3, 8, dtype=torch.long)
+    mask[0, :3] = 0  # left padding in one sample
+    assert_each_sample_alone(tiny_gpt(), lambda run, x, m: run(x, attention_mask=m, labels=x).loss, ids, mask)
+
+
 def test_vit_and_bert_per_sample_gradients_are_each_samples_own():
     torch.manual_seed(0)
     vit = ViT(ViTConfig.from_name("vit-digits", n_layers=1, dropout=0.0)).eval()

@@ -136,8 +136,10 @@ def check_padding_mask(mask: Tensor, shape: tuple[int, int], name: str = "attent
                         f"got {mask.dtype}")
     if not mask.numel():
         return True, []
-    values = host_values(mask)  # under torch.func.vmap: every sample's
-    lo, hi = torch.aminmax(values, dim=-1)  # (B,) each: 0/1 integers lie in [0, 1]
+    values = host_values(mask)  # under torch.func.vmap: every sample's, (samples, B, keys)
+    if values.dim() > 2:  # every sample's rows as rows of one batch; a row's index read modulo B
+        values = values.reshape(-1, values.shape[-1])
+    lo, hi = torch.aminmax(values, dim=-1)  # (rows,) each: 0/1 integers lie in [0, 1]
     rows = [lo, hi]
     if values.is_floating_point():  # 0.3 lies in [0, 1] too, and NaN compares as nothing
         rows.append(((values != 0) & (values != 1)).any(dim=-1).to(values.dtype))
@@ -147,7 +149,8 @@ def check_padding_mask(mask: Tensor, shape: tuple[int, int], name: str = "attent
         found = values[(values != 0) & (values != 1)].unique()[:5].tolist()
         raise ValueError(f"{name} holds {found}: expected 1 for a real token and 0 for padding "
                          "(a padding mask, not an additive one)")
-    return min(lo_rows) == 1, [row for row, top in enumerate(hi_rows) if top == 0]
+    B = shape[0]
+    return min(lo_rows) == 1, sorted({row % B for row, top in enumerate(hi_rows) if top == 0})
 
 
 def add_position_bias(bias: Tensor, mask: Tensor | None) -> Tensor:
