@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import os
 import signal
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -29,19 +30,32 @@ TINY = ["--model.preset", "gpt-nano", "--data.builtin_max_bytes", "150000", "--d
         "--trainer.log_every_n_steps", "1"]
 
 
+# A stop warns what it did ("received SIGTERM: stopped after step 2, …"): `unitok` below checks that
+# it names the signal of the exit status, the tests that need its words match them (pytest.warns).
+pytestmark = pytest.mark.filterwarnings("ignore:received SIG")
+
+
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("cache")  # the tokenizer and token stream, built once
 
 
 def unitok(command: str, root: Path, cache: Path, *args: str) -> int:
-    """``unitok <command>`` of the tiny GPT into ``root``; its exit status."""
-    try:
-        main([command, "--config", str(GPT), *TINY, "--data.cache_dir", str(cache),
-              "--trainer.default_root_dir", str(root), *args])
-    except SystemExit as stopped:
-        return stopped.code
-    return 0
+    """``unitok <command>`` of the tiny GPT into ``root``; its exit status. What a stop warns
+    ("received SIGTERM: stopped after step 2, …") must name the signal its exit status says."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            main([command, "--config", str(GPT), *TINY, "--data.cache_dir", str(cache),
+                  "--trainer.default_root_dir", str(root), *args])
+            code = 0
+        except SystemExit as stopped:
+            code = stopped.code
+    for w in caught:
+        if str(w.message).startswith("received SIG"):
+            assert code in (130, 143) and {130: "SIGINT", 143: "SIGTERM"}[code] in str(w.message), str(w.message)
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)  # as the run showed it
+    return code
 
 
 def signal_from(monkeypatch, method: str, signum: int, when: Callable[[CausalLMTask, int], bool]) -> list[int]:
