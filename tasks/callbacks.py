@@ -64,7 +64,8 @@ class StopOnSignal(L.Callback):
     way; nothing of Lightning's can hold the stop off (``min_steps``) or add work to it (its
     validation when ``should_stop`` is set). A run whose last step is already done finishes
     (``last.ckpt``, the exported model) and then exits with that status. `unitok validate`,
-    ``test`` and ``predict`` stop before their next batch and write no checkpoint. A second
+    ``test`` and ``predict`` stop before their next batch and write no checkpoint (``predict``
+    writes the predictions of the batches it finished). A second
     Ctrl-C interrupts at once. Under DDP every rank stops at the same step."""
 
     def __init__(self) -> None:

@@ -55,6 +55,7 @@ from tasks.resume import (
 from tasks.run_folder import (
     RECIPES,
     VERSION_ENV,
+    ConfigInRunFolder,
     check_exports,
     find_checkpoint,
     mark_latest,
@@ -484,6 +485,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             subclass_mode_model=True,
             subclass_mode_data=True,
             args=args if argv is not None else None,
+            save_config_callback=ConfigInRunFolder,
             save_config_kwargs={"overwrite": True},
         )
     except SIGTERMException:  # Lightning's stop between steps: last.ckpt is written (StopOnSignal)

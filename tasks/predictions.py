@@ -58,10 +58,12 @@ import lightning as L
 import torch
 import torch.distributed as dist
 from lightning.pytorch.callbacks import BasePredictionWriter
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
+from tasks.callbacks import StoppedBySignal
 from tasks.plain import plain
 from tasks.run_folder import log_dir
 
@@ -196,12 +198,13 @@ class PredictionWriter(BasePredictionWriter):
     Args:
         output_path: the file to write, or a folder to write ``predictions.jsonl`` into (a path
             with no suffix that is not a file); relative to the run's log folder
-            (``trainer.log_dir``, e.g. ``runs/vit_digits/version_3``, or ``default_root_dir``
-            without a logger), so that each run keeps its own; default: that folder.
+            (e.g. ``runs/vit_digits/version_3``, with or without a logger), so that each run
+            keeps its own; default: that folder.
 
     Records are collected per rank, put in predict-set order (by loader, then by index) and
     written by global rank 0 once prediction ends (gathered from every rank under DDP). A path
     that cannot be written (a file where a folder is meant) is refused before anything is predicted.
+    A run stopped by SIGTERM / SIGINT writes the records of the batches it finished.
     """
 
     def __init__(self, output_path: str | None = None) -> None:
@@ -260,6 +263,15 @@ class PredictionWriter(BasePredictionWriter):
             self._rows.append((dataloader_idx, int(index), _ordered(plain(record))))
 
     def on_predict_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._write_collected(trainer)
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        """A predict run stopped by a signal keeps what it predicted (the run still exits non-zero,
+        so the file is not taken for a finished one); every rank stops at the same batch."""
+        if isinstance(exception, StoppedBySignal) and trainer.state.fn == TrainerFn.PREDICTING:
+            self._write_collected(trainer)
+
+    def _write_collected(self, trainer: L.Trainer) -> None:
         rows = self._rows
         distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
         if distributed:

@@ -16,6 +16,7 @@ import re
 from pathlib import Path
 
 import lightning as L
+from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
 VERSION_ENV = "UNITOK_RUN_VERSION"  # the parent's version, inherited by DDP worker processes
@@ -33,6 +34,23 @@ def log_dir(trainer: L.Trainer) -> Path:
     # no logger with a folder (fast_dev_run swaps in a dummy): the CLI's version folder still
     version = os.environ.get(VERSION_ENV)
     return run_dir(Path(trainer.default_root_dir), int(version)) if version is not None else Path(trainer.default_root_dir)
+
+
+class ConfigInRunFolder(SaveConfigCallback):
+    """Saves the CLI's ``config.yaml`` into the run's folder. Lightning's callback writes it to
+    ``trainer.log_dir``, which is the recipe's root when a run has no logger
+    (``--trainer.logger false``): every run would overwrite the one file there."""
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if self.already_saved:
+            return
+        if trainer.is_global_zero:
+            folder = log_dir(trainer)
+            folder.mkdir(parents=True, exist_ok=True)
+            self.parser.save(self.config, str(folder / self.config_filename), skip_none=False, overwrite=True,
+                             multifile=self.multifile)
+            self.already_saved = True
+        self.already_saved = trainer.strategy.broadcast(self.already_saved)
 
 
 def versions(root: Path) -> list[int]:

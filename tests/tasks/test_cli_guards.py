@@ -70,6 +70,16 @@ def test_a_logger_writing_outside_the_run_folder_is_refused_by_option(tmp_path, 
     assert not (tmp_path / "logs").exists() and not list(tmp_path.rglob("*.ckpt"))
 
 
+def test_a_run_without_a_logger_still_writes_its_config_into_its_own_folder(tmp_path, monkeypatch):
+    """Lightning would save ``config.yaml`` at the recipe's root, where the next run overwrites it."""
+    monkeypatch.chdir(tmp_path)
+    for _ in range(2):
+        main(["fit", *GPT, "--trainer.max_steps", "1", "--trainer.logger", "false"])
+    for version in (0, 1):
+        assert "max_steps: 1" in (tmp_path / RUNS / f"version_{version}" / "config.yaml").read_text()
+    assert not (tmp_path / RUNS / "config.yaml").exists()
+
+
 def test_a_root_dir_that_is_a_file_is_refused_by_option(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "notadir").write_text("x")

@@ -8,6 +8,7 @@ and `test_runs.py` cover the stop and resume of whole recipes.)"""
 from __future__ import annotations
 
 import csv
+import json
 import os
 import signal
 import warnings
@@ -195,3 +196,6 @@ def test_a_signal_stops_predict_validate_and_test_before_their_next_batch(
         assert unitok(command, tmp_path, cache, *args) == code
     assert len(calls) == 1, "the batch under way was finished, and no other started"
     assert not list(tmp_path.rglob("*.ckpt")), f"{command} writes no checkpoint"
+    if command == "predict":  # the batch it finished is kept, in order; the exit status says it stopped
+        records = [json.loads(line) for line in (tmp_path / "version_0" / "predictions.jsonl").read_text().splitlines()]
+        assert 0 < len(records) < 10 and [r["id"] for r in records] == list(range(len(records)))
