@@ -25,7 +25,7 @@ from typing import Any, Literal
 import lightning as L
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from tasks.optim import adamw_warmup_cosine
 from tasks.predictions import Record, class_records, records
@@ -36,9 +36,8 @@ from tasks.recorded import (
     take_trained_tokenizer,
 )
 from tokenizers_mm.checks import check_int
-from unitok.heads import ClassificationHead, ScalarMix
 from unitok.models import BERT, ELECTRA, GPT, BERTConfig, GPTConfig
-from unitok.models.bert import mean_pool, span_from_logits
+from unitok.models.bert import span_from_logits
 
 Mode = Literal["full", "frozen", "features"]
 Family = Literal["bert", "gpt"]
@@ -170,27 +169,6 @@ def _examples(batch: dict[str, Any]) -> list[dict[str, Any]] | None:
     return batch.get("examples")
 
 
-class _FeatureHead(nn.Module):
-    """Feature-based approach: ScalarMix over a frozen body's layers, then a pooled or
-    per-token linear head."""
-
-    def __init__(self, body: BERT, layers: Any, num_labels: int, per_token: bool, dropout: float) -> None:
-        super().__init__()
-        self.layers = body.layer_indices(layers)
-        self.mix = ScalarMix(len(self.layers))
-        self.head = ClassificationHead(body.config.d_model, num_labels, dropout)
-        self.per_token = per_token
-
-    def forward(self, body: BERT, batch: dict[str, Tensor]) -> Tensor:
-        with torch.no_grad():
-            hidden = body(batch["input_ids"], batch.get("attention_mask"), batch.get("segment_ids"),
-                          output_hidden_states=True, compute_heads=False).hidden_states
-        mixed = self.mix([hidden[i] for i in self.layers])  # (B, N, D)
-        if self.per_token:
-            return self.head(mixed)
-        return self.head(mean_pool(mixed, batch.get("attention_mask")))
-
-
 class _LabelTask(_FineTuneTask):
     """What sequence and token classification share: the body, the head for the mode, forward."""
 
@@ -209,28 +187,15 @@ class _LabelTask(_FineTuneTask):
         record_model_config(self, body.config)  # the body's: a checkpoint rebuilds it, then the head
         if isinstance(body, GPT):
             self.model = GPT.for_sequence_classification(body, num_labels, dropout)
-            self.feature_head = None
-        elif mode == "features":
-            # the layer mix and its classifier live beside the model, in no config `save_pretrained`
-            # writes: an export of the body alone would pass for the classifier (`ExportPretrained`)
-            self.not_exportable = ("mode='features' trains a layer mix and a classifier that the model's folder "
-                                   "cannot hold; the run's checkpoints hold them (unitok test / predict "
-                                   "--ckpt_path), or fine-tune with mode 'full' or 'frozen' for a folder")
-            self.model = body.with_heads((), freeze_backbone=True)
-            head_dropout = classifier_dropout if classifier_dropout is not None else \
-                (dropout if dropout is not None else body.config.dropout)
-            self.feature_head = _FeatureHead(self.model, feature_layers, num_labels, per_token=self.per_token,
-                                             dropout=head_dropout)
         else:
             make = BERT.for_token_classification if self.per_token else BERT.for_sequence_classification
-            self.model = make(body, num_labels, freeze_backbone=mode == "frozen",
-                              classifier_dropout=classifier_dropout, dropout=dropout)
-            self.feature_head = None
+            # "features": a learned mix of the frozen body's layers feeds the classifier (in the
+            # model's config, so the exported folder holds it)
+            self.model = make(body, num_labels, freeze_backbone=mode != "full", classifier_dropout=classifier_dropout,
+                              dropout=dropout, classifier_layers=feature_layers if mode == "features" else None)
 
     def forward(self, batch: dict[str, Tensor]) -> Tensor:
         """(B, K) scores per text, or (B, N, K) per token."""
-        if self.feature_head is not None:
-            return self.feature_head(self.model, batch)
         if self.family == "gpt":
             # the classifier reads the last real token's state: no (B, N, V) next-token logits
             return self.model(batch["input_ids"], attention_mask=batch.get("attention_mask"),

@@ -285,10 +285,6 @@ class ExportPretrained(L.Callback):
         if self.steps_made(trainer) == 0:  # the weights of no new step would pass for this run's (and move `latest`)
             print("no training step was made in this run: no model exported")
             return
-        reason = getattr(pl_module, "not_exportable", None)  # a task whose trained parts no config holds
-        if reason:
-            print(f"no model exported: {reason}")
-            return
         folder = Path(self.dirpath or log_dir(trainer) / "pretrained")
         model = pl_module.model
         data_processor = getattr(trainer.datamodule, "processor", None)

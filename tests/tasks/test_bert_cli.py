@@ -79,24 +79,38 @@ def test_label_count_mismatch_is_a_clear_error(tmp_path, monkeypatch, capsys):
     assert "Traceback" not in err
 
 
-def test_a_features_mode_run_exports_no_folder_its_classifier_would_be_missing_from(tmp_path, monkeypatch, capsys):
-    # the layer mix and its classifier sit beside the model: the body's folder alone would load as
-    # a classifier without a classifier (the pipeline refuses it), so the checkpoints are the run's result
+def test_a_features_mode_run_exports_its_layer_mix_and_classifier_in_the_model_folder(tmp_path, monkeypatch, capsys):
+    # the layer mix and its classifier are part of the model's config: the exported folder loads as
+    # the trained classifier (the checkpoint's scores), ready for the text-classification pipeline
     import ast
     import textwrap
 
+    import torch
+
+    from tasks import SequenceClassificationTask
     from tokenizers_mm import WordPieceTokenizer
+    from unitok import load, pipeline
 
     monkeypatch.chdir(tmp_path)
     WordPieceTokenizer.train(iterator=textwrap.wrap(Path(ast.__file__).read_text(), 200), vocab_size=300).save("tok")
     quick = ["--data.tokenizer", "tok", "--data.context_length", "24", "--data.batch_size", "4", "--data.val_per_class", "4",
              "--data.train_per_class", "8", "--data.test_per_class", "2", "--model.pretrained", "null",
-             "--trainer.max_steps", "2", "--trainer.limit_val_batches", "1", "--trainer.limit_test_batches", "1",
-             "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
+             "--model.feature_layers", "[0, 1, 2]", "--trainer.max_steps", "3", "--trainer.limit_val_batches", "1",
+             "--trainer.limit_test_batches", "1", "--trainer.enable_progress_bar", "false",
+             "--trainer.enable_model_summary", "false"]
     main(["fit", "--config", str(RECIPES["finetune_cls"]), *quick, "--model.mode", "features"])
-    assert "no model exported: mode='features' trains a layer mix and a classifier" in capsys.readouterr().out
-    run = tmp_path / "runs" / "bert_finetune_cls"
-    assert not list(run.glob("version_*/pretrained")) and not (run / "latest").exists()
-    [ckpt] = run.glob("version_0/checkpoints/last.ckpt")
-    main(["test", "--config", str(RECIPES["finetune_cls"]), *quick, "--model.mode", "features", "--ckpt_path", str(ckpt)])
+    assert "exported the model and its processor (text) to" in capsys.readouterr().out
+    run = tmp_path / "runs" / "bert_finetune_cls" / "latest"
+    model = load(run / "pretrained")
+    assert not model.training and model.config.classifier_layers == (0, 1, 2) and model.pooler is None
+    task = SequenceClassificationTask.load_from_checkpoint(run / "checkpoints" / "last.ckpt").eval()
+    assert not torch.equal(task.model.layer_mix.weights, torch.zeros(3)), "the mix trained"
+    ids = torch.randint(5, 300, (3, 24), generator=torch.Generator().manual_seed(0))
+    mask = (torch.arange(24) < torch.tensor([[24], [10], [3]])).long()
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids, mask).logits, task({"input_ids": ids, "attention_mask": mask}),
+                                   rtol=0, atol=0)
+    answer = pipeline("text-classification", model=str(run / "pretrained"))("import ast")
+    assert answer["label"] in model.processor.labels and 0 < answer["score"] <= 1
+    main(["test", "--config", str(RECIPES["finetune_cls"]), *quick, "--model.mode", "features", "--ckpt_path", "last"])
     assert "test_acc" in capsys.readouterr().out

@@ -56,8 +56,8 @@ def test_each_mode_trains_what_it_should(body_folder, mode):
     elif mode == "frozen":
         assert trainable == {"model.classifier.out.weight", "model.classifier.out.bias"}
     else:
-        assert trainable == {"feature_head.mix.weights", "feature_head.mix.gamma", "feature_head.head.out.weight",
-                             "feature_head.head.out.bias"}
+        assert trainable == {"model.layer_mix.weights", "model.layer_mix.gamma", "model.classifier.out.weight",
+                             "model.classifier.out.bias"}
     metrics = task._metrics(batch(labels=torch.tensor([0, 1, 2, 1])))
     metrics["loss"].backward()
     assert 0.0 <= float(metrics["acc"]) <= 1.0

@@ -158,6 +158,40 @@ def test_sequence_classification_on_a_frozen_body():
     assert all(p.requires_grad for p in reg.parameters())
 
 
+def test_a_classifier_on_a_layer_mix_is_the_feature_based_approach_in_the_models_config(tmp_path):
+    """``classifier_layers``: the classifier reads a learned mix of chosen layers (mean-pooled over
+    real tokens, no pooler), so a saved folder holds the whole feature-based classifier."""
+    body = tiny()
+    clf = BERT.for_sequence_classification(body, num_labels=3, freeze_backbone=True, classifier_layers=[0, -1])
+    assert clf.config.heads == ("classifier",) and clf.config.classifier_layers == (0, 3) and clf.pooler is None
+    assert {n for n, p in clf.named_parameters() if p.requires_grad} == {
+        "layer_mix.weights", "layer_mix.gamma", "classifier.out.weight", "classifier.out.bias"}
+    with torch.no_grad():
+        clf.layer_mix.weights.copy_(torch.tensor([0.3, -0.2]))
+        t = batch()
+        out = clf.eval()(t)
+        hs = body(t, output_hidden_states=True).hidden_states
+        w = torch.tensor([0.3, -0.2]).softmax(0)
+        mixed = mean_pool(w[0] * hs[0] + w[1] * hs[3], t.attention_mask)
+        torch.testing.assert_close(out.logits, clf.classifier(mixed))
+        assert out.hidden_states is None, "the mix's hidden states are not returned unless asked"
+        clf.save_pretrained(tmp_path / "clf")
+        loaded = unitok.load(tmp_path / "clf")
+        assert loaded.config == clf.config
+        torch.testing.assert_close(loaded(t).logits, out.logits, rtol=0, atol=0)
+    tagger = BERT.for_token_classification(body, num_labels=4, classifier_layers="all")
+    with torch.no_grad():
+        hs = tagger.eval()(t, output_hidden_states=True).hidden_states
+        torch.testing.assert_close(tagger(t).logits, tagger.token_classifier(sum(hs[1:]) / 3))
+    with pytest.raises(ValueError, match=r"classifier_layers=\(0, 4\): expected distinct hidden-state indices "
+                                         r"0 \(embeddings\) … 3"):
+        BERTConfig(**TINY, heads=("classifier",), num_labels=2, classifier_layers=(0, 4))
+    with pytest.raises(ValueError, match=r"classifier_layers=\(1,\) given but no 'classifier'"):
+        BERTConfig(**TINY, heads=("pooler",), classifier_layers=(1,))
+    with pytest.raises(ValueError, match="the 'classifier' head reads the pooled"):
+        BERTConfig(**TINY, heads=("classifier",), num_labels=2)  # without a mix it reads the pooler
+
+
 def test_token_classification_and_question_answering_heads():
     body = tiny()
     tagger = BERT.for_token_classification(body, num_labels=5)

@@ -257,6 +257,10 @@ def export_bert(model: BERT, architecture: str | None = None) -> Any:
     if missing:
         raise ValueError(f"{architecture} holds heads {layout.heads}, but this model lacks {missing} "
                          f"(BERTConfig.heads={config.heads})")
+    if config.classifier_layers and {"classifier", "token_classifier"} & set(layout.heads):
+        raise ValueError(f"this model's classifier reads a learned mix of layers (BERTConfig.classifier_layers="
+                         f"{config.classifier_layers}), which {architecture} cannot hold; export the encoder alone "
+                         "(architecture='BertModel')")
     hf_config = bert_hf_config(config, architecture)
     cls = getattr(transformers, architecture)
     hf_model = cls(hf_config, add_pooling_layer=model.pooler is not None) if architecture == "BertModel" \

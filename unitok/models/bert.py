@@ -24,7 +24,7 @@ from unitok.backbone import Backbone, BackboneConfig, init_weights
 from unitok.checks import deferred_checks, host_values
 from unitok.config import Config
 from unitok.embed import LearnedPositions, TokenEmbedding
-from unitok.heads import ClassificationHead, MLMHead, Pooler, ReplacedTokenHead, SpanHead
+from unitok.heads import ClassificationHead, MLMHead, Pooler, ReplacedTokenHead, ScalarMix, SpanHead
 from unitok.layers.activations import Activation
 from unitok.layers.attention import Kernel
 from unitok.losses import cross_entropy, sequence_classification_loss
@@ -53,6 +53,10 @@ class BERTConfig(Config):
         heads: which heads exist, from "pooler", "mlm", "nsp", "rtd", "classifier",
             "token_classifier", "span". "nsp" and "classifier" read the pooler.
         num_labels: K for "classifier" (1 = regression) / "token_classifier" (K ≥ 2).
+        classifier_layers: the feature-based approach — the "classifier" / "token_classifier"
+            reads a learned weighted sum (`ScalarMix`) of these hidden states (0 = embeddings
+            … L = last) instead of the last layer; the classifier mean-pools it over real
+            tokens instead of reading the pooler. Empty: the usual heads.
     """
 
     vocab_size: int = 30522
@@ -71,6 +75,7 @@ class BERTConfig(Config):
     pad_token_id: int | None = 0
     heads: tuple[str, ...] = ("pooler", "mlm", "nsp")
     num_labels: int = 0
+    classifier_layers: tuple[int, ...] = ()
 
     presets = {
         # Devlin et al. (2019), with the uncased WordPiece vocabulary of 30,522 tokens.
@@ -98,7 +103,7 @@ class BERTConfig(Config):
         if unknown or len(set(self.heads)) != len(self.heads):
             raise ValueError(f"heads={self.heads}: unknown or repeated head(s) {unknown}; known: {HEADS}")
         for head in ("nsp", "classifier"):
-            if head in self.heads and "pooler" not in self.heads:
+            if head in self.heads and "pooler" not in self.heads and not (head == "classifier" and self.classifier_layers):
                 raise ValueError(f"the {head!r} head reads the pooled [CLS] state: add 'pooler' to heads")
         labelled = [h for h in ("classifier", "token_classifier") if h in self.heads]
         if len(labelled) > 1:
@@ -109,6 +114,14 @@ class BERTConfig(Config):
             raise ValueError(f"the {labelled[0]!r} head needs num_labels ≥ {least}{note}, got {self.num_labels}")
         if not labelled and self.num_labels != 0:
             raise ValueError(f"num_labels={self.num_labels} given but no 'classifier' / 'token_classifier' head")
+        if self.classifier_layers:
+            if not labelled:
+                raise ValueError(f"classifier_layers={self.classifier_layers} given but no 'classifier' / "
+                                 "'token_classifier' head reads them")
+            bad = [i for i in self.classifier_layers if not 0 <= i <= self.n_layers]
+            if bad or len(set(self.classifier_layers)) != len(self.classifier_layers):
+                raise ValueError(f"classifier_layers={self.classifier_layers}: expected distinct hidden-state indices "
+                                 f"0 (embeddings) … {self.n_layers} (the last layer)")
         if self.classifier_dropout is not None and not 0.0 <= self.classifier_dropout < 1.0:
             raise ValueError(f"classifier_dropout must be in [0, 1), got {self.classifier_dropout}")
         self.backbone_config()  # validates the shape fields
@@ -224,6 +237,7 @@ class BERT(PretrainedModel):
         self.token_classifier = ClassificationHead(c.d_model, c.num_labels, drop) \
             if "token_classifier" in c.heads else None
         self.span_head = SpanHead(c.d_model) if "span" in c.heads else None
+        self.layer_mix = ScalarMix(len(c.classifier_layers)) if c.classifier_layers else None
         init_weights(self, std=0.02)  # BERT's init: N(0, 0.02) weights, zero biases, unit norms
         if c.pad_token_id is not None:
             with torch.no_grad():
@@ -283,13 +297,17 @@ class BERT(PretrainedModel):
         ids, attention_mask, segment_ids, position_ids = self._inputs(
             input_ids, attention_mask, segment_ids, position_ids)
         x = self.embeddings(ids, segment_ids, position_ids)
-        out = self.backbone(x, attention_mask, output_hidden_states=output_hidden_states,
+        mixing = compute_heads and self.layer_mix is not None
+        out = self.backbone(x, attention_mask, output_hidden_states=output_hidden_states or mixing,
                             output_attentions=output_attentions, kernel=kernel)
         h = out.last_hidden_state
         result = BERTOutput(last_hidden_state=h, pooled=self.pooler(h) if self.pooler is not None else None,
-                            hidden_states=out.hidden_states, attentions=out.attentions)
+                            hidden_states=out.hidden_states if output_hidden_states else None,
+                            attentions=out.attentions)
         if not compute_heads:
             return result
+        if mixing:  # the classifiers read the layer mix (the feature-based approach)
+            h = self.layer_mix([out.hidden_states[i] for i in self.config.classifier_layers])  # type: ignore[misc,index]
         if self.mlm_head is not None:
             result.mlm_logits = self.mlm_head(h)
         if self.nsp_head is not None:
@@ -297,7 +315,7 @@ class BERT(PretrainedModel):
         if self.rtd_head is not None:
             result.rtd_logits = self.rtd_head(h)
         if self.classifier is not None:
-            result.logits = self.classifier(result.pooled)
+            result.logits = self.classifier(mean_pool(h, attention_mask) if mixing else result.pooled)
         if self.token_classifier is not None:
             result.logits = self.token_classifier(h)
         if self.span_head is not None:
@@ -419,16 +437,20 @@ class BERT(PretrainedModel):
 
     # ------------------------------------------------------------------ fine-tuning
     def with_heads(self, heads: Sequence[str], num_labels: int = 0, freeze_backbone: bool = False,
-                   classifier_dropout: float | None = None, dropout: float | None = None) -> BERT:
+                   classifier_dropout: float | None = None, dropout: float | None = None,
+                   classifier_layers: LayerChoice | None = None) -> BERT:
         """A new BERT with this body's weights (embeddings, backbone, pooler if kept) and
         freshly initialised ``heads``; the body frozen if asked. ``dropout`` replaces the
-        body's (embeddings, residual branches, attention weights) when given. The new model
-        keeps this one's processor (its tokenizer; the class names only while they still
-        number one a class of the new head). This model is left as it is."""
+        body's (embeddings, residual branches, attention weights) when given;
+        ``classifier_layers`` (see `features`' ``layers``) makes the classifiers read a learned
+        mix of those layers (`BERTConfig.classifier_layers`). The new model keeps this one's
+        processor (its tokenizer; the class names only while they still number one a class of
+        the new head). This model is left as it is."""
         heads = tuple(heads)
         changes = {} if dropout is None else {"dropout": dropout, "attn_dropout": dropout}
+        mixed = () if classifier_layers is None else tuple(self.layer_indices(classifier_layers))
         config = self.config.replace(heads=heads, num_labels=num_labels, classifier_dropout=classifier_dropout,
-                                     **changes)
+                                     classifier_layers=mixed, **changes)
         ref = self.embeddings.tok_embed.weight
         model = type(self)(config).to(device=ref.device, dtype=ref.dtype)
         keep_pooler = self.pooler is not None and model.pooler is not None
@@ -447,18 +469,25 @@ class BERT(PretrainedModel):
 
     @classmethod
     def for_sequence_classification(cls, bert: BERT, num_labels: int, freeze_backbone: bool = False,
-                                    classifier_dropout: float | None = None, dropout: float | None = None) -> BERT:
+                                    classifier_dropout: float | None = None, dropout: float | None = None,
+                                    classifier_layers: LayerChoice | None = None) -> BERT:
         """[CLS] -> pooler -> dropout -> K scores (K = 1: regression). Sentence pairs go in as
-        one sequence with segment ids. A body without a pooler (ELECTRA) gets a new one."""
+        one sequence with segment ids. A body without a pooler (ELECTRA) gets a new one.
+        ``classifier_layers`` (the feature-based approach): a learned mix of those layers,
+        mean-pooled over real tokens, instead of the pooler."""
         check_int("num_labels", num_labels, note="(1 = regression)")
-        return bert.with_heads(("pooler", "classifier"), num_labels, freeze_backbone, classifier_dropout, dropout)
+        heads = ("classifier",) if classifier_layers is not None else ("pooler", "classifier")
+        return bert.with_heads(heads, num_labels, freeze_backbone, classifier_dropout, dropout, classifier_layers)
 
     @classmethod
     def for_token_classification(cls, bert: BERT, num_labels: int, freeze_backbone: bool = False,
-                                 classifier_dropout: float | None = None, dropout: float | None = None) -> BERT:
-        """K ≥ 2 scores for every token (word labels go on each word's first sub-token)."""
+                                 classifier_dropout: float | None = None, dropout: float | None = None,
+                                 classifier_layers: LayerChoice | None = None) -> BERT:
+        """K ≥ 2 scores for every token (word labels go on each word's first sub-token), from the
+        last layer or a learned mix of ``classifier_layers``."""
         check_int("num_labels", num_labels, at_least=2, note="(classes; a token classifier has no regression)")
-        return bert.with_heads(("token_classifier",), num_labels, freeze_backbone, classifier_dropout, dropout)
+        return bert.with_heads(("token_classifier",), num_labels, freeze_backbone, classifier_dropout, dropout,
+                               classifier_layers)
 
     @classmethod
     def for_question_answering(cls, bert: BERT, freeze_backbone: bool = False, dropout: float | None = None) -> BERT:

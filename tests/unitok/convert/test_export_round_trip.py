@@ -180,6 +180,14 @@ def test_bert_fields_the_class_cannot_express_are_named():
         to_transformers(small_bert(("mlm",), embedding_size=16), architecture="BertForMaskedLM")
     with pytest.raises(ValueError, match="activation='relu'"):
         to_transformers(small_bert(("mlm",), embedding_size=16, activation="relu"))
+    mixed = small_bert(("token_classifier",), num_labels=3, classifier_layers=(0, 2))  # a layer-mix classifier
+    with pytest.raises(ValueError, match=r"classifier_layers=\(0, 2\)\), which BertForTokenClassification cannot"):
+        to_transformers(mixed)
+    encoder = to_transformers(mixed, architecture="BertModel")  # the encoder alone, as stated
+    ids, mask = ids_and_mask(67)
+    with torch.no_grad():
+        assert_same(mixed(ids, attention_mask=mask).last_hidden_state,
+                    encoder(ids, attention_mask=mask).last_hidden_state, mask)
 
 
 # ----------------------------------------------------------------------------------------- T5
