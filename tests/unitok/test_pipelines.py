@@ -355,9 +355,16 @@ def test_a_batch_answers_one_answer_an_image_and_a_batch_inside_a_list_is_refuse
     classify = pipeline("image-classification", model=vit, top_k=1)
     images = torch.rand(3, 1, 32, 32)
     one_by_one = [classify(image) for image in images]
-    assert classify(images) == one_by_one  # (B, C, H, W): B answers, not the first alone
-    assert classify(images.numpy()) == one_by_one
-    assert classify(tuple(images)) == one_by_one  # a tuple is several inputs, as a list is
+
+    def same_answers(answers: list) -> bool:  # a batch rounds a little differently on some CPUs' kernels
+        return len(answers) == len(one_by_one) and all(
+            [a["label"] for a in got] == [a["label"] for a in want]
+            and [a["score"] for a in got] == pytest.approx([a["score"] for a in want], abs=1e-6)
+            for got, want in zip(answers, one_by_one, strict=True))
+
+    assert same_answers(classify(images))  # (B, C, H, W): B answers, not the first alone
+    assert same_answers(classify(images.numpy()))
+    assert same_answers(classify(tuple(images)))  # a tuple is several inputs, as a list is
     with pytest.raises(ValueError, match="2 inputs gave 4 answers: an input holds several"):
         classify([images[:3], images[0]])  # answers would fall out of step with the inputs
     clip = CLIP(CLIPConfig.from_name("clip-digits"))
