@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 import torch
@@ -14,17 +15,66 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("MPLBACKEND", "Agg")
 
 
+# Outcomes that leave a test unchecked: (node id, reason) of each, gathered from the reports
+# themselves (not the terminal reporter, which `-p no:terminal` removes).
+_UNCHECKED: dict[str, list[tuple[str, str]]] = {"skipped": [], "xfailed": [], "xpassed": []}
+
+
+def _reason(report: pytest.CollectReport | pytest.TestReport) -> str:
+    if hasattr(report, "wasxfail"):
+        return report.wasxfail or "xfail"
+    longrepr = report.longrepr
+    why = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)  # (file, line, "Skipped: why")
+    return why.removeprefix("Skipped: ")
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    for outcomes in _UNCHECKED.values():
+        outcomes.clear()
+
+
+def pytest_collectreport(report: pytest.CollectReport) -> None:
+    if report.skipped:  # a whole module skipped (a module-level importorskip or skip)
+        _UNCHECKED["skipped"].append((report.nodeid, _reason(report)))
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    xfail = hasattr(report, "wasxfail")
+    if report.skipped:
+        _UNCHECKED["xfailed" if xfail else "skipped"].append((report.nodeid, _reason(report)))
+    elif report.passed and xfail and report.when == "call":  # an xfail mark on a test that passes
+        _UNCHECKED["xpassed"].append((report.nodeid, _reason(report)))
+
+
+_CI_REPORT: list[str] = []  # what the CI guard found, for the terminal summary
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """Under CI a skipped test is a failure: what the tests need is installed by `make`, so a
-    skip means part of the project went untested."""
-    if os.environ.get("CI", "").lower() not in ("1", "true", "yes") or exitstatus != 0:
+    """Under CI a skipped or xfail test (xfailed, or xpassed: its outcome is ignored either way)
+    is a failure: what the tests need is installed by `make`, so a skip means part of the project
+    went untested. A run whose every test was skipped at collection counts too."""
+    _CI_REPORT.clear()
+    if os.environ.get("CI", "").lower() not in ("1", "true", "yes"):
         return
-    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    skipped = reporter.stats.get("skipped", []) if reporter is not None else []
-    if skipped:
-        reporter.write_line(f"CI: {len(skipped)} test(s) skipped; every test must run here (see -rs above)",
-                            red=True)
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    if exitstatus not in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
+        return  # failing already
+    counts = [f"{len(found)} test(s) {outcome}" for outcome, found in _UNCHECKED.items() if found]
+    if not counts:
+        return
+    _CI_REPORT.append(f"CI: {', '.join(counts)}; every test must run here:")
+    _CI_REPORT.extend(f"  {outcome} {nodeid}: {reason}" for outcome, found in _UNCHECKED.items()
+                      for nodeid, reason in found)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    if session.config.pluginmanager.get_plugin("terminalreporter") is None:  # -p no:terminal
+        print("\n".join(_CI_REPORT), file=sys.stderr)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatus: int) -> None:
+    """The CI guard's findings, in the summary (after the progress line is ended)."""
+    if _CI_REPORT:
+        terminalreporter.write_sep("=", "CI", red=True)
+        for line in _CI_REPORT:
+            terminalreporter.write_line(line, red=True)
 
 
 @pytest.fixture(autouse=True)

@@ -64,7 +64,30 @@ def test_peak_is_given_or_known_and_absent_on_the_cpu():
     assert gpt_vs_hf.peak_tflops(gpt_vs_hf.parse_args(["--peak-tflops", "2.5"])) == 2.5
 
 
-def test_gpt_benchmark_reports_bf16_training_flops_and_mfu(capsys):
+def test_gpt_benchmark_reports_bf16_training_flops_and_mfu(monkeypatch, capsys):
+    """With --precision bf16 both contenders' training steps (the same-loss and the labels= path)
+    run their projections in bfloat16 under autocast, and the report gives their FLOP/s and MFU."""
+    # GPT-2's projections are Conv1D layers (its lm_head an nn.Linear)
+    from transformers.pytorch_utils import Conv1D
+
+    dtypes: dict[tuple[str, str], set[torch.dtype]] = {}  # (library, loss) -> projection output dtypes
+    real = gpt_vs_hf.make_train_step
+
+    def spy(model, ids, steps, amp, fused=None, loss_fn=gpt_vs_hf.same_loss):
+        seen = dtypes.setdefault((type(model).__module__.split(".")[0], loss_fn.__name__), set())
+
+        def recorded_loss(model, ids):  # called inside the step, where autocast is (or is not) on
+            hooks = [m.register_forward_hook(lambda m, args, out: seen.add(out.dtype))
+                     for m in model.modules() if isinstance(m, (torch.nn.Linear, Conv1D))]
+            try:
+                return loss_fn(model, ids)
+            finally:
+                for hook in hooks:
+                    hook.remove()
+
+        return real(model, ids, steps, amp, fused, loss_fn=recorded_loss)
+
+    monkeypatch.setattr(gpt_vs_hf, "make_train_step", spy)
     result = gpt_vs_hf.main(["--d-model", "32", "--n-layers", "1", "--n-heads", "2", "--vocab-size", "128",
                              "--batch-size", "2", "--seq-len", "16", "--repeats", "1", "--warmup", "0",
                              "--skip-generate", "--precision", "bf16", "--peak-tflops", "0.5", "--threads", "1"])
@@ -77,6 +100,8 @@ def test_gpt_benchmark_reports_bf16_training_flops_and_mfu(capsys):
     rows = {row[0]: row for row in summary.rows_of("gpt", result)}
     fused = rows["GPT, `labels=` paths (LM head fused with the loss)"]
     assert fused[1] == pytest.approx(train["unitok default"] / train["hf default"])
+    assert dtypes == {(library, loss): {torch.bfloat16} for library in ("unitok", "transformers")
+                      for loss in ("same_loss", "default_loss")}
 
 
 def test_every_benchmark_prepares_its_process_the_same_way(monkeypatch):

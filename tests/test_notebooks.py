@@ -1,5 +1,10 @@
 """Execute every notebook in notebooks/ in a fresh kernel: each must run top to bottom cleanly.
 
+What a notebook shows is checked in the notebook itself: every equivalence it prints ("same
+predictions", "decode recovers the episode", ...) is also an ``assert`` in its cell, and so is
+each result it reports (an accuracy, a loss that falls) against a floor that holds, with margin,
+in the quick mode this test runs — a failed assert fails the test like any other error.
+
 Notebooks read ``UNITOK_NOTEBOOK_QUICK=1`` to shrink their data and training so this stays fast.
 """
 

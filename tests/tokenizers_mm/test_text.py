@@ -129,9 +129,15 @@ def test_bad_input_is_named(tok):
         BPETokenizer.load("/nonexistent/tokenizer")
 
 
+@pytest.mark.parametrize("engine", ["tiktoken", "rust"])
 @pytest.mark.parametrize("side", ["left", "right"])
-def test_batch_encode_is_encode_row_by_row(tok, side):
-    """The Rust batch path gives exactly the ids encode gives, for every row and option."""
+def test_batch_encode_is_encode_row_by_row(tok, hf_only, engine, side):
+    """Both batch paths — tiktoken's, and Hugging Face's Rust batch encoder where tiktoken is not
+    found — give exactly the ids encode gives, row by row, padded on the asked side."""
+    if engine == "tiktoken":
+        assert tok._fast.available(tok._tok), tok._fast.reason
+    else:
+        tok = hf_only(tok._tok)
     texts = ["import os", "x", "def main():\n    return 0", "ünïcode ✓ 名前", "  spaces  "]
     batch = tok.batch_encode(texts, padding_side=side, add_eos=True)
     for i, text in enumerate(texts):

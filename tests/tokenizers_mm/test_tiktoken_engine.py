@@ -59,15 +59,6 @@ def held_out() -> list[str]:
     return chosen
 
 
-def hf_only(tokenizer: Tokenizer, monkeypatch) -> BPETokenizer:
-    """A BPETokenizer on the same vocabulary that never finds tiktoken: the Hugging Face path."""
-    reference = BPETokenizer(tokenizer)
-    monkeypatch.setattr(tiktoken_engine, "tiktoken", None)
-    assert reference._fast.encode(tokenizer, "x") is None
-    monkeypatch.undo()
-    return reference
-
-
 # ----------------------------------------------------------------- identical ids
 def test_trained_vocabulary_is_representable(tok):
     encoding = build_encoding(tok._tok)
@@ -109,8 +100,8 @@ def test_lone_surrogates_are_refused_by_both_engines_naming_text_and_position(to
 
 
 # ----------------------------------------------------------------- encode / batch_encode answers
-def test_encode_equals_the_hugging_face_path(tok, held_out, monkeypatch):
-    reference = hf_only(tok._tok, monkeypatch)
+def test_encode_equals_the_hugging_face_path(tok, held_out, hf_only):
+    reference = hf_only(tok._tok)
     texts = [line for line in held_out[0].splitlines() if line][:50] + EDGE_CASES[:20] + ["héllo <|endoftext|> 😀"]
     for text in texts:
         for eos in (False, True):
@@ -123,8 +114,8 @@ def test_encode_equals_the_hugging_face_path(tok, held_out, monkeypatch):
 @pytest.mark.parametrize("options", [{}, {"add_eos": True}, {"max_length": 5, "truncation": True},
                                      {"max_length": 5, "truncation": True, "truncation_side": "left",
                                       "padding_side": "left"}])
-def test_batch_encode_equals_the_hugging_face_path(tok, held_out, monkeypatch, options):
-    reference = hf_only(tok._tok, monkeypatch)
+def test_batch_encode_equals_the_hugging_face_path(tok, held_out, hf_only, options):
+    reference = hf_only(tok._tok)
     texts = [line for line in held_out[1].splitlines() if line][:64] + ["<|endoftext|>", "中文 😀"]
     ours, theirs = tok.batch_encode(texts, **options), reference.batch_encode(texts, **options)
     assert torch.equal(ours.ids, theirs.ids)

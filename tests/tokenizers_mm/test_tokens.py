@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 import numpy as np
 import pytest
 import torch
@@ -51,8 +53,25 @@ def test_tokens_validation_names_the_problem():
 
 
 def test_to_moves_every_tensor():
-    t = Tokens(ids=torch.zeros(1, 2, dtype=torch.long), attention_mask=torch.ones(1, 2)).to("cpu")
-    assert t.ids.device.type == "cpu" and t.attention_mask.device.type == "cpu"
+    """Every tensor field goes to the device (the meta device: no data, but a device no tensor
+    starts on), keeping its shape and dtype; the modality and grid stay as they were."""
+    B, N = 2, 4
+    per_token = dict(attention_mask=torch.ones(B, N, dtype=torch.long), positions=torch.arange(N).expand(B, N),
+                     segments=torch.zeros(B, N, dtype=torch.long))
+    text = Tokens(ids=torch.zeros(B, N, dtype=torch.long), **per_token)
+    image = Tokens(features=torch.rand(B, N, 48), modality="image", grid=(2, 2), **per_token)
+    tensor_fields = {f.name for f in fields(Tokens) if "Tensor" in str(f.type)}
+    assert tensor_fields == {"ids", "features", "attention_mask", "positions", "segments"}  # all covered below
+    for tokens in (text, image):
+        moved = tokens.to("meta")
+        for name in tensor_fields:
+            before, after = getattr(tokens, name), getattr(moved, name)
+            if before is None:
+                assert after is None, name
+                continue
+            assert after.device.type == "meta", name
+            assert (after.shape, after.dtype) == (before.shape, before.dtype), name
+        assert (moved.modality, moved.grid) == (tokens.modality, tokens.grid)
 
 
 def test_collate_keeps_the_grid_of_image_tokens_so_the_batch_decodes():

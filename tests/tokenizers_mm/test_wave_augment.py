@@ -1,8 +1,8 @@
 """Acoustic conditions for training: each condition does what it says (noise at the asked SNR
 and colour, silence of the asked length, speed by resampling, a room that keeps the power,
-a telephone line with nothing outside 300–3400 Hz); `WaveAugment` draws them (and vocal-tract
-warps for the frames) within its ranges,
-the same way for the same generator; a batch comes out at one length with each utterance whole
+a telephone line with nothing outside 300–3400 Hz); `WaveAugment` applies each of them, and
+draws them (and vocal-tract warps for the frames) within its ranges, the same way for the same
+generator; a batch comes out at one length with each utterance whole
 inside it; no-speech clips are silence or noise; bad ranges raise naming the option."""
 
 from __future__ import annotations
@@ -132,6 +132,39 @@ def test_vocal_tract_warps_are_drawn_in_range_and_off_by_default_without_touchin
     assert min(warped) < 1.1 and max(warped) > 1.3
 
 
+# Every other condition off and the loudness kept, so each test below sees one condition alone.
+ONLY = dict(speed_p=0, reverb_p=0, silence_p=0, noise_p=0, telephone_p=0, gain_db=(0.0, 0.0))
+
+
+def test_wave_augment_speeds_the_speech_up_by_resampling():
+    wave = tone(440, 1.0)
+    faster = WaveAugment(**{**ONLY, "speed_p": 1, "speeds": (1.2, 1.2)})(wave, RATE, g())
+    assert len(faster) == pytest.approx(len(wave) / 1.2, abs=1)  # 1/1.2 as long...
+    assert band_power(faster, 500, 560) > 100 * band_power(faster, 400, 480)  # ...the tone 1.2 × higher (528 Hz)
+
+
+def test_wave_augment_puts_the_speech_in_a_room():
+    click = torch.zeros(RATE)
+    click[1000] = 1.0
+    room = WaveAugment(**{**ONLY, "reverb_p": 1, "rt60": (0.3, 0.3), "direct_ratio_db": (0.0, 0.0)})
+    heard = room(click, RATE, g())
+    assert len(heard) == len(click)  # the tail past the end is cut: batches get no longer
+    assert power(heard) == pytest.approx(power(click), rel=1e-4)
+    assert float(heard[:1000].abs().max()) < 1e-6  # nothing before the sound
+    # the direct path 0 dB above the reverberant tail: half the energy rings on after the click
+    assert float(heard[1001:].pow(2).sum() / heard.pow(2).sum()) == pytest.approx(0.5, abs=0.01)
+
+
+def test_wave_augment_sends_the_speech_down_a_telephone_line():
+    mixture = tone(100, 1.0) + tone(1000, 1.0) + tone(6000, 1.0)
+    line = WaveAugment(**{**ONLY, "telephone_p": 1})(mixture, RATE, g())
+    assert len(line) == len(mixture)
+    total = band_power(line, 0, RATE / 2 + 1)
+    assert band_power(line, 3400, RATE / 2 + 1) < 1e-4 * total  # the 6 kHz tone is gone
+    assert band_power(line, 0, 300) < 1e-4 * total  # and so is the 100 Hz hum
+    assert band_power(line, 900, 1100) > 0.99 * total  # the 1 kHz tone carries (μ-law noise aside)
+
+
 def test_a_batch_is_one_length_with_each_utterance_whole_inside():
     augment = WaveAugment(speed_p=0, reverb_p=0, silence_p=0.5, silence=(0.0, 1.0), noise_p=0, telephone_p=0,
                           gain_db=(0.0, 0.0))
@@ -161,17 +194,20 @@ def test_no_speech_clips_are_silence_or_noise_of_the_asked_duration():
 
 
 @pytest.mark.parametrize(("options", "message"), [
-    (dict(speed_p=1.5), "speed_p"),
-    (dict(speeds=(1.2, 0.9)), "speeds"),
-    (dict(warp_p=-0.1), "warp_p"),
-    (dict(warps=(0.3, 1.2)), "warps"),
-    (dict(silence=(-1.0, 1.0)), "silence"),
-    (dict(snr_db=(30.0, 5.0)), "snr_db"),
-    (dict(noise_colors=("white", "purple")), "noise_colors"),
+    (dict(speed_p=1.5), "speed_p must be a probability in [0, 1], got 1.5"),
+    (dict(speeds=(1.2, 0.9)), "speeds must be a range (low, high) within [0.5, 2], got (1.2, 0.9)"),
+    (dict(warp_p=-0.1), "warp_p must be a probability in [0, 1], got -0.1"),
+    (dict(warps=(0.3, 1.2)), "warps must be a range (low, high) within [0.5, 2], got (0.3, 1.2)"),
+    (dict(silence=(-1.0, 1.0)), "silence must be a range (low, high) within [0, 60], got (-1.0, 1.0)"),
+    (dict(snr_db=(30.0, 5.0)), "snr_db must be a range (low, high) within [-20, 100], got (30.0, 5.0)"),
+    (dict(noise_colors=("white", "purple")),
+     "noise_colors must be some of ('white', 'pink', 'brown'), got ['white', 'purple']"),
 ])
 def test_bad_options_name_the_option(options, message):
-    with pytest.raises(ValueError, match=message):
+    """The whole message: the option, what it must be, and the bad value."""
+    with pytest.raises(ValueError) as error:
         WaveAugment(**options)
+    assert str(error.value) == message
 
 
 def test_settings_that_would_cut_or_poison_the_speech_are_refused():

@@ -4,6 +4,8 @@ labels, BPE pairs, save/load and bad input."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -87,16 +89,26 @@ def test_decode_joins_word_pieces(tok):
 
 @pytest.mark.parametrize("strategy", ["longest_first", "only_first", "only_second"])
 def test_truncation_strategies_match_the_tokenizers_library(tok, strategy):
+    """The same ids and segments wherever the library fits the pair; where it refuses (the side
+    that may not be trimmed is too long alone), a ValueError with the lengths and the budget."""
     a, b = CORPUS[0] + " " + CORPUS[3], CORPUS[1]
+    n_a, n_b = len(tok.encode(a).ids) - 2, len(tok.encode(b).ids) - 2  # without [CLS] and [SEP]
+    trimmed, kept, kept_length = {"only_first": ("first", "second", n_b),
+                                  "only_second": ("second", "first", n_a)}.get(strategy, (None, None, None))
     reference = Tokenizer.from_str(tok._tok.to_str())
-    checked = 0
+    checked = refused = 0
     for max_length in range(4, 45):
         reference.enable_truncation(max_length, strategy=strategy)
         try:
             expected = reference.encode(a, b)
         except Exception:
-            with pytest.raises(ValueError):
+            assert trimmed is not None, f"{strategy} always fits, but the library refused max_length={max_length}"
+            budget = max_length - 3  # [CLS] A [SEP] B [SEP]
+            message = (f"cannot fit {n_a} + {n_b} tokens into {budget} by trimming the {trimmed} sequence: "
+                       f"the {kept} alone has {kept_length}")
+            with pytest.raises(ValueError, match=re.escape(message)):
                 tok.encode(a, b, max_length=max_length, truncation=strategy)
+            refused += 1
             continue
         enc = tok.encode(a, b, max_length=max_length, truncation=strategy)
         assert enc.ids.tolist() == expected.ids, max_length
@@ -104,6 +116,8 @@ def test_truncation_strategies_match_the_tokenizers_library(tok, strategy):
         assert len(enc.ids) <= max_length
         checked += 1
     assert checked > 10
+    # refused: each max_length (from 4) whose budget leaves nothing once the kept side is in
+    assert refused == (0 if kept_length is None else kept_length)
 
 
 @settings(max_examples=300, deadline=None)
