@@ -12,6 +12,8 @@ checkpoint says where training stood, so a resumed run reads on from that batch.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from pathlib import Path
@@ -19,6 +21,7 @@ from typing import Any, Literal, TypeVar
 
 import lightning as L
 import numpy as np
+import torch
 from torch.utils.data import DataLoader, Dataset
 
 from tasks.data.sampling import (
@@ -46,7 +49,64 @@ def default_cache_dir() -> Path:
     if os.environ.get(CACHE_ENV):
         return Path(os.environ[CACHE_ENV])
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "unitok"
+
+
 T = TypeVar("T")
+
+
+def content_key(*parts: object) -> str:
+    """A key of ``parts``' content (the first 16 hex digits of a SHA-1), the same in every process
+    and on every machine: texts, numbers, None, bytes and paths, lists / tuples (alike) and dicts
+    of them, NumPy arrays and torch tensors (dtype, shape and values). What a data module's
+    `SplitDataModule.data_key` is made of; anything else is a TypeError naming its type."""
+    h = hashlib.sha1()
+    _feed(h, list(parts))
+    return h.hexdigest()[:16]
+
+
+def _feed(h: Any, value: object) -> None:
+    """Add ``value`` to ``h``, each block tagged and length-prefixed so no two values read alike.
+    Plain data goes in whole as canonical JSON (C-fast for thousands of examples); containers
+    holding arrays are walked."""
+    def block(tag: bytes, data: bytes | memoryview) -> None:
+        h.update(tag + len(data).to_bytes(8, "little"))
+        h.update(data)
+
+    if isinstance(value, torch.Tensor):
+        flat = value.detach().cpu().contiguous().reshape(-1)
+        block(b"T", json.dumps([str(value.dtype), list(value.shape)]).encode())
+        block(b"t", flat.view(torch.uint8).numpy().data if flat.numel() else b"")
+    elif isinstance(value, (np.ndarray, np.generic)):
+        array = np.ascontiguousarray(value)
+        if array.dtype.hasobject:
+            raise TypeError(f"content_key reads arrays of numbers, not of Python objects (dtype {array.dtype})")
+        block(b"A", json.dumps([array.dtype.str, list(array.shape)]).encode())
+        block(b"a", array.reshape(-1).view(np.uint8).data if array.size else b"")
+    elif isinstance(value, (bytes, bytearray)):
+        block(b"B", bytes(value))
+    elif isinstance(value, Path):
+        block(b"P", value.as_posix().encode())
+    elif value is None or isinstance(value, (str, int, float)):
+        block(b"J", json.dumps(value).encode())
+    elif isinstance(value, (list, tuple, dict)):
+        try:  # plain data: one JSON text, keys sorted
+            block(b"J", json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode())
+            return
+        except TypeError:  # it holds arrays (or keys of mixed types): walked
+            pass
+        if isinstance(value, dict):
+            items = sorted(value.items(), key=lambda kv: (type(kv[0]).__name__, str(kv[0])))
+            block(b"D", str(len(items)).encode())
+            for k, v in items:
+                _feed(h, k)
+                _feed(h, v)
+        else:
+            block(b"L", str(len(value)).encode())
+            for v in value:
+                _feed(h, v)
+    else:
+        raise TypeError(f"content_key reads texts, numbers, bytes, paths, lists, dicts, arrays and tensors; "
+                        f"got a {type(value).__name__}")
 
 
 def hold_out(items: Sequence[T], fraction: float, seed: int, key: Callable[[T], Hashable] | None = None,
@@ -140,6 +200,7 @@ class SplitDataModule(L.LightningDataModule):
         self.test_set: Dataset | None = None
         self.shuffle_seed: int | None = None  # see `train_seed`
         self.resume_point: ResumePoint | None = None  # set from a checkpoint (`load_state_dict`)
+        self._content_key: tuple[object, str] | None = None  # (source, its key), see `_content_key_of`
 
     def dataset(self, split: Split) -> Dataset | None:
         """The items of ``split`` ("train", "val" or "test"; None: no such split), set up on first use."""
@@ -196,6 +257,14 @@ class SplitDataModule(L.LightningDataModule):
         token stream's hash); None where the settings alone identify it. Recorded in checkpoints:
         a resumed run whose training data is no longer the checkpoint's is refused."""
         return None
+
+    def _content_key_of(self, source: object, parts: Callable[[], Any] | None = None) -> str:
+        """`content_key` of ``parts()`` (default: ``source`` itself), the training content read
+        from ``source`` (a split's examples, a corpus): hashed once, and again only when
+        ``source`` is another object — every checkpoint save asks for the `data_key`."""
+        if self._content_key is None or self._content_key[0] is not source:
+            self._content_key = (source, content_key(parts() if parts is not None else source))
+        return self._content_key[1]
 
     def state_dict(self) -> dict[str, Any]:
         """Saved in checkpoints: the training seed and where training stands in the data (epoch,

@@ -458,6 +458,19 @@ class BERTDataModule(SplitDataModule):
             raise ValueError(f"the corpus has {n} documents: too few to hold {n_val} out for validation")
         return n - n_val, n
 
+    def data_key(self) -> str:
+        """A hash of the training documents as tokenized: their token ids and where their lines
+        and documents start (what `SentencePairs` draws from; the memory-mapped arrays are read
+        once, not at every checkpoint)."""
+        corpus = self.corpus
+
+        def training_part() -> tuple[np.ndarray, ...]:
+            cut, _ = self._split_docs()
+            lines = int(corpus.doc_starts[cut])
+            return corpus.doc_starts[:cut + 1], corpus.line_starts[:lines + 1], corpus.span(0, lines)
+
+        return self._content_key_of(corpus, training_part)
+
     def _dataset(self, train: bool) -> SentencePairs:
         cut, end = self._split_docs()
         first, stop = (0, cut) if train else (cut, end)

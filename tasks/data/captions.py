@@ -236,6 +236,13 @@ class CaptionedDigitsDataModule(CaptionDataModule):
             setattr(self, name, Captioned(images[torch.from_numpy(held)], captions, held_labels, normalize,
                                           self.class_names))
 
+    def data_key(self) -> str:
+        """A hash of what the training captions are drawn from: the scans' key (`DigitsDataModule.data_key`),
+        the templates and the words and numerals of the classes."""
+        self.setup()
+        return self._content_key_of(self.train_set, lambda: (self.digits.data_key(), self.templates, self.class_names,
+                                                             self.class_numerals, self.numerals))
+
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
     """The rows of a JSONL or CSV / TSV file as dicts; a line that is not JSON is an error naming it."""

@@ -224,6 +224,13 @@ class ImageAudioPairsDataModule(SplitDataModule):
                                                 [held_digits[i] for i in rows], self.held_out_pairs,
                                                 self.same_fraction, seed))
 
+    def data_key(self) -> str:
+        """The spoken corpus's spec and synthesis version (as `SpokenDigitsDataModule`'s key), the
+        scans' key (`DigitsDataModule.data_key`) and the training utterances' digits. Not the
+        frames: their floats round differently from one CPU to another."""
+        train: ImageAudioPairs = self.dataset("train")  # type: ignore[assignment]
+        return self._content_key_of(train, lambda: (self.spec.key(), self.digits.data_key(), train.audio_digits))
+
     def collate_fn(self, split: str) -> Any:
         return collate_pairs
 

@@ -227,6 +227,12 @@ class _LabelledTextModule(SplitDataModule):
                             if rows or name != "test"}
         return self._splits
 
+    def data_key(self) -> str:
+        """A hash of the training examples as drawn (texts or words, and their labels): they are
+        read off the standard library of the Python that runs, which another version changes."""
+        train = self.splits()["train"]
+        return self._content_key_of(train)
+
     def collate(self, items: Sequence[dict[str, Any]]) -> dict[str, Tensor]:
         encoded = [self._encode(item) for item in items]
         batch = pad_pairs([(e["input_ids"], e["segment_ids"]) for e in encoded], self.tokenizer.pad_id)

@@ -478,6 +478,15 @@ class ManifestDataModule(SpeechDataModule):
             self.vocabulary = CharacterVocabulary.build(u.text for u in train)
         self._finish_setup()
 
+    def data_key(self) -> str:
+        """A hash of the vocabulary and of the training transcripts and durations (which make the
+        batches): built from those transcripts (no ``vocabulary`` given), the vocabulary moves every
+        id after a character that a manifest gains or loses, and a model resumed on it would read
+        its outputs as other characters. The audio is not read: moved files keep the key."""
+        train = self.train_utterances
+        return self._content_key_of(train, lambda: (self.vocabulary.chars,  # type: ignore[union-attr]
+                                                    [(u.text, u.duration) for u in train]))
+
     def setup(self, stage: str | None = None) -> None:
         """Everything was read at construction; nothing is left to do per stage."""
 

@@ -627,6 +627,12 @@ class TextToTextDataModule(SplitDataModule):
             self._encoded[split] = out
         return self._encoded[split]
 
+    def data_key(self) -> str:
+        """A hash of the training examples as trained on (texts and their ids): the built-in ones
+        are read off the standard library of the Python that runs, which another version changes.
+        (`SpanCorruptionDataModule` has `TextDataModule`'s: its token stream's.)"""
+        return self._content_key_of(self.encoded("train"))
+
     @property
     def prefixes(self) -> list[str]:
         """The task prefixes in the training data."""

@@ -361,6 +361,14 @@ class TrajectoryDataModule(SplitDataModule):
             check_env_id(self.env_id, tokenizer, source="the data has")
         self._tokenizer = tokenizer
 
+    def data_key(self) -> str:
+        """A hash of the training episodes (observations, actions, rewards, how each ended): the
+        built-in ones are recorded by code (the simulator, the scripted policies) that another
+        version may change; a file's are hashed alike."""
+        train = self.train_episodes
+        return self._content_key_of(train, lambda: [(ep.observations, ep.actions, ep.rewards, ep.terminated)
+                                                    for ep in train])
+
     @property
     def train_episodes(self) -> list[Episode]:
         self.setup()
