@@ -14,6 +14,7 @@ import pickle
 import pytest
 import torch
 
+from unitok.backbone import Backbone
 from unitok.compile import compile_backbones, loss_backend
 from unitok.models import (
     CLIP,
@@ -29,6 +30,15 @@ from unitok.models import (
 )
 
 BACKEND = os.environ.get("UNITOK_COMPILE_BACKEND", "aot_eager")
+
+
+def graphs_compiled() -> int:
+    """How many graphs Dynamo has captured in this process so far (a running count, which
+    `torch._dynamo.reset` leaves as it is): the difference around a call says whether it compiled
+    (an identical eager call would pass every comparison below)."""
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
 
 
 def models():
@@ -74,9 +84,14 @@ def test_compiled_backbones_give_the_eager_outputs_and_gradients(family):
     eager, run = models()[family] if family in ("gpt", "vit", "t5") else more_models()[family]
     eager.train()
     compiled = copy.deepcopy(eager)
-    assert compile_backbones(compiled, backend=BACKEND) >= 1
+    stacks = compile_backbones(compiled, backend=BACKEND)
+    assert stacks >= 1
     assert compiled.state_dict().keys() == eager.state_dict().keys()  # checkpoints unchanged
-    out_e, out_c = run(eager), run(compiled)
+    before = graphs_compiled()
+    out_e = run(eager)
+    assert graphs_compiled() == before  # the original stays eager
+    out_c = run(compiled)
+    assert graphs_compiled() >= before + stacks  # each compiled stack traced (a graph at least)
     torch.testing.assert_close(out_c, out_e, atol=1e-5, rtol=1e-5)
     out_e.square().mean().backward()
     out_c.square().mean().backward()
@@ -101,13 +116,15 @@ def test_the_fused_lm_loss_compiles_with_the_stacks_while_training(monkeypatch, 
     torch._dynamo.reset()
     eager = models()[family][0].train()
     compiled = copy.deepcopy(eager)
-    compile_backbones(compiled, backend=BACKEND)
+    stacks = compile_backbones(compiled, backend=BACKEND)
     assert loss_backend(compiled) == BACKEND and loss_backend(eager) is False
     seen = []
     real = unitok.losses._compiled_softmax_gradient
     monkeypatch.setattr(unitok.losses, "_compiled_softmax_gradient", lambda backend: seen.append(backend) or real(backend))
+    before = graphs_compiled()
     loss_e, loss_c = LABELS_RUNS[family](eager), LABELS_RUNS[family](compiled)
     assert seen == [BACKEND]  # only the compiled model's loss took the compiled chunks
+    assert graphs_compiled() >= before + stacks + 1  # each stack and the chunk traced, not run eagerly
     torch.testing.assert_close(loss_c, loss_e, atol=1e-6, rtol=1e-6)
     loss_e.backward()
     loss_c.backward()
@@ -204,9 +221,13 @@ def test_the_compile_callback_trains_a_task_to_the_eager_losses(tmp_path):
                                            batch_size=2)
         trainer = L.Trainer(max_steps=6, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                             enable_model_summary=False, callbacks=[Record(), *callbacks], default_root_dir=tmp_path)
+        before = graphs_compiled()
         trainer.fit(task, train_dataloaders=data)
-        return seen
+        stacks = [m for m in task.modules() if isinstance(m, Backbone) and getattr(m, "_unitok_compiled", None)]
+        return seen, len(stacks), graphs_compiled() - before
 
-    eager, compiled = losses([]), losses([Compile(backend=BACKEND)])
+    (eager, eager_stacks, eager_graphs), (compiled, stacks, graphs) = losses([]), losses([Compile(backend=BACKEND)])
     assert len(eager) == 6
+    assert (eager_stacks, eager_graphs) == (0, 0)
+    assert stacks == 1 and graphs >= 1  # the callback compiled the GPT's stack, and training ran it
     torch.testing.assert_close(compiled, eager, atol=1e-5, rtol=1e-5)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.unitok.convert.perturb import perturbed
 from tokenizers_mm import Episode, TrajectoryTokenizer
 from unitok.models import DecisionTransformer, DecisionTransformerConfig, DecisionTransformerOutput
 from unitok.rollouts import check_target_returns
@@ -132,7 +133,7 @@ def test_actions_only_predicts_the_same_actions_and_gradients_as_the_full_forwar
 
 
 def test_discrete_ids_and_one_hot_vectors_embed_alike():
-    m = model(discrete=True)
+    m = perturbed(model(discrete=True))  # every bias non-zero: the action embedding's too, which ids must add
     x = inputs(m)
     one_hot = torch.nn.functional.one_hot(x["actions"], 3).float()
     torch.testing.assert_close(m(**{**x, "actions": one_hot}).action_preds, m(**x).action_preds,

@@ -26,6 +26,21 @@ from unitok.layers.decode_layout import (
 )
 
 
+def sharp_gpt():
+    """`tiny_gpt` with every weight × 3, so that its greedy and beam tokens vary: at init it repeats
+    one token, which a step computed on the wrong weights would often repeat too."""
+    model = tiny_gpt()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(3.0)
+    return model
+
+
+def varied(tokens: torch.Tensor) -> bool:
+    """Whether every row of new tokens holds more than one token."""
+    return all(len(set(row)) > 1 for row in tokens.tolist())
+
+
 @pytest.fixture
 def packed(monkeypatch) -> list[tuple[int, int]]:
     """Every product computed on packed weights, as (rows, out_features), recorded in the returned list."""
@@ -136,10 +151,11 @@ def test_each_weight_is_packed_once_a_block_again_when_changed_in_place_and_not_
 @pytest.mark.parametrize("num_beams", [3, 4])
 def test_beam_search_out_of_cache_runs_its_steps_on_packed_weights_and_finds_the_same_answers(
         monkeypatch, packed, num_beams):
-    model = tiny_gpt()
+    model = sharp_gpt()
     prompt = torch.tensor([[3, 4, 5, 6, 7, 8, 9]])  # 7 tokens: not a step's row count
     options = dict(max_new_tokens=MIN_NEW_TOKENS, strategy="beam", num_beams=num_beams, eos_token_id=None)
     expected = model.generate(prompt, **options)
+    assert varied(expected[:, 7:])
     assert packed == []  # 60 kB of weights stay in cache: as stored
     monkeypatch.setattr(generation, "MIN_COLD_BYTES", 0)  # as if they did not
     out = model.generate(prompt, **options)
@@ -174,9 +190,10 @@ def test_generation_config_chooses_packed_weights_automatically_or_as_told(monke
     """packed=None packs a batch of four or more rows where the weights are out of cache, the copy is
     at most MAX_COPY_BYTES and at least MIN_NEW_TOKENS are asked for; True whatever the size and
     length; False never; the tokens are the same every way."""
-    model = tiny_gpt()
+    model = sharp_gpt()
     prompts = torch.randint(2, 40, (4, 7), generator=torch.Generator().manual_seed(1))
     expected = model.generate(prompts, max_new_tokens=MIN_NEW_TOKENS)
+    assert varied(expected[:, 7:])
     assert packed == []  # in cache
     assert torch.equal(model.generate(prompts, max_new_tokens=MIN_NEW_TOKENS, packed=True), expected)
     assert {r for r, _ in packed} == {4}

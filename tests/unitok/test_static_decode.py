@@ -19,9 +19,15 @@ from unitok.models import GPT, T5, GPTConfig, T5Config
 BACKEND = os.environ.get("UNITOK_COMPILE_BACKEND", "aot_eager")
 
 
-def tiny_gpt(**changes) -> GPT:
+def tiny_gpt(sharpen: float = 1.0, **changes) -> GPT:
+    """A random GPT; ``sharpen`` scales every weight, so that greedy decoding varies its tokens (a
+    random model at init repeats one token, which hides a step computed from the wrong keys)."""
     torch.manual_seed(0)
-    return GPT(GPTConfig.from_name("gpt-nano", vocab_size=64, context_length=48, **changes)).eval()
+    gpt = GPT(GPTConfig.from_name("gpt-nano", vocab_size=64, context_length=48, **changes)).eval()
+    with torch.no_grad():
+        for p in gpt.parameters():
+            p.mul_(sharpen)
+    return gpt
 
 
 def test_decode_steps_over_a_static_cache_give_the_full_forward_logits():
@@ -43,7 +49,7 @@ def test_decode_steps_over_a_static_cache_give_the_full_forward_logits():
 
 @pytest.mark.parametrize("padded", [False, True])
 def test_compiled_greedy_decoding_gives_the_eager_tokens(padded):
-    gpt = tiny_gpt()
+    gpt = tiny_gpt(sharpen=3.0)
     ids = torch.randint(0, 64, (3, 7), generator=torch.Generator().manual_seed(2))
     mask = torch.ones_like(ids)
     if padded:  # left padding: rows of 7, 4 and 6 real tokens
@@ -53,12 +59,14 @@ def test_compiled_greedy_decoding_gives_the_eager_tokens(padded):
     compiled = gpt.generate(ids, attention_mask=mask, max_new_tokens=12, compile=BACKEND)
     assert compiled.shape == (3, 19)
     assert torch.equal(compiled, eager)
+    assert all(len(set(row)) > 2 for row in eager[:, 7:].tolist())  # tokens that a wrong step would change
 
 
 def test_compiled_decoding_stops_at_eos_and_samples_as_eager_with_one_seed():
-    gpt = tiny_gpt()
+    gpt = tiny_gpt(sharpen=3.0)
     ids = torch.randint(0, 64, (2, 5), generator=torch.Generator().manual_seed(3))
     greedy = gpt.generate(ids, max_new_tokens=10)
+    assert all(len(set(row)) > 2 for row in greedy[:, 5:].tolist())
     eos = int(greedy[0, 7])  # the third new token of row 0: that row must end there (or where it came first)
     end = 5 + int((greedy[0, 5:] == eos).nonzero()[0])
     eager = gpt.generate(ids, max_new_tokens=10, eos_token_id=eos, pad_token_id=0)

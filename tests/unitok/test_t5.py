@@ -52,9 +52,19 @@ def test_shift_right_and_labels():
 
 
 def test_generation_starts_from_the_start_token_and_pads_after_eos():
-    model = tiny()
-    out = model.generate(torch.randint(2, 50, (3, 5)), max_new_tokens=6, strategy="beam", num_beams=2)
-    assert (out[:, 0] == 0).all() and out.shape[1] <= 7
+    model = tiny(tie_embeddings=False)  # (tied, this random model would keep choosing the start token, 0 = pad)
+    with torch.no_grad():
+        model.lm_head.weight[1] *= 1.5  # EOS (id 1) likely enough that one row of three ends early
+    source = torch.randint(2, 50, (3, 5))
+    out = model.generate(source, max_new_tokens=6, strategy="beam", num_beams=2).tolist()
+    assert [row[0] for row in out] == [0, 0, 0] and len(out[0]) == 7  # two rows run the whole 6 tokens
+    ended = [i for i, row in enumerate(out) if 1 in row[1:]]
+    assert len(ended) == 1
+    row = out[ended[0]]
+    end = row.index(1, 1)
+    assert end < 6 and row[end + 1:] == [0] * (6 - end)  # that row padded after its EOS
+    unended = model.generate(source, max_new_tokens=6, strategy="beam", num_beams=2, eos_token_id=None)
+    assert (unended[ended[0], end + 1:] != 0).all()  # where, not stopped, it goes on
     sampled = model.generate(torch.randint(2, 50, (2, 5)), max_new_tokens=4, strategy="sample", top_k=5,
                              generator=torch.Generator().manual_seed(0))
     assert sampled.shape == (2, 5)

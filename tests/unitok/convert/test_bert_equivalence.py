@@ -1,13 +1,15 @@
-"""unitok's BERT *is* Hugging Face BERT (and ELECTRA): random reference models of several shapes,
-converted, give the same hidden states, attentions, pooled output and head logits (float32,
-atol 1e-5), with and without padding masks and segment ids. Padded positions are compared
-only where they are real tokens: what a padding position computes is never used."""
+"""unitok's BERT *is* Hugging Face BERT (and ELECTRA): random reference models of several shapes
+(noise on every weight, so each norm and bias matters), converted, give the same hidden states,
+attentions, pooled output and head logits (float32, atol 1e-5), with and without padding masks
+and segment ids. Padded positions are compared only where they are real tokens: what a padding
+position computes is never used."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from tests.unitok.convert.perturb import perturbed
 from unitok.convert import from_transformers
 from unitok.models import BERT
 
@@ -74,7 +76,7 @@ def run_both(hf, ours, ids, mask, seg, **kwargs):
 def test_pretraining_model_hidden_states_mlm_and_nsp(shape, padded, segments):
     torch.manual_seed(0)
     config = bert_config(**SHAPES[shape])
-    hf = transformers.BertForPreTraining(config).eval()
+    hf = perturbed(transformers.BertForPreTraining(config))
     ours = from_transformers(hf).eval()
     assert isinstance(ours, BERT) and ours.config.heads == ("pooler", "mlm", "nsp")
     ids, mask, seg = inputs(config, padded, segments)
@@ -90,7 +92,7 @@ def test_pretraining_model_hidden_states_mlm_and_nsp(shape, padded, segments):
 def test_bert_model_pooled_output_and_attentions(padded):
     torch.manual_seed(0)
     config = bert_config()
-    hf = transformers.BertModel(config).eval()
+    hf = perturbed(transformers.BertModel(config))
     hf.set_attn_implementation("eager")  # materialises the attention weights
     ours = from_transformers(hf).eval()
     assert ours.config.heads == ("pooler",)
@@ -106,7 +108,7 @@ def test_bert_model_pooled_output_and_attentions(padded):
 
 def test_bert_model_without_pooler_and_custom_positions():
     config = bert_config()
-    hf = transformers.BertModel(config, add_pooling_layer=False).eval()
+    hf = perturbed(transformers.BertModel(config, add_pooling_layer=False))
     ours = from_transformers(hf).eval()
     assert ours.config.heads == () and ours.pooler is None
     ids, mask, seg = inputs(config, padded=False, segments=True)
@@ -121,7 +123,7 @@ def test_bert_model_without_pooler_and_custom_positions():
 @pytest.mark.parametrize("padded", [False, True], ids=["no-padding", "padding"])
 def test_masked_lm(padded):
     config = bert_config(num_hidden_layers=3)
-    hf = transformers.BertForMaskedLM(config).eval()
+    hf = perturbed(transformers.BertForMaskedLM(config))
     ours = from_transformers(hf).eval()
     assert ours.config.heads == ("mlm",)
     assert ours.mlm_head.decoder.weight is ours.embeddings.tok_embed.weight
@@ -133,7 +135,7 @@ def test_masked_lm(padded):
 @pytest.mark.parametrize("num_labels", [3, 1], ids=["3-classes", "regression"])
 def test_sequence_classification(num_labels):
     config = bert_config(num_labels=num_labels)
-    hf = transformers.BertForSequenceClassification(config).eval()
+    hf = perturbed(transformers.BertForSequenceClassification(config))
     ours = from_transformers(hf).eval()
     assert ours.config.heads == ("pooler", "classifier") and ours.config.num_labels == num_labels
     ids, mask, seg = inputs(config, padded=True, segments=True)
@@ -145,11 +147,11 @@ def test_sequence_classification(num_labels):
 def test_token_classification_and_question_answering():
     config = bert_config(num_labels=5)
     ids, mask, seg = inputs(config, padded=True, segments=True)
-    hf = transformers.BertForTokenClassification(config).eval()
+    hf = perturbed(transformers.BertForTokenClassification(config))
     ours = from_transformers(hf).eval()
     ref, out = run_both(hf, ours, ids, mask, seg)
     assert_same(out.logits, ref.logits, mask)
-    hf = transformers.BertForQuestionAnswering(bert_config(num_labels=2)).eval()
+    hf = perturbed(transformers.BertForQuestionAnswering(bert_config(num_labels=2)))
     ours = from_transformers(hf).eval()
     ref, out = run_both(hf, ours, ids, mask, seg)
     assert_same(out.start_logits, ref.start_logits, mask)
@@ -161,7 +163,7 @@ def test_token_classification_and_question_answering():
 def test_electra_discriminator(embedding_size, padded):
     torch.manual_seed(0)
     config = electra_config(embedding_size=embedding_size)
-    hf = transformers.ElectraForPreTraining(config).eval()
+    hf = perturbed(transformers.ElectraForPreTraining(config))
     ours = from_transformers(hf).eval()
     assert ours.config.heads == ("rtd",)
     assert (ours.embeddings.proj is not None) == (embedding_size != 32)
@@ -175,11 +177,11 @@ def test_electra_discriminator(embedding_size, padded):
 def test_electra_generator_and_model():
     config = electra_config(hidden_size=16, num_attention_heads=2, intermediate_size=32)
     ids, mask, seg = inputs(config, padded=True, segments=True)
-    hf = transformers.ElectraForMaskedLM(config).eval()
+    hf = perturbed(transformers.ElectraForMaskedLM(config))
     ours = from_transformers(hf).eval()
     ref, out = run_both(hf, ours, ids, mask, seg)
     assert_same(out.mlm_logits, ref.logits, mask)
-    hf = transformers.ElectraModel(config).eval()
+    hf = perturbed(transformers.ElectraModel(config))
     ours = from_transformers(hf).eval()
     ref, out = run_both(hf, ours, ids, mask, seg)
     assert_same(out.last_hidden_state, ref.last_hidden_state, mask)
@@ -188,7 +190,7 @@ def test_electra_generator_and_model():
 def test_converted_model_trains_like_the_reference():
     """One SGD step on the same loss leaves both models' MLM logits equal (gradients agree)."""
     config = bert_config()
-    hf = transformers.BertForMaskedLM(config)
+    hf = perturbed(transformers.BertForMaskedLM(config))
     ours = from_transformers(hf)
     hf.train(), ours.train()  # dropout is 0: train mode changes nothing but must not break
     ids, mask, seg = inputs(config, padded=True, segments=True)
@@ -224,7 +226,7 @@ def test_checkpoint_folder_loads_without_transformers(cls_name, tmp_path):
     from unitok.convert.bert import load_bert_folder
 
     config = electra_config() if cls_name.startswith("Electra") else bert_config()
-    hf = getattr(transformers, cls_name)(config).eval()
+    hf = perturbed(getattr(transformers, cls_name)(config))
     hf.save_pretrained(tmp_path)
     ours = load_bert_folder(tmp_path).eval()
     reference = from_transformers(hf).eval()

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.conftest import small_gpt2
+from tests.unitok.convert.perturb import perturbed
 from unitok.convert import (
     TorchaudioConformer,
     from_open_clip,
@@ -48,14 +49,6 @@ open_clip = pytest.importorskip("open_clip")
 torchaudio = pytest.importorskip("torchaudio")
 
 ATOL = 1e-5
-
-
-def perturbed(model: torch.nn.Module) -> torch.nn.Module:
-    """Noise on every parameter, so zero biases, unit norms and zero heads all matter."""
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
-    return model.eval()
 
 
 def assert_same(ours: torch.Tensor, theirs: torch.Tensor, mask: torch.Tensor | None = None) -> None:
@@ -199,7 +192,7 @@ T5_CASES = {"v1.0": {}, "v1.1": dict(activation="gelu_tanh", gated=True, tie_emb
 def test_t5_exports_to_conditional_generation(case):
     config = T5Config(vocab_size=53, d_model=32, d_kv=8, n_layers=2, n_heads=4, d_ff=48, relative_buckets=8,
                       relative_max_distance=20, dropout=0.0, **T5_CASES[case])
-    ours = T5(config).eval()
+    ours = perturbed(T5(config))
     hf = to_transformers(ours)
     assert type(hf).__name__ == "T5ForConditionalGeneration" and not hf.training
     ids, mask = ids_and_mask(53, low=2)
@@ -213,8 +206,9 @@ def test_t5_exports_to_conditional_generation(case):
 
 
 def test_t5_encoder_exports_to_t5_encoder_model():
-    ours = T5Encoder(T5Config(vocab_size=53, d_model=32, d_kv=8, n_layers=2, n_heads=4, d_ff=48, dropout=0.0))
-    hf = to_transformers(ours.eval())
+    ours = perturbed(T5Encoder(T5Config(vocab_size=53, d_model=32, d_kv=8, n_layers=2, n_heads=4, d_ff=48,
+                                        dropout=0.0)))
+    hf = to_transformers(ours)
     ids, mask = ids_and_mask(53, low=2)
     with torch.no_grad():
         assert_same(ours(ids, attention_mask=mask).last_hidden_state,
@@ -389,11 +383,7 @@ def test_conformer_exports_to_torchaudio(options):
     config = ConformerConfig(n_mels=32, subsampling="none", d_model=32, n_layers=2, n_heads=4, d_ff=48,
                              conv_kernel_size=7, conv_mask_padding=False, dropout=0.0, vocabulary=tuple("abcde"),
                              **options)
-    ours = perturbed(ConformerCTC(config))
-    for module in ours.modules():  # non-trivial running statistics, so eval-mode BatchNorm matters
-        if isinstance(module, torch.nn.BatchNorm1d):
-            module.running_mean.normal_()
-            module.running_var.uniform_(0.5, 2.0)
+    ours = perturbed(ConformerCTC(config))  # with non-trivial running statistics: eval-mode BatchNorm matters
     exported = to_torchaudio(ours)
     assert isinstance(exported, TorchaudioConformer) and type(exported.conformer).__name__ == "Conformer"
     assert not exported.conformer.training and exported.ctc_head.out_features == 6

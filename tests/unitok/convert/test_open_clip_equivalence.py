@@ -1,6 +1,6 @@
-"""from_open_clip: random open_clip models (ViT-B-32 and small custom configs) give the same
-image and text embeddings in unitok, and the same zero-shot predictions as open_clip's own
-`build_zero_shot_classifier` path."""
+"""from_open_clip: random open_clip models (ViT-B-32 and small custom configs; noise on every
+weight, so each norm and bias matters) give the same image and text embeddings in unitok, and the
+same zero-shot predictions as open_clip's own `build_zero_shot_classifier` path."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from open_clip.model import CLIPTextCfg, CLIPVisionCfg, CustomTextCLIP
 from open_clip.transform import PreprocessCfg, image_transform_v2
 from open_clip.zero_shot_classifier import build_zero_shot_classifier
 
+from tests.unitok.convert.perturb import perturbed
 from unitok.convert import from_open_clip
 from unitok.zero_shot import ZeroShotClassifier
 
@@ -23,7 +24,7 @@ CAPTIONS = ["a photo of a cat.", "a diagram of a very small dog sitting next to 
 def small(quick_gelu: bool = False, vision: dict | None = None, text: dict | None = None, **kwargs) -> OpenCLIP:
     vision_cfg = CLIPVisionCfg(layers=2, width=64, head_width=16, patch_size=8, image_size=32, **(vision or {}))
     text_cfg = CLIPTextCfg(context_length=24, vocab_size=49408, width=48, heads=4, layers=2, **(text or {}))
-    return OpenCLIP(embed_dim=32, vision_cfg=vision_cfg, text_cfg=text_cfg, quick_gelu=quick_gelu, **kwargs).eval()
+    return perturbed(OpenCLIP(embed_dim=32, vision_cfg=vision_cfg, text_cfg=text_cfg, quick_gelu=quick_gelu, **kwargs))
 
 
 def assert_same_embeddings(reference: torch.nn.Module, context_length: int, image_size: int) -> None:
@@ -49,14 +50,14 @@ def test_small_custom_configs_match(variant):
 
 @pytest.mark.slow
 def test_vit_b_32_with_random_weights_matches():
-    reference = open_clip.create_model("ViT-B-32", pretrained=None).eval()
+    reference = perturbed(open_clip.create_model("ViT-B-32", pretrained=None))
     assert_same_embeddings(reference, context_length=77, image_size=224)
     ours = from_open_clip(reference)
     assert ours.config.vision.mean == tuple(reference.visual.preprocess_cfg["mean"])
 
 
 def test_zero_shot_predictions_equal_open_clips_classifier_path():
-    torch.manual_seed(1)
+    torch.manual_seed(5)  # a model that spreads these pixels over several classes
     reference = small()
     ours = from_open_clip(reference).eval()
     classnames = ["cat", "dog", "car", "bird", "ship", "tree", "house", "seven"]

@@ -1,6 +1,7 @@
 """from_transformers for T5: random Hugging Face T5 (v1.0: ReLU, tied head with the d^-0.5
-rescale; v1.1: gated-GELU, untied head) gives the same encoder states and decoder logits,
-with padding, and the same greedy and beam-search outputs as Hugging Face's ``generate``."""
+rescale; v1.1: gated-GELU, untied head; noise on every weight, so each norm matters) gives the
+same encoder states and decoder logits, with padding, and the same greedy and beam-search outputs
+as Hugging Face's ``generate``."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import torch
 from transformers import T5Config as HFT5Config
 from transformers import T5EncoderModel, T5ForConditionalGeneration
 
+from tests.unitok.convert.perturb import perturbed
 from unitok.convert import from_transformers
 from unitok.models import T5, T5Encoder
 
@@ -48,7 +50,7 @@ def until_eos(rows: torch.Tensor, eos: int = 1) -> list[list[int]]:
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_encoder_states_and_decoder_logits_match_with_padding(variant):
     torch.manual_seed(0)
-    hf = hf_t5(variant, num_decoder_layers=3)  # unequal depths are allowed
+    hf = perturbed(hf_t5(variant, num_decoder_layers=3))  # unequal depths are allowed
     ours = from_transformers(hf)
     assert isinstance(ours, T5) and ours.config.tie_embeddings == ours.config.scales_output == (variant == "v1.0")
     ids, mask = batch()
@@ -69,7 +71,7 @@ def test_encoder_states_and_decoder_logits_match_with_padding(variant):
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_greedy_and_beam_search_match_hugging_face_generate(variant):
     torch.manual_seed(1)
-    hf = hf_t5(variant)
+    hf = perturbed(hf_t5(variant))
     ours = from_transformers(hf)
     ids, mask = batch()
     greedy_hf = hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=8, do_sample=False, num_beams=1)
@@ -87,7 +89,7 @@ def test_greedy_and_beam_search_match_hugging_face_generate(variant):
 
 def test_an_eos_hit_ends_beams_like_hugging_face():
     torch.manual_seed(0)
-    hf = hf_t5("v1.0")
+    hf = perturbed(hf_t5("v1.0"))
     with torch.no_grad():  # make EOS (id 1) likely so hypotheses finish at different lengths
         hf.shared.weight[1] *= 3.0
     ours = from_transformers(hf)
@@ -100,8 +102,8 @@ def test_an_eos_hit_ends_beams_like_hugging_face():
 
 def test_encoder_model_matches():
     torch.manual_seed(0)
-    hf = T5EncoderModel(HFT5Config(vocab_size=99, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
-                                   dropout_rate=0.0, feed_forward_proj="gated-gelu")).eval()
+    hf = perturbed(T5EncoderModel(HFT5Config(vocab_size=99, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
+                                             dropout_rate=0.0, feed_forward_proj="gated-gelu")))
     ours = from_transformers(hf)
     assert isinstance(ours, T5Encoder)
     ids, mask = batch()

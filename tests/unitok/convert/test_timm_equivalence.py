@@ -13,6 +13,7 @@ from timm.layers import GluMlp, SwiGLUPacked, resample_abs_pos_embed
 from timm.models.mlp_mixer import MlpMixer
 from timm.models.vision_transformer import ResPostBlock, VisionTransformer, checkpoint_filter_fn
 
+from tests.unitok.convert.perturb import perturbed
 from tokenizers_mm import IMAGENET_MEAN, IMAGENET_STD
 from unitok.convert import from_timm
 from unitok.layers.fused_linear import uses_onednn
@@ -30,14 +31,6 @@ VIT_CASES = {
     "quick-gelu-mlp-ratio-2": ("vit_tiny_patch16_224", dict(act_layer="quick_gelu", mlp_ratio=2.0)),
     "deit-distilled": ("deit_tiny_distilled_patch16_224", {}),
 }
-
-
-def perturbed(model: torch.nn.Module) -> torch.nn.Module:
-    """Add noise to every parameter, so zero biases, unit norms, zero heads and tokens all matter."""
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
-    return model.eval()
 
 
 def timm_vit(arch: str = "vit_tiny_patch16_224", **options) -> torch.nn.Module:

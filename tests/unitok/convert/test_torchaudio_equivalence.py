@@ -1,5 +1,6 @@
-"""from_torchaudio: a random torchaudio Conformer (+ a linear CTC head) gives the same outputs in
-unitok, with padded batches, BatchNorm or GroupNorm, attention-first or convolution-first."""
+"""from_torchaudio: a random torchaudio Conformer (+ a linear CTC head; noise on every weight,
+so each norm and bias matters) gives the same outputs in unitok, with padded batches, BatchNorm
+or GroupNorm, attention-first or convolution-first."""
 
 from __future__ import annotations
 
@@ -7,19 +8,16 @@ import pytest
 import torch
 import torchaudio
 
+from tests.unitok.convert.perturb import perturbed
 from unitok.convert import from_torchaudio
 from unitok.models import ConformerCTC
 
 
 def reference(use_group_norm: bool = False, convolution_first: bool = False) -> torchaudio.models.Conformer:
-    model = torchaudio.models.Conformer(input_dim=32, num_heads=4, ffn_dim=64, num_layers=2,
-                                        depthwise_conv_kernel_size=7, use_group_norm=use_group_norm,
-                                        convolution_first=convolution_first).eval()
-    for module in model.modules():  # non-trivial running statistics, so eval-mode BatchNorm matters
-        if isinstance(module, torch.nn.BatchNorm1d):
-            module.running_mean.normal_()
-            module.running_var.uniform_(0.5, 2.0)
-    return model
+    # noise on every weight and non-trivial BatchNorm statistics, so every norm and bias matters
+    return perturbed(torchaudio.models.Conformer(input_dim=32, num_heads=4, ffn_dim=64, num_layers=2,
+                                                 depthwise_conv_kernel_size=7, use_group_norm=use_group_norm,
+                                                 convolution_first=convolution_first))
 
 
 @pytest.mark.parametrize("use_group_norm, convolution_first", [(False, False), (True, False), (False, True)],
@@ -27,7 +25,7 @@ def reference(use_group_norm: bool = False, convolution_first: bool = False) -> 
 def test_outputs_match_with_padding(use_group_norm, convolution_first):
     torch.manual_seed(0)
     ref = reference(use_group_norm, convolution_first)
-    head = torch.nn.Linear(32, 6)
+    head = perturbed(torch.nn.Linear(32, 6))
     ours = from_torchaudio(ref, head, vocabulary=list("abcde")).eval()
     assert isinstance(ours, ConformerCTC) and ours.config.vocabulary == tuple("abcde")
     frames, lengths = torch.randn(3, 20, 32), torch.tensor([20, 13, 7])
