@@ -298,6 +298,35 @@ class Backbone(nn.Module):
     def new_cache(self, capacity: int = 0) -> KVCache:
         return KVCache(self.config.n_layers, capacity)
 
+    def checked_masks(
+        self, x: Tensor, attention_mask: Tensor | None = None, cache: KVCache | StaticKVCache | None = None,
+        encoder_hidden_states: Tensor | None = None, encoder_attention_mask: Tensor | None = None,
+    ) -> tuple[Tensor | None, Tensor | None]:
+        """The padding masks as `forward` reads them: checked (1 / 0 values of the right shape, no
+        all-padding source row), and None where every position is real, so that the fused kernel
+        takes its unmasked path. The checks read values on the host, so a compiled stack runs this
+        eagerly before its graph (`unitok.compile`): under torch.compile they would break it."""
+        B, n_new = x.shape[:2]
+        n_keys = cache.key_length(n_new) if cache is not None else n_new
+        if attention_mask is not None:
+            if cache is not None and n_keys > n_new and tuple(attention_mask.shape) == (B, n_keys):
+                # a decoding step: the columns of the cached tokens were checked as the prompt ran,
+                # and re-reading the whole mask each token would cost the step more than it checks
+                unpadded = bool(attention_mask.all())
+            else:
+                unpadded = check_padding_mask(attention_mask, (B, n_keys), "attention_mask")[0]
+            if unpadded:
+                attention_mask = None  # nothing padded: let the fused kernel take its fast path
+        if encoder_hidden_states is not None and encoder_attention_mask is not None:
+            unpadded, empty = check_padding_mask(encoder_attention_mask, tuple(encoder_hidden_states.shape[:2]),
+                                                 "encoder_attention_mask")
+            if empty:  # a query row would attend to no key: NaN, or a number no reference computes
+                raise ValueError(f"source row(s) {empty} are empty (all padding in encoder_attention_mask): give "
+                                 "each row at least one token")
+            if unpadded:
+                encoder_attention_mask = None
+        return attention_mask, encoder_attention_mask
+
     def forward(
         self,
         x: Tensor,
@@ -357,15 +386,9 @@ class Backbone(nn.Module):
             if self.relative_bias is not None:
                 raise ValueError("a relative position bias needs the queries' positions, which a StaticKVCache "
                                  "does not know: decode with a KVCache")
-        if attention_mask is not None:
-            if cache is not None and n_keys > n_new and tuple(attention_mask.shape) == (B, n_keys):
-                # a decoding step: the columns of the cached tokens were checked as the prompt ran,
-                # and re-reading the whole mask each token would cost the step more than it checks
-                unpadded = bool(attention_mask.all())
-            else:
-                unpadded = check_padding_mask(attention_mask, (B, n_keys), "attention_mask")[0]
-            if unpadded:
-                attention_mask = None  # nothing padded: let the fused kernel take its fast path
+        if not torch.compiler.is_compiling():  # (a compiled stack's masks were read before its graph: `checked_masks`)
+            attention_mask, encoder_attention_mask = self.checked_masks(
+                x, attention_mask, cache, encoder_hidden_states, encoder_attention_mask)
         causal = self.config.causal if causal is None else causal
         if mask is not None:
             is_causal = False
@@ -384,13 +407,7 @@ class Backbone(nn.Module):
             mask = add_position_bias(bias, mask)
         memory_mask = None
         if encoder_hidden_states is not None and encoder_attention_mask is not None:
-            unpadded, empty = check_padding_mask(encoder_attention_mask, tuple(encoder_hidden_states.shape[:2]),
-                                                 "encoder_attention_mask")
-            if empty:  # a query row would attend to no key: NaN, or a number no reference computes
-                raise ValueError(f"source row(s) {empty} are empty (all padding in encoder_attention_mask): give "
-                                 "each row at least one token")
-            if not unpadded:
-                memory_mask = encoder_attention_mask.bool()[:, None, None, :]
+            memory_mask = encoder_attention_mask.bool()[:, None, None, :]
         padding = attention_mask[:, -n_new:].bool() if attention_mask is not None else None
         ctx = AttentionContext(mask=mask, is_causal=is_causal, cache=cache, kernel=kernel,
                                attentions=[] if output_attentions else None, memory=encoder_hidden_states,

@@ -3,7 +3,8 @@
 A model's forward checks its input (ids in range, finite pixels, lengths), which needs the
 values on the host: under torch.compile each check would be a graph break. So what is
 compiled is every `Backbone` (the blocks, where the time goes), each as one graph, while the
-embedders and checks around it stay eager. ``training_only`` keeps evaluation and
+embedders and checks around it stay eager — the stack's own padding-mask checks included
+(`Backbone.checked_masks`, run before its graph). ``training_only`` keeps evaluation and
 generation (a growing KV cache: a new shape every token) on the eager path; decoding compiles its
 own shape-stable step instead (`generate(..., compile=True)`, over a `StaticKVCache`). The LM
 head fused with its loss (`unitok.losses.linear_cross_entropy`) stays outside the stacks' graphs
@@ -13,6 +14,7 @@ that trains with it reads from `loss_backend`.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -49,6 +51,9 @@ def check_backend(name: str, backend: Any, callables: bool = True, also: str | N
         raise ValueError(f"{name} must be {' or '.join(takes)} ({', '.join(names)}), got {backend!r}")
 
 
+_FORWARD = inspect.signature(Backbone.forward)
+
+
 def compile_backbones(model: nn.Module, training_only: bool = True, **options: Any) -> int:
     """Compile every `Backbone` inside ``model`` in place (weights and state-dict keys
     unchanged), and the fused LM-head loss of the modules in it (`loss_backend`); ``options`` go
@@ -69,7 +74,18 @@ def compile_backbones(model: nn.Module, training_only: bool = True, **options: A
         # What `nn.Module.compile` does (the call, hooks included, compiled; `__call__` runs it), but
         # eager while evaluating if ``training_only``. The compiled call is the module's own
         # attribute, which PyTorch leaves out of copies (``nn.Module.__getstate__``).
-        compiled = torch.compile(module._call_impl, **options)
+        graph = torch.compile(module._call_impl, **options)
+
+        def compiled(*args: Any, _module: Backbone = module, _graph: Any = graph, **kwargs: Any) -> Any:
+            # The padding masks are checked (and an all-real one dropped) here, eagerly: inside the
+            # graph those host reads would break it in three.
+            bound = _FORWARD.bind(_module, *args, **kwargs)
+            given = bound.arguments
+            given["attention_mask"], given["encoder_attention_mask"] = _module.checked_masks(
+                given["x"], given.get("attention_mask"), given.get("cache"), given.get("encoder_hidden_states"),
+                given.get("encoder_attention_mask"))
+            return _graph(*bound.args[1:], **bound.kwargs)
+
         if training_only:
             def call(*args: Any, _module: Backbone = module, _compiled: Any = compiled, **kwargs: Any) -> Any:
                 return (_compiled if _module.training else _module._call_impl)(*args, **kwargs)

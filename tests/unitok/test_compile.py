@@ -147,6 +147,31 @@ def test_a_backbone_compiles_to_one_graph_without_breaks():
     assert explained.graph_count == 1 and explained.graph_break_count == 0, explained.break_reasons
 
 
+def test_a_padded_batch_compiles_each_stack_to_one_graph_its_masks_checked_before_it():
+    """Padding masks are checked (values on the host) eagerly, before the graph: inside it those
+    reads broke a stack into three graphs."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    conformer, run = more_models()["conformer"]  # its audio rows padded
+    t5 = models()["t5"][0]
+    mask = torch.ones_like(IDS)
+    mask[1, 7:] = 0  # a padded source: the encoder's self-attention and the decoder's cross-attention
+    for eager, call in ((conformer, run), (t5, lambda m: m(IDS, attention_mask=mask, decoder_input_ids=IDS[:, :5]).logits)):
+        eager.train()
+        compiled = copy.deepcopy(eager)
+        stacks = compile_backbones(compiled, backend=BACKEND)
+        before = graphs_compiled()
+        torch.testing.assert_close(call(compiled), call(eager), atol=1e-5, rtol=1e-5)
+        assert graphs_compiled() == before + stacks, "one graph a stack: no break at the masks"
+    with pytest.raises(ValueError, match=r"attention_mask holds \[2\]: expected 1 for a real token and 0"):
+        compiled(IDS, attention_mask=mask * 2, decoder_input_ids=IDS[:, :5])  # still refused, compiled
+    empty = mask.clone()
+    empty[0] = 0
+    with pytest.raises(ValueError, match=r"source row\(s\) \[0\] are empty"):
+        compiled(IDS, attention_mask=empty, decoder_input_ids=IDS[:, :5])
+
+
 def test_evaluation_stays_eager_and_bad_input_is_still_refused():
     import torch._dynamo
 
