@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import torch
@@ -49,17 +50,27 @@ class RecordFirstStep(L.Callback):
 
 
 class RecordDrawnTasks(L.Callback):
-    """Saves the tasks each training step trained on this rank to ``out/tasks{r}.pt``."""
+    """Saves, per training step, the tasks whose loss that step computed on this rank (read from
+    `MultiTaskTask._task_loss` as `training_step` calls it, not from the sampler) and the final
+    weights to ``out/tasks{r}.pt``."""
 
     def __init__(self, out: str) -> None:
         self.out = out
-        self.drawn: list[list[str]] = []
+        self.trained: dict[int, list[str]] = {}
 
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx) -> None:
-        self.drawn.append(pl_module.step_tasks())
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        task_loss = pl_module._task_loss
+
+        def recorded(name: str, batch: Any) -> Any:
+            if pl_module.training:  # validation and testing compute losses too
+                self.trained.setdefault(trainer.global_step, []).append(name)
+            return task_loss(name, batch)
+
+        pl_module._task_loss = recorded  # the instance's, in this process
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        torch.save({"drawn": self.drawn, "weights": {n: p.detach().clone() for n, p in pl_module.named_parameters()}},
+        drawn = [self.trained.get(step, []) for step in range(trainer.global_step)]
+        torch.save({"drawn": drawn, "weights": {n: p.detach().clone() for n, p in pl_module.named_parameters()}},
                    Path(self.out) / f"tasks{trainer.global_rank}.pt")
 
 

@@ -48,7 +48,7 @@ def test_loss_is_symmetric_and_low_only_for_matched_pairs():
 
 
 def test_mismatched_shapes_are_refused():
-    with pytest.raises(ValueError, match="matching"):
+    with pytest.raises(ValueError, match=r"matching \(batch, dim\) embeddings, got \(4, 8\) and \(5, 8\)$"):
         contrastive_loss(torch.randn(4, 8), torch.randn(5, 8), torch.tensor(1.0))
 
 

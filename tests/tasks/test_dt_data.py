@@ -192,5 +192,5 @@ def test_data_module_arguments_are_checked():
         TrajectoryDataModule(path=None, env_id=None)
     with pytest.raises(ValueError, match="no built-in data for 'Hopper-v4'"):
         TrajectoryDataModule(env_id="Hopper-v4")
-    with pytest.raises(ValueError, match="val_fraction"):
+    with pytest.raises(ValueError, match=r"val_fraction must be in \[0, 1\), got 1\.0$"):
         TrajectoryDataModule(val_fraction=1.0)

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 from lightning.pytorch.loggers import CSVLogger
+from torch import Tensor
 
 from tasks import DecisionTransformerTask, TrajectoryDataModule, action_loss
 from unitok.models import DecisionTransformer, DecisionTransformerConfig, DecisionTransformerOutput
@@ -82,16 +83,58 @@ def test_the_model_comes_from_the_data_and_a_checkpoint_rebuilds_it(tmp_path):
     assert torch.equal(a, b) and loaded.model.config == task.model.config
 
 
+class RolloutSpy(L.Callback):
+    """Records the rollouts' forwards (four arguments: no attention mask, unlike the training and
+    validation batches') on a one-episode evaluation. Step t's input carries the action chosen at
+    step t - 1, so each chosen action pairs with the logits it was chosen from."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Tensor, Tensor]] = []
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        pl_module.model.register_forward_hook(self.record)
+
+    def record(self, module: torch.nn.Module, args: tuple, output: DecisionTransformerOutput) -> None:
+        if len(args) == 4:
+            assert args[0].shape[0] == 1, "one target, one episode: a batch of one"
+            self.calls.append((args[1][0].clone(), output.action_preds[0, -1].clone()))
+
+    def choices(self) -> list[tuple[int, Tensor]]:
+        """(chosen action, the logits it was chosen from) at every step but the last; then forgets."""
+        calls, self.calls = self.calls, []
+        return [(int(calls[t][0][-2]), calls[t - 1][1]) for t in range(1, len(calls))]
+
+
 def test_rollouts_sample_discrete_actions_unless_told_to_take_the_argmax(tmp_path):
+    """Validation's rollouts draw each discrete action from the softmax of the logits (the
+    default): from a barely trained model's near-even logits some draws are not the argmax,
+    and the draws are seeded (a rollout again gives the same ones, another seed others). With
+    eval_sample=False every action is the argmax. The choice is recorded with the returns."""
     dm = small_data(tmp_path)
+    actions = {}
     for eval_sample, sampled in ((None, True), (False, False)):
-        task = DecisionTransformerTask(preset="dt-tiny", eval_targets=[50], eval_episodes=2, eval_max_steps=20,
+        L.seed_everything(0)  # the same model both times
+        task = DecisionTransformerTask(preset="dt-tiny", eval_targets=[50], eval_episodes=1, eval_max_steps=20,
                                        eval_sample=eval_sample)
+        spy = RolloutSpy()
         t = trainer(1, logger=CSVLogger(str(tmp_path), name=f"dt-{eval_sample}"), limit_val_batches=1,
-                    val_check_interval=1)
+                    val_check_interval=1, callbacks=[spy])
         t.fit(task, datamodule=dm)
+        choices = spy.choices()
+        assert len(choices) >= 5 and len(choices) == task.evaluation.lengths[0, 0] - 1
+        took_argmax = [action == int(logits.argmax()) for action, logits in choices]
+        assert not all(took_argmax) if sampled else all(took_argmax), took_argmax
+        actions[sampled] = [action for action, _ in choices]
         assert task.evaluation.extra["sample"] is sampled
         assert json.loads((Path(t.log_dir) / "eval_returns.json").read_text())["sample"] is sampled
+        # the same rollout again (same seed: the same start and, sampled, the same draws)
+        h = task.hparams
+        task.model.evaluate("CartPole-v1", [50], episodes=1, seed=h.eval_seed, max_steps=20, sample=eval_sample)
+        assert [action for action, _ in spy.choices()] == actions[sampled]
+        if sampled:  # another seed draws other actions
+            task.model.evaluate("CartPole-v1", [50], episodes=1, seed=h.eval_seed + 1, max_steps=20, sample=True)
+            assert [action for action, _ in spy.choices()] != actions[sampled]
+    assert actions[True] != actions[False]  # the same model from the same start
 
 
 def test_behaviour_cloning_baseline_is_the_same_model_without_return_tokens(tmp_path):

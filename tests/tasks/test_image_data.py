@@ -56,7 +56,7 @@ def test_a_data_poor_training_subset_is_balanced_seeded_and_leaves_val_and_test_
     # A class must have that many training scans; 0 is no training set.
     with pytest.raises(ValueError, match="train_per_class=500"):
         DigitsDataModule(train_per_class=500).setup("fit")
-    with pytest.raises(ValueError, match="train_per_class"):
+    with pytest.raises(ValueError, match=r"train_per_class must be an integer ≥ 1 .*, got 0$"):
         DigitsDataModule(train_per_class=0)
     with pytest.raises(ValueError, match="no full batch"):  # 50 scans, batches of 64: nothing to train on
         DigitsDataModule(train_per_class=5, batch_size=64).setup("fit")
@@ -102,11 +102,11 @@ def test_augmentation_changes_training_images_only():
 
 
 def test_bad_digits_arguments_are_errors():
-    with pytest.raises(ValueError, match="test_fraction"):
+    with pytest.raises(ValueError, match=r"test_fraction must be in \(0, 1\), got 1\.0$"):
         DigitsDataModule(test_fraction=1.0)
-    with pytest.raises(ValueError, match="image_size"):
+    with pytest.raises(ValueError, match=r"image_size must be ≥ 8 .*, got 4$"):
         DigitsDataModule(image_size=4)
-    with pytest.raises(ValueError, match="std"):
+    with pytest.raises(ValueError, match=r"std must be positive, got \(0\.0,\)$"):
         DigitsDataModule(std=0.0)
 
 

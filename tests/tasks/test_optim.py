@@ -49,7 +49,7 @@ def test_warmup_then_cosine_to_the_floor():
 
 
 def test_bad_schedule_arguments():
-    with pytest.raises(ValueError, match="min_ratio"):
+    with pytest.raises(ValueError, match=r"min_ratio must be in \[0, 1\], got 2\.0$"):
         warmup_cosine(1, 10, min_ratio=2.0)
 
 

@@ -433,7 +433,45 @@ def raw_input(recipe: str, model: Any) -> tuple[str, Any, dict[str, Any]] | None
         "conformer/manifest": ("automatic-speech-recognition", wave, {"sample_rate": 16000}),
         "dt/cartpole": ("decision", {"observations": np.zeros((1, 4))}, {"target_return": 500}),
         "dt/offline": ("decision", {"observations": np.zeros((1, 3))}, {"target_return": -200}),
-    }.get(recipe)  # ELECTRA and the multimodal models have no Hugging Face pipeline task
+    }.get(recipe)  # ELECTRA and the multimodal models have no Hugging Face pipeline task: see `raw_answers`
+
+
+def raw_answers(recipe: str, model: Any) -> dict[str, tuple[Any, tuple[int, ...]]]:
+    """For an export without a pipeline task (ELECTRA, the multimodal models): the loaded model
+    run on raw inputs of each kind it reads, encoded by its own processor — per head, the output
+    and the shape it must have."""
+    processor = model.processor
+    if recipe == "bert/electra_tiny":  # the discriminator, what fine-tuning starts from: a flag per token
+        tokens = processor.encode_text("import os")
+        return {"rtd": (model.discriminator_as_bert()(tokens).rtd_logits, tuple(tokens.ids.shape))}
+    wave = (0.1 * np.random.default_rng(0).standard_normal(8000)).astype(np.float32)
+    image = (np.random.default_rng(0).random((1, 32, 32)) * 255).astype(np.uint8)
+    raw = {"image": processor.encode_image(torch.from_numpy(image)),
+           "audio": processor.encode_audio(wave, sample_rate=16000)}
+    if "text" in processor.modalities:
+        raw["text"] = processor.encode_text("def f(x):")
+    answers: dict[str, tuple[Any, tuple[int, ...]]] = {}
+    for name, head in model.config.heads.items():
+        if head.kind == "action":  # a trajectory is read from an environment: three steps of CartPole
+            from unitok.rollouts import evaluate_returns
+
+            result = evaluate_returns(model.policy(head.segment, name), "CartPole-v1", [50.0], episodes=1,
+                                      max_steps=3)
+            answers[name] = (torch.as_tensor(result.lengths), (1, 1))
+            continue
+        # the match head reads a scan and an utterance together, as `ImageAudioMatch` gives them
+        segments = ("image", "audio") if name == "match" else (head.segment,)
+        with torch.no_grad():
+            out = model({s: raw[s] for s in segments}, heads=[name]).heads[name]
+        if head.kind == "classifier":
+            shape: tuple[int, ...] = (1, head.num_classes)
+        elif head.kind == "ctc":  # subsampled frames (1 to the utterance's), a blank beside the characters
+            frames = out.shape[1] if 1 <= out.shape[1] <= raw["audio"].features.shape[1] else 0
+            shape = (1, frames, len(head.vocabulary) + 1)
+        else:  # lm: next-token logits at every text position
+            shape = (1, raw["text"].ids.shape[1], model.config.modalities["text"].vocab_size)
+        answers[name] = (out, shape)
+    return answers
 
 
 @pytest.mark.slow
@@ -447,7 +485,14 @@ def test_the_export_opens_with_unitok_load_and_answers_raw_input(recipe, workspa
     assert not model.training
     assert (folder / "processor_config.json").is_file() or model.processor is None
     call = raw_input(recipe, model)
-    if call is None:
+    if call is None:  # no pipeline task: the loaded model answers raw inputs of every kind it reads
+        answers = raw_answers(recipe, model)
+        heads = set(model.config.heads) if recipe.startswith("multimodal/") else {"rtd"}
+        assert set(answers) == heads
+        for head, (out, shape) in answers.items():
+            assert tuple(out.shape) == shape and torch.isfinite(out.float()).all(), (head, tuple(out.shape), shape)
+            if head == "cartpole":
+                assert 1 <= int(out) <= 3  # steps taken
         return
     name, raw, options = call
     answer = pipeline(name, model=folder)(raw, **options)
@@ -461,8 +506,12 @@ def test_the_export_opens_with_unitok_load_and_answers_raw_input(recipe, workspa
         assert answer and all(a["entity"] in labels for a in answer)
     elif name in ("text-generation", "text2text-generation"):
         assert isinstance(answer[0]["generated_text"], str)
-    elif name == "fill-mask":
-        assert len(answer) == 2
+    elif name == "fill-mask":  # the top 2 fillers, best first, tokens of the vocabulary spelled as it spells them
+        text_tokenizer = model.processor.part("text")
+        assert len(answer) == 2 and answer[0]["score"] >= answer[1]["score"]
+        for a in answer:
+            assert 0 <= a["token"] < text_tokenizer.vocab_size and 0.0 <= a["score"] <= 1.0
+            assert a["token_str"] == text_tokenizer.decode([a["token"]]) and a["sequence"].startswith("import")
     elif name == "automatic-speech-recognition":
         assert set(answer["text"]) <= set(model.processor.characters.chars)
     else:

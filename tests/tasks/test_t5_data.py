@@ -99,7 +99,7 @@ def test_span_corruption_refuses_too_few_sentinels_for_its_windows(cache):
 
 
 def test_span_corruption_refuses_bad_settings(cache):
-    with pytest.raises(ValueError, match="noise_density"):
+    with pytest.raises(ValueError, match=r"noise_density must be in \(0, 1\), got 0\.0$"):
         SpanCorruptionDataModule(noise_density=0.0, cache_dir=cache)
     with pytest.raises(ValueError, match="context_length=1 is too short"):
         SpanCorruptionDataModule(context_length=1, cache_dir=cache)

@@ -7,6 +7,8 @@ tests/tasks/test_speech_data.py (it shares that file's tiny corpus)."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -82,7 +84,7 @@ def test_val_share_sizes_the_halves_and_one_gives_the_old_two_way_split():
     assert whole.test_set is None and len(whole.val_set) == 360
     assert torch.equal(images_of(whole.test_dataloader()), images_of(whole.val_dataloader()))  # no third split
     for bad in (0.0, 1.5):
-        with pytest.raises(ValueError, match="val_share"):
+        with pytest.raises(ValueError, match=rf"val_share must be in \(0, 1\], got {re.escape(str(bad))}$"):
             DigitsDataModule(val_share=bad)
 
 
@@ -166,7 +168,7 @@ def test_one_held_out_episode_validates_and_the_test_loader_falls_back_to_it(tmp
                               **MIX)
     assert (len(dm.train_episodes), len(dm.val_episodes), dm.test_episodes) == (11, 1, [])
     assert len(dm.test_dataloader().dataset) == dm.val_episodes[0].length
-    with pytest.raises(ValueError, match="val_share"):
+    with pytest.raises(ValueError, match=r"val_share must be in \(0, 1\], got 0\.0$"):
         TrajectoryDataModule(val_share=0.0)
 
 
@@ -231,7 +233,7 @@ def test_no_test_examples_means_the_test_loader_serves_validation(tmp_path):
     dm = DocstringDataModule(packages=["json", "calendar"], val_per_class=5, train_per_class=10, test_per_class=0,
                              cache_dir=str(tmp_path))
     assert "test" not in dm.splits() and dm.test_dataloader().dataset is dm.splits()["val"]
-    with pytest.raises(ValueError, match="test_per_class"):
+    with pytest.raises(ValueError, match=r"test_per_class must be an integer ≥ 0 .*, got -1$"):
         DocstringDataModule(packages=["json", "calendar"], val_per_class=5, test_per_class=-1, cache_dir=str(tmp_path))
     with pytest.raises(ValueError, match=r"val_per_class=10 \+ test_per_class=10"):
         DocstringDataModule(packages=["json", "calendar"], val_per_class=10, cache_dir=str(tmp_path)).splits()
