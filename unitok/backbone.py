@@ -386,7 +386,9 @@ class Backbone(nn.Module):
             if self.relative_bias is not None:
                 raise ValueError("a relative position bias needs the queries' positions, which a StaticKVCache "
                                  "does not know: decode with a KVCache")
-        if not torch.compiler.is_compiling():  # (a compiled stack's masks were read before its graph: `checked_masks`)
+        # A stack compiled by `unitok.compile` had its masks checked before its graph (`checked_masks`);
+        # traced any other way (torch.compile of a whole model), it checks them here, as eager does.
+        if not (torch.compiler.is_compiling() and getattr(self, "_unitok_masks_checked", None) is not None):
             attention_mask, encoder_attention_mask = self.checked_masks(
                 x, attention_mask, cache, encoder_hidden_states, encoder_attention_mask)
         causal = self.config.causal if causal is None else causal

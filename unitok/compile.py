@@ -94,6 +94,7 @@ def compile_backbones(model: nn.Module, training_only: bool = True, **options: A
         else:
             module._compiled_call_impl = compiled
         module._unitok_compiled = _OwnMark(True)  # type: ignore[attr-defined]
+        module._unitok_masks_checked = _OwnMark(True)  # type: ignore[attr-defined]  (by `compiled`, before the graph)
         count += 1
     return count
 

@@ -17,9 +17,11 @@ import torch
 from unitok.backbone import Backbone
 from unitok.compile import compile_backbones, loss_backend
 from unitok.models import (
+    BERT,
     CLIP,
     GPT,
     T5,
+    BERTConfig,
     CLIPConfig,
     ConformerConfig,
     ConformerCTC,
@@ -170,6 +172,11 @@ def test_a_padded_batch_compiles_each_stack_to_one_graph_its_masks_checked_befor
     empty[0] = 0
     with pytest.raises(ValueError, match=r"source row\(s\) \[0\] are empty"):
         compiled(IDS, attention_mask=empty, decoder_input_ids=IDS[:, :5])
+    # a whole model traced by torch.compile (not `compile_backbones`) still checks its stacks' masks
+    bert = BERT(BERTConfig.from_name("bert-nano", vocab_size=64, context_length=16)).train()
+    whole = torch.compile(bert, backend=BACKEND)
+    with pytest.raises(ValueError, match=r"attention_mask holds \[2\]: expected 1 for a real token and 0"):
+        whole(IDS, attention_mask=mask * 2)
 
 
 def test_evaluation_stays_eager_and_bad_input_is_still_refused():
