@@ -346,11 +346,12 @@ def divergence_from(teacher: torch.nn.Module, task: ImageClassificationTask, dat
 
 @pytest.mark.slow
 def test_deit_distilled_from_a_cnn_learns_the_teachers_distribution():
-    # A CNN teacher: ≥ 97 % held out after 200 steps, seconds on a CPU. Nothing here selects a
-    # checkpoint, so both held-out halves (validation and test, 360 scans) score, as below.
+    # A CNN teacher: ≥ 96 % held out after 200 steps, seconds on a CPU (97–97.5 % with AMD CPUs'
+    # kernels, 96.9 % with an AMX Xeon's: 349 of 360). Nothing here selects a checkpoint, so both
+    # held-out halves (validation and test, 360 scans) score, as below.
     held_out = dict(val_share=1.0)
     teacher = train_cnn_teacher(DigitsDataModule(), steps=200, seed=0)
-    assert held_out_accuracy(teacher, DigitsDataModule(**held_out)) >= 0.97
+    assert held_out_accuracy(teacher, DigitsDataModule(**held_out)) >= 0.96
     # The same DeiT (deit-digits) with the same seed, hence the same initial weights and batches, and
     # the same 250 steps: only the soft-distillation teacher differs. What distillation does is pull
     # the student's class distribution towards the teacher's: seeds 0–4 gave KL(teacher ‖ student)
