@@ -151,7 +151,11 @@ class StopOnSignal(L.Callback):
         self._stop_evaluating(trainer)
 
     def on_predict_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
-        self._stop_evaluating(trainer)
+        # Each rank on its own: predict shares the items out unevenly (no padding), so a per-batch
+        # vote would wait for a rank that has no batch left. The prediction writer's one gather
+        # (at the end, or at the stop) pairs up whichever way each rank leaves.
+        if self.received is not None:
+            raise StoppedBySignal(self.exit_code)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.received is not None:

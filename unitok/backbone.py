@@ -298,6 +298,10 @@ class Backbone(nn.Module):
     def new_cache(self, capacity: int = 0) -> KVCache:
         return KVCache(self.config.n_layers, capacity)
 
+    def _check_input(self, x: Tensor) -> None:
+        if x.dim() != 3 or x.shape[-1] != self.config.d_model:
+            raise ValueError(f"backbone expects (batch, tokens, {self.config.d_model}), got {tuple(x.shape)}")
+
     def checked_masks(
         self, x: Tensor, attention_mask: Tensor | None = None, cache: KVCache | StaticKVCache | None = None,
         encoder_hidden_states: Tensor | None = None, encoder_attention_mask: Tensor | None = None,
@@ -306,6 +310,7 @@ class Backbone(nn.Module):
         all-padding source row), and None where every position is real, so that the fused kernel
         takes its unmasked path. The checks read values on the host, so a compiled stack runs this
         eagerly before its graph (`unitok.compile`): under torch.compile they would break it."""
+        self._check_input(x)
         B, n_new = x.shape[:2]
         n_keys = cache.key_length(n_new) if cache is not None else n_new
         if attention_mask is not None:
@@ -340,6 +345,7 @@ class Backbone(nn.Module):
         encoder_attention_mask: Tensor | None = None,
         mask: Tensor | None = None,
         keep_last: int | Tensor | None = None,
+        _masks_checked: bool = False,
     ) -> BackboneOutput:
         """Run the stack.
 
@@ -368,9 +374,9 @@ class Backbone(nn.Module):
                 the output projection and the MLP for R tokens only: the same values for those
                 R, a layer's worth of work saved on the rest. ``last_hidden_state`` is then
                 (B, R, D). Without a cache or per-layer outputs only.
+            _masks_checked: set by `unitok.compile`'s wrapper, which ran `checked_masks` before the graph.
         """
-        if x.dim() != 3 or x.shape[-1] != self.config.d_model:
-            raise ValueError(f"backbone expects (batch, tokens, {self.config.d_model}), got {tuple(x.shape)}")
+        self._check_input(x)
         B, n_new = x.shape[:2]
         n_keys = cache.key_length(n_new) if cache is not None else n_new
         if mask is not None:
@@ -386,9 +392,9 @@ class Backbone(nn.Module):
             if self.relative_bias is not None:
                 raise ValueError("a relative position bias needs the queries' positions, which a StaticKVCache "
                                  "does not know: decode with a KVCache")
-        # A stack compiled by `unitok.compile` had its masks checked before its graph (`checked_masks`);
-        # traced any other way (torch.compile of a whole model), it checks them here, as eager does.
-        if not (torch.compiler.is_compiling() and getattr(self, "_unitok_masks_checked", None) is not None):
+        # A stack compiled by `unitok.compile` had its masks checked before its graph (`checked_masks`,
+        # this call's ``_masks_checked``); traced any other way, it checks them here, as eager does.
+        if not _masks_checked:
             attention_mask, encoder_attention_mask = self.checked_masks(
                 x, attention_mask, cache, encoder_hidden_states, encoder_attention_mask)
         causal = self.config.causal if causal is None else causal

@@ -84,7 +84,7 @@ def compile_backbones(model: nn.Module, training_only: bool = True, **options: A
             given["attention_mask"], given["encoder_attention_mask"] = _module.checked_masks(
                 given["x"], given.get("attention_mask"), given.get("cache"), given.get("encoder_hidden_states"),
                 given.get("encoder_attention_mask"))
-            return _graph(*bound.args[1:], **bound.kwargs)
+            return _graph(*bound.args[1:], **bound.kwargs, _masks_checked=True)
 
         if training_only:
             def call(*args: Any, _module: Backbone = module, _compiled: Any = compiled, **kwargs: Any) -> Any:
@@ -94,7 +94,6 @@ def compile_backbones(model: nn.Module, training_only: bool = True, **options: A
         else:
             module._compiled_call_impl = compiled
         module._unitok_compiled = _OwnMark(True)  # type: ignore[attr-defined]
-        module._unitok_masks_checked = _OwnMark(True)  # type: ignore[attr-defined]  (by `compiled`, before the graph)
         count += 1
     return count
 

@@ -307,15 +307,18 @@ def test_predict_writes_one_record_per_input(recipe, workspace, monkeypatch, cap
 
 
 # --------------------------------------------------------------------------- the writer itself
-def test_records_follow_the_predict_set_under_ddp(tmp_path):
+@pytest.mark.parametrize("n", [11, 5])  # 5 in batches of 2: rank 0 two batches, rank 1 one
+def test_records_follow_the_predict_set_under_ddp(tmp_path, n):
+    from tasks.callbacks import StopOnSignal
     from tests.tasks.ddp_workers import EchoPredictions
 
-    data = DataLoader(torch.arange(100, 111), batch_size=3)
+    data = DataLoader(torch.arange(100, 100 + n), batch_size=2 if n == 5 else 3)
+    # (the CLI's stop callback rides along: a rank with no batch left must not wait on the others)
     trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp_spawn", logger=False, enable_progress_bar=False,
-                        callbacks=[PredictionWriter(str(tmp_path / "out"))], enable_model_summary=False)
+                        callbacks=[PredictionWriter(str(tmp_path / "out")), StopOnSignal()], enable_model_summary=False)
     trainer.predict(EchoPredictions(), data, return_predictions=False)
     rows = [json.loads(line) for line in (tmp_path / "out" / "predictions.jsonl").read_text().splitlines()]
-    assert [r["id"] for r in rows] == list(range(11))  # one file, each input once, in order
+    assert [r["id"] for r in rows] == list(range(n))  # one file, each input once, in order
     assert all(r["prediction"] == 100 + r["id"] for r in rows)  # each record under its input's index
     assert {r["rank"] for r in rows} == {0, 1}
     assert not list(tmp_path.rglob("*.tmp"))

@@ -179,6 +179,9 @@ def test_a_classifier_on_a_layer_mix_is_the_feature_based_approach_in_the_models
         loaded = unitok.load(tmp_path / "clf")
         assert loaded.config == clf.config
         torch.testing.assert_close(loaded(t).logits, out.logits, rtol=0, atol=0)
+    both = body.with_heads(("mlm", "classifier"), 3, classifier_layers=[0])  # the mix feeds the classifier alone
+    with torch.no_grad():
+        torch.testing.assert_close(both.eval()(t).mlm_logits, both.mlm_head(both(t, compute_heads=False).last_hidden_state))
     tagger = BERT.for_token_classification(body, num_labels=4, classifier_layers="all")
     with torch.no_grad():
         hs = tagger.eval()(t, output_hidden_states=True).hidden_states

@@ -172,11 +172,18 @@ def test_a_padded_batch_compiles_each_stack_to_one_graph_its_masks_checked_befor
     empty[0] = 0
     with pytest.raises(ValueError, match=r"source row\(s\) \[0\] are empty"):
         compiled(IDS, attention_mask=empty, decoder_input_ids=IDS[:, :5])
-    # a whole model traced by torch.compile (not `compile_backbones`) still checks its stacks' masks
-    bert = BERT(BERTConfig.from_name("bert-nano", vocab_size=64, context_length=16)).train()
-    whole = torch.compile(bert, backend=BACKEND)
-    with pytest.raises(ValueError, match=r"attention_mask holds \[2\]: expected 1 for a real token and 0"):
-        whole(IDS, attention_mask=mask * 2)
+    # a whole model traced by torch.compile still checks its stacks' masks, its stacks compiled by
+    # `compile_backbones` or not, training or evaluating
+    for stacks_compiled in (False, True):
+        for training in (True, False):
+            bert = BERT(BERTConfig.from_name("bert-nano", vocab_size=64, context_length=16)).train(training)
+            if stacks_compiled:
+                compile_backbones(bert, backend=BACKEND)
+            whole = torch.compile(bert, backend=BACKEND)
+            with pytest.raises(ValueError, match=r"attention_mask holds \[2\]: expected 1 for a real token and 0"):
+                whole(IDS, attention_mask=mask * 2)
+    with pytest.raises(ValueError, match=r"backbone expects \(batch, tokens, 64\), got \(64,\)"):
+        compiled.encoder.train()(torch.zeros(64))  # the compiled path names a bad input as eager does
 
 
 def test_evaluation_stays_eager_and_bad_input_is_still_refused():

@@ -306,8 +306,8 @@ class BERT(PretrainedModel):
                             attentions=out.attentions)
         if not compute_heads:
             return result
-        if mixing:  # the classifiers read the layer mix (the feature-based approach)
-            h = self.layer_mix([out.hidden_states[i] for i in self.config.classifier_layers])  # type: ignore[misc,index]
+        # the classifiers read the layer mix (the feature-based approach); every other head the last layer
+        read = self.layer_mix([out.hidden_states[i] for i in self.config.classifier_layers]) if mixing else h  # type: ignore[misc,index]
         if self.mlm_head is not None:
             result.mlm_logits = self.mlm_head(h)
         if self.nsp_head is not None:
@@ -315,9 +315,9 @@ class BERT(PretrainedModel):
         if self.rtd_head is not None:
             result.rtd_logits = self.rtd_head(h)
         if self.classifier is not None:
-            result.logits = self.classifier(mean_pool(h, attention_mask) if mixing else result.pooled)
+            result.logits = self.classifier(mean_pool(read, attention_mask) if mixing else result.pooled)
         if self.token_classifier is not None:
-            result.logits = self.token_classifier(h)
+            result.logits = self.token_classifier(read)
         if self.span_head is not None:
             result.start_logits, result.end_logits = self.span_head(h)
         if labels is not None or next_sentence_label is not None:
