@@ -20,9 +20,15 @@ def run_pytest(folder: Path, ci: str | None) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, env=env, cwd=folder, timeout=120)
 
 
+def project(folder: Path, tests: str, name: str = "test_some.py") -> Path:
+    """``folder`` as a test project: the suite's conftest and one test file holding ``tests``."""
+    shutil.copy(CONFTEST, folder / "conftest.py")
+    (folder / name).write_text(tests)
+    return folder
+
+
 def test_a_skipped_test_fails_the_run_under_ci_only(tmp_path):
-    shutil.copy(CONFTEST, tmp_path / "conftest.py")
-    (tmp_path / "test_some.py").write_text(
+    project(tmp_path,
         "import pytest\n\n"
         "def test_runs():\n    assert 1 + 1 == 2\n\n"
         "@pytest.mark.skip(reason='optional thing missing')\n"
@@ -37,8 +43,7 @@ def test_a_skipped_test_fails_the_run_under_ci_only(tmp_path):
 
 
 def test_an_xfail_fails_the_run_under_ci_whether_it_fails_or_passes(tmp_path):
-    shutil.copy(CONFTEST, tmp_path / "conftest.py")
-    (tmp_path / "test_some.py").write_text(
+    project(tmp_path,
         "import pytest\n\n"
         "def test_runs():\n    assert 1 + 1 == 2\n\n"
         "def test_xfailed():\n    pytest.xfail('optional thing missing')\n\n"
@@ -53,11 +58,10 @@ def test_an_xfail_fails_the_run_under_ci_whether_it_fails_or_passes(tmp_path):
 
 
 def test_a_module_skipped_by_importorskip_fails_the_run_under_ci(tmp_path):
-    shutil.copy(CONFTEST, tmp_path / "conftest.py")
-    (tmp_path / "test_needs.py").write_text(
+    project(tmp_path,
         "import pytest\n\n"
         "pytest.importorskip('no_such_module_xyz')\n\n"
-        "def test_uses_it():\n    assert True\n")
+        "def test_uses_it():\n    assert True\n", name="test_needs.py")
     under_ci = run_pytest(tmp_path, "true")  # nothing else collected: pytest's own status would be 5
     assert under_ci.returncode == 1, under_ci.stdout
     assert "1 test(s) skipped" in under_ci.stdout
