@@ -267,7 +267,8 @@ class PredictionWriter(BasePredictionWriter):
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         """A predict run stopped by a signal keeps what it predicted (the run still exits non-zero,
-        so the file is not taken for a finished one); every rank stops at the same batch."""
+        so the file is not taken for a finished one). Under DDP each rank leaves through here or
+        through `on_predict_epoch_end`, so its one gather pairs up with the other ranks' either way."""
         if isinstance(exception, StoppedBySignal) and trainer.state.fn == TrainerFn.PREDICTING:
             self._write_collected(trainer)
 
