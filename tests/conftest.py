@@ -108,6 +108,34 @@ def record_products(monkeypatch: pytest.MonkeyPatch, module, name: str) -> list[
     return seen
 
 
+class TimedChoice:
+    """Stands in for the timing of decoding layouts (`unitok.generate.fastest_layouts`): records each
+    choice asked for as (rows, baseline, proposals) and picks the proposal that holds ``wins`` (None,
+    or a layout not proposed: the baseline), as if this CPU had timed it fastest."""
+
+    def __init__(self) -> None:
+        self.wins: str | None = None
+        self.asked: list[tuple[int, frozenset[str], tuple[frozenset[str], ...]]] = []
+
+    def __call__(self, module, rows, steps, baseline, proposals, input_major_rows=None, timer=None):
+        self.asked.append((rows, baseline, tuple(proposals)))
+        return next((p for p in proposals if self.wins in p), baseline)
+
+    def proposed(self) -> list[set[str]]:
+        """Each choice's proposals, as the layout each adds to its baseline."""
+        return [{name for p in proposals for name in p - baseline} for _, baseline, proposals in self.asked]
+
+
+@pytest.fixture
+def timed(monkeypatch: pytest.MonkeyPatch) -> TimedChoice:
+    """Decoding layouts chosen by the test (``timed.wins = "packed"``) instead of by timing them."""
+    import unitok.generate as generation
+
+    choice = TimedChoice()
+    monkeypatch.setattr(generation, "fastest_layouts", choice)
+    return choice
+
+
 def tiny_gpt(**overrides):
     """A random unitok GPT small enough for CPU tests (seeded: the same weights every call), in eval
     mode: V = 40, context 64, D = 32, two layers of four heads; ``overrides`` change the config."""

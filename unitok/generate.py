@@ -24,6 +24,7 @@ from unitok.config import Config
 from unitok.embed.positions import positions_from_mask
 from unitok.layers.attention import build_attention_mask, check_padding_mask
 from unitok.layers.decode_layout import (
+    ALL_WIDENING_ROWS,
     FEW_ROWS,
     MAX_COPY_BYTES,
     MIN_COLD_BYTES,
@@ -32,11 +33,10 @@ from unitok.layers.decode_layout import (
     can_pack,
     copy_bytes,
     input_major_weights,
-    output_major_products,
-    packed_products,
     weight_bytes,
 )
 from unitok.layers.kv_cache import KVCache, StaticKVCache
+from unitok.layers.layout_timing import Layouts, fastest_layouts, lent
 
 Strategy = Literal["greedy", "sample", "beam"]
 
@@ -80,24 +80,21 @@ class GenerationConfig(Config):
     step one shape, no host sync but the end-of-sequence check; on a CUDA device the compiled
     step is also captured once as a CUDA graph and replayed for each token (``cuda_graph``; a
     one-row step is hundreds of small kernels whose launches cost more than their work).
-    ``input_major`` (greedy and
-    sampling): after the prompt, decode with the widening linear layers' weights laid out
-    input-major (`unitok.layers.decode_layout`: the same tokens; steps of one or two rows read
-    those weights faster, for one copy of them while decoding); None, the default, does so on the
-    CPU for up to `ALL_WIDENING_ROWS` rows, at least `MIN_NEW_TOKENS` new tokens and a copy of at
-    most `MAX_COPY_BYTES` — where the steps run output-major (weights out of cache, below), for
-    one row on one thread only; True: for any batch and size (CPU float32 weights only); False: never.
-    Beam search takes no input-major copy (its 5-row steps gained nothing that way); steps of
-    `FEW_ROWS` rows (a beam search's W + 1, a small batch; one or two rows where no input-major
-    copy is lent, a GPT-124M-sized model's: one row runs as two) compute their widening products
-    output-major instead (`unitok.layers.decode_layout.output_major_products`: the same tokens):
-    ``output_major`` None, the default, where the decoding weights outgrow the cache
-    (`MIN_COLD_BYTES`, on the CPU); True: whatever their size (CPU float32 weights only); False: never.
-    Steps of `PACKED_ROWS` rows (a beam search's, a batch of four or more) multiply through oneDNN on
-    weights packed for their row count instead (``packed``: `unitok.layers.decode_layout.packed_products`,
-    the same tokens; a 4-beam search 1.27x faster for a copy of the weights while decoding): None, the
-    default, where the weights are out of cache and the copy is at most `MAX_COPY_BYTES`, for at least
-    `MIN_NEW_TOKENS` new tokens; True: whatever their size; False: never."""
+    The CPU decoding layouts of `unitok.layers.decode_layout` (the same tokens, each a copy of the
+    weights or a way of multiplying while decoding): ``input_major`` lays out the widening layers'
+    weights input-major after the prompt (steps of up to `ALL_WIDENING_ROWS` rows; greedy and
+    sampling); ``output_major`` computes widening products of `FEW_ROWS` rows (a beam search's
+    W + 1, a small batch; one row runs as two) output-major; ``packed`` multiplies steps of
+    `PACKED_ROWS` rows through oneDNN on weights packed for them. Each: True lends it (CPU float32
+    weights, its rows; ``input_major`` True: any rows), False never; None, the default, proposes it
+    where its rules allow — at least `MIN_NEW_TOKENS` new tokens and a copy of at most
+    `MAX_COPY_BYTES` for a copy; decoding weights of at least `MIN_COLD_BYTES` for output-major and
+    packed products (below that no CPU measured ran them faster) — and the proposals are timed
+    against the layouts lent without them on this CPU, once per shape and thread count
+    (`unitok.layers.layout_timing`): the fastest for the tokens asked for is lent (rules measured
+    on one CPU lose on another: an AMX Xeon's 480 MB of L3 holds a D=256 GPT's weights, which
+    then run fastest as they are). The compiled path (``compile``) lends the input-major copy
+    alone, for one or two rows, untimed (its graph is traced for the weights' strides)."""
 
     max_new_tokens: int = 32
     strategy: Strategy = "greedy"
@@ -261,9 +258,9 @@ def _decode(model: Decoder, input_ids: Tensor, mask: Tensor, cfg: GenerationConf
     ids = input_ids
     new = input_ids
     running = torch.ones(B, dtype=torch.bool, device=ids.device)
+    layouts, input_major_rows = _decode_layouts(model, B, ids.device, cfg)
     with contextlib.ExitStack() as layout:
-        output_major = _lend_output_major(layout, model, B, ids.device, cfg)
-        _lend_packed(layout, model, B, ids.device, cfg)
+        _lend(layout, model, B, layouts - {"input_major"}, input_major_rows)
         for step in range(cfg.max_new_tokens):
             logits = model.next_token_logits(new, step_mask, cache)
             token, running = _next_tokens(logits, running, cfg, generator)
@@ -274,56 +271,55 @@ def _decode(model: Decoder, input_ids: Tensor, mask: Tensor, cfg: GenerationConf
             if full_mask is not None:
                 step_mask = full_mask[:, : ids.shape[1]]
             if step == 0:  # the prompt ran as the weights are; from here a step is B rows
-                _lend_input_major(layout, model, B, ids.device, cfg, output_major=output_major)
+                _lend(layout, model, B, layouts & {"input_major"}, input_major_rows)
     return ids
 
 
-def _lend_input_major(layout: contextlib.ExitStack, model: Decoder, rows: int, device: torch.device,
-                      cfg: GenerationConfig, min_new_tokens: int = MIN_NEW_TOKENS, output_major: bool = False) -> None:
-    """Lay out the weights that decoding steps of ``rows`` rows read faster input-major, until
-    ``layout`` closes (`GenerationConfig.input_major`; True: every widening layer), when at least
-    ``min_new_tokens`` are asked for. Where the steps run output-major (``output_major``: a model
-    out of cache), the copy pays only for one row on one thread (a D=256 GPT: 1.2x the output-major
-    step; two rows output-major are 1.21x faster than input-major on one thread and 1.34x on two,
-    one row 1.01-1.17x on two threads), so the automatic choice makes it there alone."""
+def _decoding_weights(model: Decoder) -> nn.Module | None:
+    """The module whose weights decoding steps read (an encoder-decoder's ``weights``: its decoder)."""
     module = model if isinstance(model, nn.Module) else getattr(model, "weights", None)
-    if not isinstance(module, nn.Module) or cfg.input_major is False:
-        return
-    if cfg.input_major is None and (device.type != "cpu" or cfg.max_new_tokens < min_new_tokens
-                                    or copy_bytes(module, rows) > MAX_COPY_BYTES
-                                    or (output_major and (rows > 1 or torch.get_num_threads() > 1))):
-        return
-    layout.enter_context(input_major_weights(module, None if cfg.input_major else rows))
+    return module if isinstance(module, nn.Module) else None
 
 
-def _lend_output_major(layout: contextlib.ExitStack, model: Decoder, rows: int, device: torch.device,
-                       cfg: GenerationConfig) -> bool:
-    """Compute the widening products of ``rows``-row steps output-major until ``layout`` closes,
-    where that is faster: `FEW_ROWS` rows on the CPU, decoding weights of at least `MIN_COLD_BYTES`
-    (`GenerationConfig.output_major`; True: whatever their size, False: never). -> whether it does."""
-    module = model if isinstance(model, nn.Module) else getattr(model, "weights", None)
-    if cfg.output_major is False or not isinstance(module, nn.Module) or device.type != "cpu":
-        return False
-    if FEW_ROWS[0] <= rows <= FEW_ROWS[1] and (cfg.output_major or weight_bytes(module) >= MIN_COLD_BYTES):
-        layout.enter_context(output_major_products())
-        return True
-    return False
+def _decode_layouts(model: Decoder, rows: int, device: torch.device, cfg: GenerationConfig) -> tuple[Layouts, int | None]:
+    """The layouts (`unitok.layers.layout_timing.LAYOUTS`) decoding steps of ``rows`` rows run in,
+    and the rows the input-major copy is made for (None: every widening layer): those the config
+    lends (True), and the fastest of those it leaves to the rules (None) on this CPU."""
+    module = _decoding_weights(model)
+    if module is None or device.type != "cpu":
+        return frozenset(), rows
+    forced: set[str] = set()
+    proposals: list[str] = []
+    few, packable = FEW_ROWS[0] <= rows <= FEW_ROWS[1], can_pack() and PACKED_ROWS[0] <= rows <= PACKED_ROWS[1]
+    enough_tokens = cfg.max_new_tokens >= MIN_NEW_TOKENS
+    if cfg.input_major:
+        forced.add("input_major")
+    elif (cfg.input_major is None and rows <= ALL_WIDENING_ROWS and enough_tokens
+          and 0 < copy_bytes(module, rows) <= MAX_COPY_BYTES):
+        proposals.append("input_major")
+    cold = weight_bytes(module) >= MIN_COLD_BYTES
+    if cfg.output_major and few:
+        forced.add("output_major")
+    elif cfg.output_major is None and few and cold:
+        proposals.append("output_major")
+    if cfg.packed and packable:
+        forced.add("packed")
+    elif cfg.packed is None and packable and cold and enough_tokens and weight_bytes(module) <= MAX_COPY_BYTES:
+        proposals.append("packed")
+    input_major_rows = None if cfg.input_major else rows
+    baseline = frozenset(forced)
+    if not proposals:
+        return baseline, input_major_rows
+    return fastest_layouts(module, rows, cfg.max_new_tokens, baseline, [baseline | {name} for name in proposals],
+                           input_major_rows), input_major_rows
 
 
-def _lend_packed(layout: contextlib.ExitStack, model: Decoder, rows: int, device: torch.device,
-                 cfg: GenerationConfig) -> None:
-    """Multiply ``rows``-row steps through oneDNN on weights packed for them until ``layout`` closes,
-    where that is faster (`GenerationConfig.packed`): `PACKED_ROWS` rows on the CPU, weights out of
-    cache (`MIN_COLD_BYTES`) and a copy of at most `MAX_COPY_BYTES`, at least `MIN_NEW_TOKENS` new
-    tokens (packing the D=256 GPT's 20 MiB takes ~16 ms, what its first 13-16 five-row steps save);
-    True: whatever the size and number of tokens."""
-    module = model if isinstance(model, nn.Module) else getattr(model, "weights", None)
-    if (cfg.packed is False or not isinstance(module, nn.Module) or device.type != "cpu" or not can_pack()
-            or not PACKED_ROWS[0] <= rows <= PACKED_ROWS[1]):
-        return
-    if cfg.packed or (MIN_COLD_BYTES <= weight_bytes(module) <= MAX_COPY_BYTES
-                      and cfg.max_new_tokens >= MIN_NEW_TOKENS):
-        layout.enter_context(packed_products(rows))
+def _lend(layout: contextlib.ExitStack, model: Decoder, rows: int, layouts: Layouts,
+          input_major_rows: int | None) -> None:
+    """Lend ``layouts`` to ``model``'s decoding steps of ``rows`` rows until ``layout`` closes."""
+    module = _decoding_weights(model)
+    if module is not None and layouts:
+        layout.enter_context(lent(module, rows, layouts, input_major_rows))
 
 
 def _static_step(model: StaticDecoder, new_ids: Tensor, positions: Tensor, keys: Tensor, index: Tensor,
@@ -377,8 +373,10 @@ def _static_generate(model: Decoder, input_ids: Tensor, mask: Tensor, cfg: Gener
         # (GPT D=256 on the CPU: 1.97-2.16x Hugging Face's eager decoding, against 1.26-1.30x
         # compiled on the weights as stored). Whatever the number of new tokens: the compiled step
         # is traced for the weights' strides, so one layout keeps one graph for every length.
-        if cfg.max_new_tokens > 1:  # one new token comes from the prompt's logits: no step runs
-            _lend_input_major(layout, model, B, device, cfg, min_new_tokens=1)
+        module = _decoding_weights(model)
+        if (cfg.max_new_tokens > 1 and module is not None and cfg.input_major is not False  # else no step runs
+                and (cfg.input_major or (device.type == "cpu" and copy_bytes(module, B) <= MAX_COPY_BYTES))):
+            layout.enter_context(input_major_weights(module, None if cfg.input_major else B))
         if device.type == "cuda" and cfg.cuda_graph and cfg.max_new_tokens > 1:
             step = _cuda_graph_step(step, model, position, keys, index, cache)
         for t in range(cfg.max_new_tokens):
@@ -478,8 +476,7 @@ def _beam_search(model: Decoder, input_ids: Tensor, mask: Tensor, cfg: Generatio
     searching = True
     pooled = False  # has any hypothesis finished yet?
     with contextlib.ExitStack() as layout:
-        _lend_output_major(layout, model, B * R, device, cfg)
-        _lend_packed(layout, model, B * R, device, cfg)
+        _lend(layout, model, B * R, *_decode_layouts(model, B * R, device, cfg))
         for cur in range(S, max_len):
             logits = model.next_token_logits(new, flat_mask, cache).float()  # (B·R, V)
             if cur == S:  # the prompt's: one row per input

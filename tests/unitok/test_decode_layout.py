@@ -1,5 +1,6 @@
 """Input-major weights while a row or two decode: the same logits and tokens, the weights given back
-as they were."""
+as they were. The copy is proposed for one or two rows and enough new tokens; whether it is lent is
+timed on the CPU (tests/unitok/test_layout_timing.py) — here the ``timed`` fixture decides."""
 
 from __future__ import annotations
 
@@ -37,7 +38,8 @@ def assert_given_back(model: nn.Module, before: dict) -> None:
         assert torch.equal(p, values), name
 
 
-def test_one_row_decoding_reads_input_major_weights_after_the_prompt_and_gives_them_back():
+def test_one_row_decoding_reads_input_major_weights_after_the_prompt_and_gives_them_back(timed):
+    timed.wins = "input_major"
     model = tiny_gpt()
     before = weights(model)
     seen, handle = head_strides(model)
@@ -45,6 +47,7 @@ def test_one_row_decoding_reads_input_major_weights_after_the_prompt_and_gives_t
     handle.remove()
     assert seen[0] == (32, 1)  # the prompt: the weights as they are
     assert set(seen[1:]) == {(1, 40)}  # each one-row step: (40, 32) values stored input-major
+    assert timed.proposed() == [{"input_major"}]  # 60 kB of weights: neither output-major nor packed
     assert_given_back(model, before)
 
 
@@ -68,14 +71,18 @@ def test_input_major_decoding_gives_the_same_tokens(strategy):
         assert torch.equal(runs[0], runs[1])
 
 
+@pytest.mark.parametrize("wins", ["input_major", None])
 @pytest.mark.parametrize("options, laid_out", [
-    ({"max_new_tokens": MIN_NEW_TOKENS}, True),  # one row, enough tokens: automatic
+    ({"max_new_tokens": MIN_NEW_TOKENS}, "timed"),  # one row, enough tokens: proposed, lent if timed faster
     ({"max_new_tokens": MIN_NEW_TOKENS - 1}, False),  # the copy would cost more than it saves
     ({"max_new_tokens": MIN_NEW_TOKENS, "input_major": False}, False),
     ({"max_new_tokens": 4, "input_major": True}, True),
     ({"max_new_tokens": MIN_NEW_TOKENS, "strategy": "beam", "num_beams": 2}, False),  # beams: as they are
 ])
-def test_when_the_weights_are_laid_out(options, laid_out):
+def test_when_the_weights_are_laid_out(options, laid_out, wins, timed):
+    timed.wins = wins
+    if laid_out == "timed":
+        laid_out = wins == "input_major"
     model = tiny_gpt()
     seen, handle = head_strides(model)
     model.generate(torch.tensor([[3, 4, 5]]), **options)
@@ -83,7 +90,8 @@ def test_when_the_weights_are_laid_out(options, laid_out):
     assert ((1, 40) in seen) == laid_out
 
 
-def test_two_rows_still_read_input_major_weights_more_do_not():
+def test_two_rows_still_read_input_major_weights_more_do_not(timed):
+    timed.wins = "input_major"
     model = tiny_gpt()
     everything = widening_linears(model)  # out ≥ in: qkv, attention output, MLP up, the head
     assert len(everything) == 7 and widening_linears(model, rows=ALL_WIDENING_ROWS) == everything
@@ -100,13 +108,14 @@ def test_two_rows_still_read_input_major_weights_more_do_not():
     assert set(seen[1:]) == {(1, 40)}
 
 
-def test_an_error_while_decoding_gives_the_weights_back():
+def test_an_error_while_decoding_gives_the_weights_back(timed):
+    timed.wins = "input_major"
     model = tiny_gpt()
     before = weights(model)
     calls = []
 
     def fail_on_the_third_step(module, args):
-        calls.append(1)
+        calls.append(module.weight.stride())
         if len(calls) == 3:
             raise RuntimeError("stopped")
 
@@ -114,6 +123,7 @@ def test_an_error_while_decoding_gives_the_weights_back():
     with pytest.raises(RuntimeError, match="stopped"):
         model.generate(torch.tensor([[3, 4, 5]]), max_new_tokens=MIN_NEW_TOKENS)
     handle.remove()
+    assert calls[2] == (1, 40)  # stopped on the input-major copy (the head's third call, the second step)
     assert_given_back(model, before)
 
 
@@ -156,9 +166,10 @@ def test_inference_mode_decoding_leaves_weights_a_training_step_can_use():
     assert all(torch.isfinite(p).all() for p in model.parameters())
 
 
-def test_the_automatic_choice_copies_no_more_than_max_copy_bytes(monkeypatch):
+def test_the_automatic_choice_copies_no_more_than_max_copy_bytes(monkeypatch, timed):
     import unitok.generate as generation
 
+    timed.wins = "input_major"
     model = tiny_gpt()
     assert copy_bytes(model) == sum(m.weight.numel() * 4 for m in widening_linears(model))  # the tied head once
     assert copy_bytes(model, rows=ALL_WIDENING_ROWS + 1) == 0
@@ -170,9 +181,10 @@ def test_the_automatic_choice_copies_no_more_than_max_copy_bytes(monkeypatch):
         assert ((1, 40) in seen) == laid_out
 
 
-def test_encoder_decoder_decoding_lays_out_the_decoder_only_and_gives_the_same_tokens():
+def test_encoder_decoder_decoding_lays_out_the_decoder_only_and_gives_the_same_tokens(timed):
     from unitok.models import T5, T5Config
 
+    timed.wins = "input_major"
     torch.manual_seed(0)
     model = T5(T5Config.from_name("t5-tiny", vocab_size=50, dropout=0.0, relative_buckets=8,
                                   relative_max_distance=16)).eval()

@@ -1,5 +1,6 @@
-"""Output-major products for decoding steps of a few rows: (weight @ xᵀ)ᵀ instead of ``F.linear``
-where the decoding weights outgrow the cache — the same logits within rounding, the same tokens."""
+"""Output-major products for decoding steps of a few rows: (weight @ xᵀ)ᵀ instead of ``F.linear``,
+proposed where the decoding weights outgrow the cache and lent where timed faster on the CPU (here
+the ``timed`` fixture decides) — the same logits within rounding, the same tokens."""
 
 from __future__ import annotations
 
@@ -102,14 +103,16 @@ def test_the_benchmark_models_one_out_of_cache_one_in():
 
 @pytest.mark.parametrize("num_beams", [2, 4])
 def test_beam_search_of_a_model_out_of_cache_runs_output_major_and_finds_the_same_answers(
-        monkeypatch, taken, num_beams):
+        monkeypatch, taken, timed, num_beams):
+    timed.wins = "output_major"
     model = tiny_gpt()
     prompt = torch.tensor([[3, 4, 5, 6]])
     options = dict(max_new_tokens=12, strategy="beam", num_beams=num_beams, eos_token_id=None)
     as_stored = model.generate(prompt, **options)
-    assert taken == []  # 60 kB of weights stay in cache: F.linear
+    assert taken == [] and timed.asked == []  # 60 kB of weights stay in cache: F.linear, nothing timed
     monkeypatch.setattr(generation, "MIN_COLD_BYTES", 0)  # as if they did not
     output_major = model.generate(prompt, **options)
+    assert timed.asked == [(num_beams + 1, frozenset(), (frozenset({"output_major"}),))]  # too few tokens to pack
     # the prompt runs once for the input (its 4 tokens, then its head at the last position), then
     # every step is W beams and the greedy row
     prompt = [(4, 96), (4, 32), (4, 128)] * model.config.n_layers + [(1, 40)]
@@ -137,44 +140,45 @@ def test_generation_config_turns_output_major_products_on_or_off(monkeypatch, ta
         GenerationConfig(output_major=1)
 
 
-def test_greedy_batches_out_of_cache_run_output_major_but_one_row_on_one_thread_reads_input_major(monkeypatch, taken):
-    """Out of cache, a greedy step of 2 to 10 rows runs output-major where no packed weights are lent
-    (from 4 rows they are: test_packed_products.py; two rows: 1.21x the input-major copy's step on one
-    thread); one row on one thread reads the weights input-major (1.2x), one row on more threads runs
-    output-major as two (1.01-1.17x on two, and no copy)."""
+def test_greedy_batches_out_of_cache_propose_output_major_and_run_it_where_timed_fastest(monkeypatch, taken, timed):
+    """Out of cache, greedy steps of 1 to 10 rows propose output-major products — one or two rows the
+    input-major copy too, four or more packed weights (test_packed_products.py) — and run the one
+    timed fastest: output-major on every step, or input-major, which output-major leaves alone."""
     model = tiny_gpt()
     prompts = torch.randint(2, 40, (4, 7), generator=torch.Generator().manual_seed(1))  # prompt rows: > 6
     expected = model.generate(prompts, max_new_tokens=20)
     monkeypatch.setattr(generation, "MIN_COLD_BYTES", 0)
+    timed.wins = "output_major"
     assert torch.equal(model.generate(prompts, max_new_tokens=20, packed=False), expected)
     assert taken and {r for r, _ in taken} == {4}
     blocks = model.config.n_layers
     step = [(96,), (32,), (128,)] * blocks + [(40,)]  # qkv, attention output, MLP up; then the head
-    for batch, threads, prompt, steps in ((1, 1, [(7, 96), (7, 32), (7, 128)] * blocks, 0),
-                                          (1, 2, [(7, 96), (7, 32), (7, 128)] * blocks, 19), (2, 1, [], 19)):
-        taken.clear()
-        before = torch.get_num_threads()
-        torch.set_num_threads(threads)
-        try:
-            out = model.generate(prompts[:batch], max_new_tokens=20)
-        finally:
-            torch.set_num_threads(before)
-        assert torch.equal(out, expected[:batch])
-        # the prompt as the weights are stored: its products of a few rows (one prompt of 7 tokens;
-        # two are 14 rows, F.linear's) and its head (the last position's rows); then 19 steps
-        # output-major, or input-major (test_decode_layout.py), which output-major leaves alone
-        assert taken == [*prompt, (batch, 40), *[(batch, *width) for width in step] * steps]
+    for batch, prompt in ((1, [(7, 96), (7, 32), (7, 128)] * blocks), (2, [])):
+        for wins in ("output_major", "input_major"):
+            taken.clear()
+            timed.asked.clear()
+            timed.wins = wins
+            assert torch.equal(model.generate(prompts[:batch], max_new_tokens=20), expected[:batch])
+            assert timed.proposed() == [{"input_major", "output_major"}]
+            if wins == "input_major":  # then nothing runs output-major (test_decode_layout.py)
+                assert taken == []
+                continue
+            # the prompt's products of a few rows (one prompt of 7 tokens; two are 14 rows,
+            # F.linear's) and its head (the last position's rows); then 19 steps
+            assert taken == [*prompt, (batch, 40), *[(batch, *width) for width in step] * 19]
 
 
-def test_one_row_steps_run_output_major_as_two_where_no_input_major_copy_is_lent(monkeypatch, taken):
+def test_one_row_steps_run_output_major_as_two_where_no_input_major_copy_is_lent(monkeypatch, taken, timed):
     """A model whose input-major copy would pass MAX_COPY_BYTES (GPT-124M-sized: ~380 MB) decodes
-    its one-row steps output-major, each row run as two: the same tokens as F.linear's."""
+    its one-row steps output-major where timed faster, each row run as two: the same tokens as F.linear's."""
+    timed.wins = "output_major"
     model = tiny_gpt()
     prompt = torch.randint(2, 40, (1, 7), generator=torch.Generator().manual_seed(3))
     expected = model.generate(prompt, max_new_tokens=20, input_major=False, output_major=False)
     monkeypatch.setattr(generation, "MIN_COLD_BYTES", 0)  # out of cache
     monkeypatch.setattr(generation, "MAX_COPY_BYTES", 0)  # no copy lent
     assert torch.equal(model.generate(prompt, max_new_tokens=20), expected)
+    assert timed.proposed() == [{"output_major"}]
     one_row = [out for rows, out in taken if rows == 1]
     # the prompt's head (its last position), then 19 steps: in each block qkv (32 -> 96), the
     # attention output (32 -> 32) and the MLP's first layer (32 -> 128), then the head (32 -> 40)
@@ -186,7 +190,9 @@ def test_one_row_steps_run_output_major_as_two_where_no_input_major_copy_is_lent
                                       generator=torch.Generator().manual_seed(0)))
 
 
-def test_encoder_decoder_beam_search_runs_its_decoder_output_major_and_finds_the_same_answers(monkeypatch, taken):
+def test_encoder_decoder_beam_search_runs_its_decoder_output_major_and_finds_the_same_answers(monkeypatch, taken,
+                                                                                             timed):
+    timed.wins = "output_major"
     model = tiny_t5()
     source = torch.randint(2, 100, (1, 7), generator=torch.Generator().manual_seed(2))
     expected = model.generate(source, max_new_tokens=10, strategy="beam", num_beams=4)

@@ -1,6 +1,7 @@
 """Packed weights for decoding steps of four rows or more: oneDNN's product on weights packed for the
-step's row count, where the decoding weights outgrow the cache — the same logits within rounding,
-the same tokens, and the packed copies gone when decoding ends."""
+step's row count, proposed where the decoding weights outgrow the cache and lent where timed faster on
+the CPU (here the ``timed`` fixture decides) — the same logits within rounding, the same tokens, and
+the packed copies gone when decoding ends."""
 
 from __future__ import annotations
 
@@ -150,7 +151,8 @@ def test_each_weight_is_packed_once_a_block_again_when_changed_in_place_and_not_
 
 @pytest.mark.parametrize("num_beams", [3, 4])
 def test_beam_search_out_of_cache_runs_its_steps_on_packed_weights_and_finds_the_same_answers(
-        monkeypatch, packed, num_beams):
+        monkeypatch, packed, timed, num_beams):
+    timed.wins = "packed"
     model = sharp_gpt()
     prompt = torch.tensor([[3, 4, 5, 6, 7, 8, 9]])  # 7 tokens: not a step's row count
     options = dict(max_new_tokens=MIN_NEW_TOKENS, strategy="beam", num_beams=num_beams, eos_token_id=None)
@@ -161,6 +163,7 @@ def test_beam_search_out_of_cache_runs_its_steps_on_packed_weights_and_finds_the
     out = model.generate(prompt, **options)
     assert torch.equal(out, expected)
     rows = num_beams + 1  # W beams and the greedy row
+    assert timed.proposed() == [{"output_major", "packed"}]
     assert {r for r, _ in packed} == {rows}
     # every layer of a step, narrowing ones too: qkv, attention output, MLP up and down (32), the head
     assert {out for _, out in packed} == {96, 32, 128, 40}
@@ -170,7 +173,8 @@ def test_beam_search_out_of_cache_runs_its_steps_on_packed_weights_and_finds_the
 
 
 def test_encoder_decoder_beam_search_packs_its_decoder_steps_only_and_finds_the_same_answers(monkeypatch, packed,
-                                                                                             packings):
+                                                                                             packings, timed):
+    timed.wins = "packed"
     model = tiny_t5()
     source = torch.randint(2, 100, (1, 7), generator=torch.Generator().manual_seed(2))
     expected = model.generate(source, max_new_tokens=MIN_NEW_TOKENS, strategy="beam", num_beams=4)
@@ -186,10 +190,12 @@ def test_encoder_decoder_beam_search_packs_its_decoder_steps_only_and_finds_the_
     assert any(out == 100 for _, out in packed)  # the head (64 -> 100) among them
 
 
-def test_generation_config_chooses_packed_weights_automatically_or_as_told(monkeypatch, packed):
-    """packed=None packs a batch of four or more rows where the weights are out of cache, the copy is
-    at most MAX_COPY_BYTES and at least MIN_NEW_TOKENS are asked for; True whatever the size and
-    length; False never; the tokens are the same every way."""
+def test_generation_config_chooses_packed_weights_automatically_or_as_told(monkeypatch, packed, timed):
+    """packed=None proposes packing a batch of four or more rows where the weights are out of cache,
+    the copy is at most MAX_COPY_BYTES and at least MIN_NEW_TOKENS are asked for, and packs where
+    that is timed fastest; True packs whatever the size and length; False never; the tokens are the
+    same every way."""
+    timed.wins = "packed"
     model = sharp_gpt()
     prompts = torch.randint(2, 40, (4, 7), generator=torch.Generator().manual_seed(1))
     expected = model.generate(prompts, max_new_tokens=MIN_NEW_TOKENS)
@@ -198,17 +204,24 @@ def test_generation_config_chooses_packed_weights_automatically_or_as_told(monke
     assert torch.equal(model.generate(prompts, max_new_tokens=MIN_NEW_TOKENS, packed=True), expected)
     assert {r for r, _ in packed} == {4}
     packed.clear()
+    assert timed.asked == []  # in cache: nothing proposed; True: nothing left to time
     monkeypatch.setattr(generation, "MIN_COLD_BYTES", 0)  # out of cache
     assert torch.equal(model.generate(prompts, max_new_tokens=MIN_NEW_TOKENS), expected)
-    assert {r for r, _ in packed} == {4}
+    assert {r for r, _ in packed} == {4} and timed.proposed() == [{"output_major", "packed"}]
+    packed.clear()
+    timed.wins = "output_major"  # timed faster than packing: output-major products instead
+    assert torch.equal(model.generate(prompts, max_new_tokens=MIN_NEW_TOKENS), expected)
+    assert packed == []
+    timed.wins = "packed"
     for options in (dict(packed=False), dict(max_new_tokens=MIN_NEW_TOKENS - 1)):
         packed.clear()
         length = options.pop("max_new_tokens", MIN_NEW_TOKENS)
         assert torch.equal(model.generate(prompts, max_new_tokens=length, **options), expected[:, :7 + length])
         assert packed == []
     monkeypatch.setattr(generation, "MAX_COPY_BYTES", 0)  # a copy too large to lend
+    timed.asked.clear()
     assert torch.equal(model.generate(prompts, max_new_tokens=MIN_NEW_TOKENS), expected)
-    assert packed == []
+    assert packed == [] and timed.proposed() == [{"output_major"}]
     assert torch.equal(model.generate(prompts[:3], max_new_tokens=MIN_NEW_TOKENS, packed=True),
                        expected[:3])  # three rows: output-major's, even when told
     assert packed == []

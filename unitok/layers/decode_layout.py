@@ -18,7 +18,7 @@ neither blocks nor threads well once the weight is out of cache. `output_major_p
 them computed as (weight @ xᵀ)ᵀ instead — the output features as M — for as long as a decoding
 loop runs: one Zen 4 thread, cold cache, 4-5 rows, an 8,192 x 256 head 1.6-2.0x faster (GPT-2's
 50,304 x 768: 1.7-2.0x), 256 -> 768 or 1,024 1.7x, and two threads split the product (2.4-3.7x).
-It is lent only where the decoding weights outgrow the cache (`MIN_COLD_BYTES`): a model that
+It is proposed only where the decoding weights outgrow the cache (`MIN_COLD_BYTES`): a model that
 stays cached (a 5 MB one) runs the same products 0.6-0.9x as fast that way.
 
 A single row goes output-major too, as two (itself twice), where no input-major copy is lent
@@ -28,8 +28,7 @@ small-product kernel (one thread, cold cache, the 8,192 x 256 head 0.41 against 
 3,072 0.47 against 0.70, 768 -> 2,304 0.37 against 0.53). A GPT-124M-sized model decodes 1.24x
 faster that way (one row, 24-32 new tokens). The copy stays ahead for one row on one thread only
 (a D=256 GPT: 139 against 160 ms for 64 new tokens); at two rows output-major is 1.21x faster on
-one thread, and one row on two threads 1.01-1.17x, so `generate` lends the copy to a model out of
-cache for that one case (a cached model keeps it for two rows too). Narrowing layers keep
+one thread, and one row on two threads 1.01-1.17x. Narrowing layers keep
 ``F.linear`` (768 x 3,072 -> 768 at two rows output-major: 0.83 against 0.48 ms).
 
 From four rows up, the fastest product is oneDNN's with the weight packed for that many rows
@@ -42,8 +41,12 @@ and oneDNN's call on the weight as stored (which takes over from 256 rows). The 
 step first multiplies by the weight and lives until the block ends (`packed_products`; a step's
 exact row count only, so a one-off product — a prompt, cross-attention's keys of the source —
 runs as before). Weights that stay in cache run their layers faster as they are (a 5 MB model's
-1 MB layers: 0.6-0.9x packed), so `generate` packs where `MIN_COLD_BYTES` says the weights are out
-of cache and the copy is at most `MAX_COPY_BYTES`.
+1 MB layers: 0.6-0.9x packed), so packing is proposed where `MIN_COLD_BYTES` says the weights are
+out of cache and the copy is at most `MAX_COPY_BYTES`.
+
+These numbers are a Zen 4's. Which layout wins depends on the CPU (an AMX Xeon with 480 MB of L3
+runs the D=256 GPT fastest on its weights as stored), so `generate` lends a proposed layout only
+where timing it on this CPU finds it faster (`unitok.layers.layout_timing`).
 """
 
 from __future__ import annotations

@@ -1,0 +1,168 @@
+"""Decoding layouts chosen by timing them on this CPU: the cost of a choice is its setup (the copy,
+the packing) plus a step's products for every new token; a proposal is lent only where that beats
+the baseline by MIN_GAIN; each measurement is made once per layer shapes, rows and threads."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import unitok.layers.decode_layout as decode_layout
+from tests.conftest import tiny_gpt
+from unitok.layers import layout_timing
+from unitok.layers.layout_timing import (
+    GIVE_UP,
+    MIN_GAIN,
+    fastest_layouts,
+    forget_timings,
+    layout_costs,
+    lent,
+    pass_seconds,
+)
+
+PLAIN, COPY = frozenset(), frozenset({"input_major"})
+
+
+@pytest.fixture(autouse=True)
+def _fresh_timings():
+    forget_timings()
+    yield
+    forget_timings()
+
+
+class Timer:
+    """A stand-in for `pass_seconds`: (first pass, steady pass) by the layout lent — told apart by
+    the head's strides (input-major) and the context variables — and a count of its calls."""
+
+    def __init__(self, **seconds: tuple[float, float]) -> None:
+        self.seconds, self.calls, self.bounds = seconds, [], []
+
+    def __call__(self, module: nn.Module, rows: int, give_up_above: float = float("inf")) -> tuple[float, float]:
+        if module.lm_head.weight.stride()[0] == 1:
+            name = "input_major"
+        elif decode_layout._PACKED.get() is not None:
+            name = "packed"
+        else:
+            name = "output_major" if decode_layout._OUTPUT_MAJOR.get() else "plain"
+        self.calls.append((name, rows))
+        self.bounds.append(give_up_above)
+        return self.seconds[name]
+
+
+def test_the_cheapest_for_the_tokens_asked_for_wins_from_one_measurement():
+    model = tiny_gpt()
+    # the copy: a first pass 2 ms slower, then 0.8 ms a step against 1 ms as stored. 5 steps: 5 ms
+    # against 6; 11: 11 against 10.8, not MIN_GAIN less; 64: 64 against 53.2
+    timer = Timer(plain=(1e-3, 1e-3), input_major=(2.8e-3, 0.8e-3))
+    for steps, expected in ((5, PLAIN), (64, COPY), (11, PLAIN), (1000, COPY)):
+        assert fastest_layouts(model, 1, steps, PLAIN, [COPY], input_major_rows=1, timer=timer) == expected, steps
+    assert timer.calls == [("plain", 1), ("input_major", 1)]  # measured once, then kept
+    costs = layout_costs(model, 1, (PLAIN, COPY), 1, timer)
+    assert costs[PLAIN][1] == 1e-3 and costs[COPY][1] == 0.8e-3
+    assert costs[COPY][0] > 2e-3 and costs[PLAIN][0] < costs[COPY][0]  # the first pass's excess and the copy's own time
+
+
+def test_a_proposal_must_beat_the_baseline_by_min_gain():
+    model = tiny_gpt()
+    step = 1e-3
+    slightly = Timer(plain=(step, step), output_major=(step / (MIN_GAIN - 0.01), step / (MIN_GAIN - 0.01)))
+    assert fastest_layouts(model, 5, 64, PLAIN, [frozenset({"output_major"})], timer=slightly) == PLAIN
+    forget_timings()
+    clearly = Timer(plain=(step, step), output_major=(step / (MIN_GAIN + 0.1), step / (MIN_GAIN + 0.1)))
+    assert fastest_layouts(model, 5, 64, PLAIN, [frozenset({"output_major"})], timer=clearly) == {"output_major"}
+
+
+def test_the_fastest_of_several_proposals_and_what_the_packing_costs():
+    model = tiny_gpt()
+    # packing: a first pass of 30 ms (the packing), then 0.5 ms; output-major 0.7 ms from the start
+    timer = Timer(plain=(1e-3, 1e-3), output_major=(0.7e-3, 0.7e-3), packed=(30e-3, 0.5e-3))
+    proposals = [frozenset({"output_major"}), frozenset({"packed"})]
+    assert fastest_layouts(model, 5, 64, PLAIN, proposals, timer=timer) == {"output_major"}  # 45 vs 62 ms
+    assert fastest_layouts(model, 5, 1000, PLAIN, proposals, timer=timer) == {"packed"}  # 0.53 vs 0.70 s
+    assert [name for name, _ in timer.calls] == ["plain", "output_major", "packed"]
+    # the baseline timed in full; a proposal GIVE_UP times slower than it would stop early
+    assert timer.bounds == [float("inf"), GIVE_UP * 1e-3, GIVE_UP * 1e-3]
+
+
+def test_a_pass_far_slower_than_the_bound_ends_the_timing(monkeypatch):
+    model = tiny_gpt()
+    products = []
+    real = layout_timing.decode_linear
+    monkeypatch.setattr(layout_timing, "decode_linear", lambda x, fc: products.append(fc) or real(x, fc))
+    layers = len(layout_timing.linears(model))
+    pass_seconds(model, 1, passes=3)
+    assert len(products) == 4 * layers  # a first pass and three timed
+    products.clear()
+    first, steady = pass_seconds(model, 1, passes=3, give_up_above=0.0)
+    assert len(products) == 2 * layers and 0 < steady  # the first timed pass is over the bound: done
+
+
+def test_measurements_are_kept_per_shapes_rows_and_threads():
+    timer = Timer(plain=(1e-3, 1e-3), output_major=(0.5e-3, 0.5e-3))
+    proposals = [frozenset({"output_major"})]
+    fastest_layouts(tiny_gpt(), 5, 64, PLAIN, proposals, timer=timer)
+    fastest_layouts(tiny_gpt(), 5, 64, PLAIN, proposals, timer=timer)  # another model, the same shapes
+    assert len(timer.calls) == 2
+    fastest_layouts(tiny_gpt(), 6, 64, PLAIN, proposals, timer=timer)  # other rows
+    fastest_layouts(tiny_gpt(d_model=64), 5, 64, PLAIN, proposals, timer=timer)  # other shapes
+    assert len(timer.calls) == 6
+    before = torch.get_num_threads()
+    torch.set_num_threads(before + 1)
+    try:
+        fastest_layouts(tiny_gpt(), 5, 64, PLAIN, proposals, timer=timer)  # other threads
+    finally:
+        torch.set_num_threads(before)
+    assert len(timer.calls) == 8
+    assert fastest_layouts(tiny_gpt(), 5, 64, PLAIN, [], timer=timer) == PLAIN and len(timer.calls) == 8
+
+
+def test_timing_passes_run_every_linear_layer_without_hooks_and_leave_the_weights_as_they_were():
+    model = tiny_gpt()
+    before = {name: (p.data_ptr(), p.stride(), p.detach().clone()) for name, p in model.named_parameters()}
+    heard = []
+    model.lm_head.register_forward_hook(lambda *args: heard.append(args))
+    rng = torch.get_rng_state()
+    layers = layout_timing.linears(model)
+    assert len(layers) == 4 * model.config.n_layers + 1  # qkv, attention output, MLP up and down; the tied head
+    for layouts in (PLAIN, COPY, frozenset({"output_major"}), frozenset({"packed"})):
+        with lent(model, 5 if "packed" in layouts else 1, layouts, 1):
+            first, steady = pass_seconds(model, 5 if "packed" in layouts else 1, passes=2)
+        assert 0 < steady and 0 < first
+    assert heard == []  # random rows are not the model's input: no hook sees them
+    assert torch.equal(torch.get_rng_state(), rng)  # drawn from a generator of their own
+    for name, p in model.named_parameters():
+        ptr, stride, values = before[name]
+        assert (p.data_ptr(), p.stride()) == (ptr, stride) and torch.equal(p, values), name
+
+
+def test_unknown_layouts_are_refused_by_name():
+    with pytest.raises(ValueError, match=r"unknown decoding layouts \['transposed'\]; expected some of "
+                                         r"\('input_major', 'output_major', 'packed'\)"):
+        with lent(tiny_gpt(), 1, frozenset({"transposed", "packed"}), 1):
+            pass
+
+
+def test_generate_lends_what_timing_finds_fastest_and_gives_the_same_tokens(monkeypatch):
+    """With the real timer (the tiny model as if out of cache): whatever wins, the tokens are those
+    of the weights as stored, and the choice is among the proposals and the baseline."""
+    import unitok.generate as generation
+
+    chosen = []
+
+    def spy(*args, **kwargs):
+        chosen.append((args[3], args[4], fastest_layouts(*args, **kwargs)))
+        return chosen[-1][2]
+
+    monkeypatch.setattr(generation, "fastest_layouts", spy)
+    monkeypatch.setattr(generation, "MIN_COLD_BYTES", 0)
+    model = tiny_gpt()
+    prompts = torch.randint(2, 40, (5, 6), generator=torch.Generator().manual_seed(2))
+    for rows in (1, 2, 5):
+        for strategy in ("greedy", "beam"):
+            options = dict(max_new_tokens=20, strategy=strategy, num_beams=3, eos_token_id=None)
+            expected = model.generate(prompts[:rows], input_major=False, output_major=False, packed=False, **options)
+            assert torch.equal(model.generate(prompts[:rows], **options), expected), (rows, strategy)
+    assert len(chosen) == 6
+    for baseline, proposals, choice in chosen:
+        assert choice == baseline or choice in proposals
