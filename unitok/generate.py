@@ -34,6 +34,7 @@ from unitok.layers.decode_layout import (
     copy_bytes,
     input_major_weights,
     weight_bytes,
+    widening_linears,
 )
 from unitok.layers.kv_cache import KVCache, StaticKVCache
 from unitok.layers.layout_timing import Layouts, fastest_layouts, lent
@@ -291,13 +292,16 @@ def _decode_layouts(model: Decoder, rows: int, device: torch.device, cfg: Genera
     forced: set[str] = set()
     proposals: list[str] = []
     few, packable = FEW_ROWS[0] <= rows <= FEW_ROWS[1], can_pack() and PACKED_ROWS[0] <= rows <= PACKED_ROWS[1]
+    # a proposal needs steps to run (one new token comes from the prompt's logits) and layers that take it
     enough_tokens = cfg.max_new_tokens >= MIN_NEW_TOKENS
-    if cfg.input_major:
-        forced.add("input_major")
-    elif (cfg.input_major is None and rows <= ALL_WIDENING_ROWS and enough_tokens
-          and 0 < copy_bytes(module, rows) <= MAX_COPY_BYTES):
-        proposals.append("input_major")
-    cold = weight_bytes(module) >= MIN_COLD_BYTES
+    cold = (cfg.max_new_tokens > 1 and weight_bytes(module) >= MIN_COLD_BYTES
+            and bool(widening_linears(module)))  # float32 layers to take output-major or packed products
+    if cfg.strategy != "beam":  # (beam search's W + 1 rows gained nothing from the copy)
+        if cfg.input_major:
+            forced.add("input_major")
+        elif (cfg.input_major is None and rows <= ALL_WIDENING_ROWS and enough_tokens
+              and 0 < copy_bytes(module, rows) <= MAX_COPY_BYTES):
+            proposals.append("input_major")
     if cfg.output_major and few:
         forced.add("output_major")
     elif cfg.output_major is None and few and cold:

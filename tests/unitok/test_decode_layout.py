@@ -78,6 +78,8 @@ def test_input_major_decoding_gives_the_same_tokens(strategy):
     ({"max_new_tokens": MIN_NEW_TOKENS, "input_major": False}, False),
     ({"max_new_tokens": 4, "input_major": True}, True),
     ({"max_new_tokens": MIN_NEW_TOKENS, "strategy": "beam", "num_beams": 2}, False),  # beams: as they are
+    ({"max_new_tokens": MIN_NEW_TOKENS, "strategy": "beam", "num_beams": 1}, False),  # one beam too
+    ({"max_new_tokens": 4, "strategy": "beam", "num_beams": 2, "input_major": True}, False),  # greedy and sampling's
 ])
 def test_when_the_weights_are_laid_out(options, laid_out, wins, timed):
     timed.wins = wins

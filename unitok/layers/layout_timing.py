@@ -30,6 +30,7 @@ from unitok.layers.decode_layout import (
     output_major_products,
     packed_products,
 )
+from unitok.layers.plain_linear import unhooked
 
 LAYOUTS = ("input_major", "output_major", "packed")
 # A proposal (a copy of the weights while decoding) is lent only where its cost is this much below
@@ -70,7 +71,8 @@ def pass_seconds(module: nn.Module, rows: int, passes: int = PASSES,
     """(the first, the fastest of the next ``passes``) passes of ``rows`` rows through every linear
     layer of ``module``, each product the way a decoding step's runs it (`decode_linear`, else
     ``F.linear``: no forward hook sees these inputs), in seconds; the first packs the weights where
-    packed. Fewer passes where one after the first takes over ``give_up_above`` seconds."""
+    packed. Fewer passes where one after the first takes over ``give_up_above`` seconds (none after
+    it: ``passes=0``, a warm-up)."""
     layers = linears(module)
     g = torch.Generator().manual_seed(0)  # not the global one: a sampled decoding after this draws as it would
     inputs = {fc.in_features: torch.randn(rows, fc.in_features, generator=g).to(fc.weight.device, fc.weight.dtype)
@@ -86,10 +88,10 @@ def pass_seconds(module: nn.Module, rows: int, passes: int = PASSES,
             times.append(time.perf_counter() - start)
             if len(times) > 1 and times[-1] > give_up_above:
                 break
-    return times[0], min(times[1:])
+    return times[0], min(times[1:], default=times[0])
 
 
-Timer = Callable[..., tuple[float, float]]  # (module, rows, give_up_above=seconds) -> (first, steady pass)
+Timer = Callable[..., tuple[float, float]]  # (module, rows, passes=, give_up_above=) -> (first, steady pass)
 
 
 def layout_costs(module: nn.Module, rows: int, candidates: Sequence[Layouts], input_major_rows: int | None = None,
@@ -98,9 +100,14 @@ def layout_costs(module: nn.Module, rows: int, candidates: Sequence[Layouts], in
     rows of ``module`` on this CPU, measured once per (layer shapes, rows, threads, candidates) in a
     process; ``timer`` (`pass_seconds`) gives a first and a steady pass, told to give up on a
     candidate `GIVE_UP` times slower than the first (the baseline)."""
-    shapes = tuple((fc.in_features, fc.out_features, fc.bias is not None, fc.weight.dtype) for fc in linears(module))
-    key = (shapes, rows, torch.get_num_threads(), tuple(candidates), input_major_rows)
+    # what a layout can take: the shapes, and whether each layer is a plain contiguous unhooked one
+    layers = tuple((fc.in_features, fc.out_features, fc.bias is not None, fc.weight.dtype, fc.weight.device.type,
+                    type(fc) is nn.Linear and fc.weight.is_contiguous() and unhooked(fc)) for fc in linears(module))
+    key = (layers, rows, torch.get_num_threads(), tuple(candidates), input_major_rows)
     if key not in _COSTS:
+        # untimed: the first products of a process (lazy initialisation, cold caches) would count
+        # as the first candidate's setup
+        timer(module, rows, passes=0)
         costs = {}
         for layouts in candidates:
             start = time.perf_counter()

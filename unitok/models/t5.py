@@ -352,8 +352,12 @@ class _DecodingSession:
 
     def __init__(self, model: T5, memory: Tensor, memory_mask: Tensor | None) -> None:
         self.model, self.memory, self.memory_mask = model, memory, memory_mask
-        # what the decoding steps read (input-major decoding lays out these, not the encoder)
-        self.weights = nn.ModuleList([model.decoder, model.lm_head])
+        # what the decoding steps read (the layouts of `unitok.layers.decode_layout` serve these, and
+        # their timing runs them): the decoder's layers and the head, not the encoder, nor
+        # cross-attention's keys and values (computed once from the source)
+        self.weights = nn.ModuleList([m for name, m in model.decoder.named_modules()
+                                      if not list(m.children()) and not name.endswith("cross_attn.kv")]
+                                     + [model.lm_head])
 
     def new_cache(self, capacity: int) -> KVCache:
         return self.model.decoder.new_cache(capacity)
