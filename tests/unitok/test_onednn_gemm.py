@@ -1,5 +1,6 @@
 """Training's float32 CPU products through oneDNN equal PyTorch's own, gradients included, and
-are taken only where they may be (a float32 CPU product, oneDNN on, no autocast, no trace)."""
+are taken only where they may be (a float32 CPU product, oneDNN on, no autocast, no trace) and
+where this CPU runs them faster (timed once per thread count, unless set)."""
 
 from __future__ import annotations
 
@@ -225,3 +226,50 @@ def test_a_strided_bias_runs_pytorchs_own_products(products):
     loss = linear_cross_entropy(x, weight, labels, bias)
     torch.testing.assert_close(loss, F.cross_entropy(F.linear(x, weight, bias), labels))
     assert products == []
+
+
+@pytest.fixture
+def timings(monkeypatch) -> list[bool]:
+    """oneDNN's preference left to timing, from a clean slate; every timing recorded (True: oneDNN's)."""
+    monkeypatch.setattr(onednn_gemm, "PREFERRED", None)
+    monkeypatch.setattr(onednn_gemm, "_BY_THREADS", {})
+    calls: list[bool] = []
+    real = onednn_gemm._training_products_seconds
+    monkeypatch.setattr(onednn_gemm, "_training_products_seconds", lambda: calls.append(True) or real())
+    return calls
+
+
+@pytest.mark.parametrize("onednn_speedup, taken", [(2.0, True), (onednn_gemm.MIN_GAIN + 0.05, True),
+                                                   (onednn_gemm.MIN_GAIN - 0.03, False), (0.6, False)])
+def test_onednn_is_preferred_where_timed_min_gain_faster_once_per_thread_count(monkeypatch, onednn_speedup, taken):
+    monkeypatch.setattr(onednn_gemm, "PREFERRED", None)
+    monkeypatch.setattr(onednn_gemm, "_BY_THREADS", {})
+    calls = []
+    monkeypatch.setattr(onednn_gemm, "_training_products_seconds",
+                        lambda: calls.append(True) or (1.0, 1.0 / onednn_speedup))  # (MKL's, oneDNN's) seconds
+    x, w = torch.randn(8, 16), torch.randn(4, 16)
+    assert onednn_gemm.preferred() is taken and onednn_products(x, w) is taken
+    assert onednn_gemm.preferred() is taken and len(calls) == 1  # timed once
+    before = torch.get_num_threads()
+    torch.set_num_threads(before + 1)
+    try:
+        onednn_gemm.preferred()  # another thread count: timed again
+    finally:
+        torch.set_num_threads(before)
+    assert len(calls) == 2
+    for told in (True, False):  # set: as told, untimed
+        monkeypatch.setattr(onednn_gemm, "PREFERRED", told)
+        assert onednn_gemm.preferred() is told and onednn_products(x, w) is told
+    assert len(calls) == 2
+
+
+def test_the_timing_runs_only_where_a_product_could_take_onednn_and_disturbs_nothing(timings):
+    x, w = torch.randn(8, 16), torch.randn(4, 16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not onednn_products(x, w)  # autocast: PyTorch's (its low-precision GEMMs), nothing timed
+    assert not onednn_products(x.double(), w.double()) and not onednn_products(torch.randn(0, 16), w)
+    assert timings == []
+    rng = torch.get_rng_state()
+    choice = onednn_gemm.preferred()  # the real timing: a few milliseconds of products each way
+    assert timings == [True] and torch.equal(torch.get_rng_state(), rng)
+    assert onednn_products(x, w) is choice and timings == [True]

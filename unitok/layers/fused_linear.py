@@ -66,12 +66,11 @@ def trains_onednn(x: Tensor, fc: nn.Linear) -> bool:
     """Whether `linear` runs ``fc`` on ``x`` as `unitok.layers.onednn_gemm.linear` (a product that
     needs gradients, of a plain ``nn.Linear`` no hook watches, where oneDNN is preferred)."""
     return (
-        onednn_gemm.PREFERRED
-        and torch.is_grad_enabled()
+        torch.is_grad_enabled()
         and type(fc) is nn.Linear
         and (x.requires_grad or fc.weight.requires_grad or (fc.bias is not None and fc.bias.requires_grad))
         and unhooked(fc)
-        and onednn_gemm.onednn_products(x, fc.weight, fc.bias)
+        and onednn_gemm.onednn_products(x, fc.weight, fc.bias)  # oneDNN preferred here (timed once)
     )
 
 

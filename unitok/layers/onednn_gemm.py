@@ -8,8 +8,13 @@ families 1.6-2.2x faster, forward and both gradient products alike: a 1,024 x 25
 forward 210 against 80 GFLOP/s, its input gradient 236 against 92, its weight gradient 238
 against 94; 3,840 x 512 -> 128 (the Decision Transformer's MLP) forward and backward 8.9 against
 19.2 ms. Earlier measurements on another AVX-512 CPU (the README's "Zen 4", whose AVX-512 units
-are half width) found oneDNN level with MKL (0.9-1.3x forward, no faster backward), so there the
-choice gains or costs little; CPUs without AVX-512 keep PyTorch's path.
+are half width) found oneDNN level with MKL (0.9-1.3x forward, no faster backward), and on an
+Intel Xeon with AMX MKL is the faster (oneDNN 0.89x forward, 0.81x the weight gradient at that
+shape; 0.59x for a GPT head's weight gradient): a GPT step read 1.10x Hugging Face's through oneDNN
+there against 1.22x through MKL, T5's 0.95x against 1.06x. So where oneDNN runs at all (AVX-512
+CPUs; others keep PyTorch's path) the choice is timed once per process and thread count at the
+first training product (`preferred`): a layer's three products at three shapes, each way, oneDNN
+taken where it is `MIN_GAIN` faster.
 
 `linear` is ``F.linear`` with its gradients through oneDNN (twice differentiable: its backward
 is built from itself), `mm` is ``a @ b``; both fall back to PyTorch's kernels wherever
@@ -21,6 +26,8 @@ while dynamo traces a graph (inductor chooses its own kernels).
 
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -29,13 +36,52 @@ from unitok.checks import func_transforms_active
 
 _mkldnn = torch.ops.mkldnn
 _AVAILABLE = torch.backends.mkldnn.is_available() and hasattr(_mkldnn, "_linear_pointwise")
-# Where oneDNN's float32 kernels are preferred: AVX-512 CPUs (1.6-2.2x MKL on Zen 5; level on another before).
-PREFERRED = _AVAILABLE and torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+# Whether oneDNN's float32 kernels are preferred: False on CPUs without AVX-512 (or without oneDNN);
+# None: timed at the first use (`preferred`); True / False set it (as tests do).
+PREFERRED: bool | None = None if _AVAILABLE and torch.backends.cpu.get_cpu_capability().startswith("AVX512") else False
+MIN_GAIN = 1.05  # oneDNN must be this much faster than MKL (timing noise is a few per cent)
+# (rows, in, out) of the layers timed: a widening and a narrowing layer of a width-256 model and a
+# (smaller) LM head, whose weight gradient is where the two differ most (Xeon: oneDNN 0.59x)
+TIMED_SHAPES = ((1024, 256, 768), (1024, 768, 256), (256, 256, 4096))
+_BY_THREADS: dict[int, bool] = {}
+
+
+def _training_products_seconds() -> tuple[float, float]:
+    """(MKL's, oneDNN's) seconds for the forward, input-gradient and weight-gradient products of
+    `TIMED_SHAPES`' layers: the fastest of three repetitions each, after one to warm up, the two
+    alternating (a drift of the machine hits both alike)."""
+    g = torch.Generator().manual_seed(0)  # not the global generator: training draws as it would
+    operands = []
+    for rows, inputs, outputs in TIMED_SHAPES:
+        x, w, grad = (torch.randn(shape, generator=g) for shape in ((rows, inputs), (outputs, inputs), (rows, outputs)))
+        operands += [(x, w), (grad, w.t()), (grad.t(), x.t())]  # y = x wᵀ; dx = grad w; dw = gradᵀ x
+    best = {False: float("inf"), True: float("inf")}
+    with torch.no_grad(), torch.autocast("cpu", enabled=False):  # float32 products, whatever the caller's context
+        for i in range(4):
+            for onednn in (False, True):
+                start = time.perf_counter()
+                for a, b in operands:
+                    _product(a, b, None) if onednn else F.linear(a, b)
+                if i:
+                    best[onednn] = min(best[onednn], time.perf_counter() - start)
+    return best[False], best[True]
+
+
+def preferred() -> bool:
+    """Whether training's float32 products go through oneDNN on this CPU: `PREFERRED` where set,
+    else timed once per thread count (oneDNN where `MIN_GAIN` times faster than MKL)."""
+    if PREFERRED is not None:
+        return PREFERRED
+    threads = torch.get_num_threads()
+    if threads not in _BY_THREADS:
+        mkl, onednn = _training_products_seconds()
+        _BY_THREADS[threads] = onednn * MIN_GAIN <= mkl
+    return _BY_THREADS[threads]
 
 
 def onednn_products(*tensors: Tensor | None) -> bool:
     """Whether products of these tensors (None: absent, e.g. no bias) go through oneDNN here."""
-    if not PREFERRED or torch.compiler.is_compiling():  # first: a traced graph leaves at once
+    if torch.compiler.is_compiling() or PREFERRED is False:  # first: a traced graph leaves at once
         return False
     # (torch.func's transforms need every op they see to have their rules; oneDNN's call has none)
     return (torch.backends.mkldnn.enabled and not torch.is_autocast_enabled("cpu") and not func_transforms_active()
@@ -43,7 +89,8 @@ def onednn_products(*tensors: Tensor | None) -> bool:
             # a bias, as contiguous whatever its stride: a strided one runs PyTorch's ops too)
             and all(t is None or (t.device.type == "cpu" and t.dtype == torch.float32 and t.numel() > 0
                                   and (t.dim() != 1 or t.is_contiguous()))
-                    for t in tensors))
+                    for t in tensors)
+            and preferred())  # last: timed (once) only where a product would otherwise go through oneDNN
 
 
 def _product(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
@@ -105,4 +152,4 @@ def mm(a: Tensor, b: Tensor) -> Tensor:
     return torch.mm(a, b)
 
 
-__all__ = ["PREFERRED", "linear", "mm", "onednn_products"]
+__all__ = ["MIN_GAIN", "PREFERRED", "TIMED_SHAPES", "linear", "mm", "onednn_products", "preferred"]
