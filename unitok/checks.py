@@ -18,6 +18,7 @@ from contextlib import ContextDecorator
 from typing import Any
 
 import torch
+import torch.utils._python_dispatch
 from torch import Tensor
 
 _state = threading.local()  # .pending: the open scope's queued verdicts, or None outside a scope
@@ -58,6 +59,13 @@ def defers(values: Tensor) -> bool:
 # Whether torch.func's transforms (grad, vmap, jacrev) are running: ops without their rules
 # (oneDNN's call, the fused LM-head loss) step aside there for PyTorch's own
 func_transforms_active: Callable[[], bool] = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
+
+
+def dispatch_mode_active() -> bool:
+    """Whether a Python dispatch mode sees every op (``FakeTensorMode``, ``FlopCounterMode``, ...):
+    no timing of kernels there (they would be counted, or be fake), and PyTorch's own ops, which
+    such modes know."""
+    return torch.utils._python_dispatch.is_in_torch_dispatch_mode()
 
 
 def host_values(values: Tensor) -> Tensor:

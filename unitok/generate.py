@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from tokenizers_mm.checks import check_int, check_number
+from unitok.checks import dispatch_mode_active
 from unitok.compile import check_backend
 from unitok.config import Config
 from unitok.embed.positions import positions_from_mask
@@ -289,6 +290,7 @@ def _decode_layouts(model: Decoder, rows: int, device: torch.device, cfg: Genera
     module = _decoding_weights(model)
     if module is None or device.type != "cpu":
         return frozenset(), rows
+    timeable = not dispatch_mode_active()  # (a mode that sees every op would count, or fake, the timing)
     forced: set[str] = set()
     proposals: list[str] = []
     few, packable = FEW_ROWS[0] <= rows <= FEW_ROWS[1], can_pack() and PACKED_ROWS[0] <= rows <= PACKED_ROWS[1]
@@ -312,7 +314,7 @@ def _decode_layouts(model: Decoder, rows: int, device: torch.device, cfg: Genera
         proposals.append("packed")
     input_major_rows = None if cfg.input_major else rows
     baseline = frozenset(forced)
-    if not proposals:
+    if not proposals or not timeable:
         return baseline, input_major_rows
     return fastest_layouts(module, rows, cfg.max_new_tokens, baseline, [baseline | {name} for name in proposals],
                            input_major_rows), input_major_rows

@@ -208,6 +208,10 @@ def test_nothing_is_proposed_where_no_step_runs_or_no_layer_takes_a_layout(monke
     model.generate(prompts, max_new_tokens=1)  # the prompt's logits give the one token: no step
     model.to(torch.bfloat16).generate(prompts, max_new_tokens=20)  # output-major and packed take float32 only
     model.generate(prompts[:1], max_new_tokens=20, input_major=False)
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False):  # a mode that sees every op would count (or fake) the timing
+        model.float().generate(prompts, max_new_tokens=20)
     assert timed.asked == []
     model.float().generate(prompts, max_new_tokens=20)
     assert timed.proposed() == [{"output_major", "packed"}]

@@ -270,6 +270,30 @@ def test_the_timing_runs_only_where_a_product_could_take_onednn_and_disturbs_not
     assert not onednn_products(x.double(), w.double()) and not onednn_products(torch.randn(0, 16), w)
     assert timings == []
     rng = torch.get_rng_state()
+    state = (torch.is_grad_enabled(), torch.get_num_threads(), torch.are_deterministic_algorithms_enabled(),
+             torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"))
     choice = onednn_gemm.preferred()  # the real timing: a few milliseconds of products each way
     assert timings == [True] and torch.equal(torch.get_rng_state(), rng)
+    assert state == (torch.is_grad_enabled(), torch.get_num_threads(), torch.are_deterministic_algorithms_enabled(),
+                     torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"))
     assert onednn_products(x, w) is choice and timings == [True]
+
+
+def test_the_timing_returns_mkls_seconds_then_onednns(monkeypatch):
+    import time
+
+    real = onednn_gemm._product
+    monkeypatch.setattr(onednn_gemm, "_product", lambda *args: time.sleep(0.002) or real(*args))  # oneDNN slowed
+    mkl, onednn = onednn_gemm._training_products_seconds()
+    assert onednn > mkl + 9 * 0.002  # nine products a repetition, each 2 ms slower
+
+
+def test_a_dispatch_mode_that_sees_every_op_gets_pytorchs_own_products_and_no_timing(timings):
+    from torch.utils.flop_counter import FlopCounterMode
+
+    fc = nn.Linear(16, 4)
+    x = torch.randn(8, 16, requires_grad=True)
+    with FlopCounterMode(display=False) as counter:  # (its module hooks keep layers on F.linear: called directly)
+        linear(x, fc.weight, fc.bias).sum().backward()
+    assert counter.get_total_flops() == 3 * 2 * 8 * 16 * 4  # the forward and both gradients, counted
+    assert timings == [] and onednn_gemm._BY_THREADS == {}

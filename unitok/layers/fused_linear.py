@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.modules import module as _module
 
+from unitok.checks import dispatch_mode_active
 from unitok.layers import onednn_gemm
 from unitok.layers.activations import Activation, activate_fresh, computes
 from unitok.layers.decode_layout import decode_linear
@@ -59,6 +60,7 @@ def uses_onednn(x: Tensor, fc: nn.Linear, activation: Activation | None = None) 
         and (fc.bias is None or fc.bias.is_contiguous())  # oneDNN misreads a strided bias
         and torch.backends.mkldnn.enabled
         and replaceable(x, fc)
+        and not dispatch_mode_active()  # FakeTensorMode, FlopCounterMode: they know F.linear, not oneDNN's call
     )
 
 

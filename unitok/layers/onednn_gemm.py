@@ -13,15 +13,18 @@ Intel Xeon with AMX MKL is the faster (oneDNN 0.89x forward, 0.81x the weight gr
 shape; 0.59x for a GPT head's weight gradient): a GPT step read 1.10x Hugging Face's through oneDNN
 there against 1.22x through MKL, T5's 0.95x against 1.06x. So where oneDNN runs at all (AVX-512
 CPUs; others keep PyTorch's path) the choice is timed once per process and thread count at the
-first training product (`preferred`): a layer's three products at three shapes, each way, oneDNN
+first product that could take it (`preferred`; a training step's, or an inference product that calls
+`linear` directly, the Conformer's convolution module, the fused loss in validation): a layer's three products at three shapes, each way, oneDNN
 taken where it is `MIN_GAIN` faster.
 
 `linear` is ``F.linear`` with its gradients through oneDNN (twice differentiable: its backward
 is built from itself), `mm` is ``a @ b``; both fall back to PyTorch's kernels wherever
-`onednn_products` says no: not a float32 CPU product, not an AVX-512 CPU, oneDNN turned off
+`onednn_products` says no: not a float32 CPU product, not an AVX-512 CPU, oneDNN timed slower
+here, oneDNN turned off
 (``torch.backends.mkldnn.flags(enabled=False)``), under autocast (its low-precision GEMMs are
 oneDNN's already), a strided bias (which oneDNN misreads), inside ``torch.func`` transforms, or
-while dynamo traces a graph (inductor chooses its own kernels).
+while dynamo traces a graph (inductor chooses its own kernels) or a Python dispatch mode sees every op
+(``FakeTensorMode``, ``FlopCounterMode``: it knows PyTorch's ops, not oneDNN's call).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from unitok.checks import func_transforms_active
+from unitok.checks import dispatch_mode_active, func_transforms_active
 
 _mkldnn = torch.ops.mkldnn
 _AVAILABLE = torch.backends.mkldnn.is_available() and hasattr(_mkldnn, "_linear_pointwise")
@@ -85,6 +88,7 @@ def onednn_products(*tensors: Tensor | None) -> bool:
         return False
     # (torch.func's transforms need every op they see to have their rules; oneDNN's call has none)
     return (torch.backends.mkldnn.enabled and not torch.is_autocast_enabled("cpu") and not func_transforms_active()
+            and not dispatch_mode_active()
             # (oneDNN refuses empty operands: an empty batch runs PyTorch's ops; it reads a 1-D operand,
             # a bias, as contiguous whatever its stride: a strided one runs PyTorch's ops too)
             and all(t is None or (t.device.type == "cpu" and t.dtype == torch.float32 and t.numel() > 0
