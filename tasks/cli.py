@@ -64,6 +64,7 @@ from tasks.run_folder import (
     run_dir,
 )
 from unitok.cpu_memory import keep_freed_memory_unless_opted_out
+from unitok.layers import onednn_gemm
 
 SAMPLE_HELP = "Continue prompts with a trained GPT folder (see `unitok sample --help`)."
 CLAIMED: list[Path] = []  # version folders this process created, removed at exit if nothing was written there
@@ -326,6 +327,9 @@ class UnitokCLI(LightningCLI):
                                                                              for c in callbacks):
             callbacks.append(StepProgressBar())
         trainer["callbacks"] = callbacks
+        # Decided now, before Lightning starts any worker process: they inherit the decision (the
+        # environment) and multiply as this one does, not timing again and perhaps deciding otherwise.
+        onednn_gemm.preferred()
         steps, every = trainer.get("max_steps") or -1, trainer.get("log_every_n_steps") or 50
         if 0 < steps < 10 * every:  # a short run still logs from its first steps (ten points at least)
             trainer["log_every_n_steps"] = max(1, steps // 10)

@@ -31,6 +31,11 @@ def _reason(report: pytest.CollectReport | pytest.TestReport) -> str:
 def pytest_sessionstart(session: pytest.Session) -> None:
     for outcomes in _UNCHECKED.values():
         outcomes.clear()
+    # oneDNN or PyTorch's own products for training, timed once here (on the tests' one thread): the
+    # DDP workers and subprocesses the tests start inherit it, so they compute as this process does
+    import unitok.layers.onednn_gemm as onednn_gemm
+
+    onednn_gemm.preferred()
 
 
 def pytest_collectreport(report: pytest.CollectReport) -> None:

@@ -94,4 +94,6 @@ def test_lightning_ddp_step_equals_one_process_on_the_global_batch(tmp_path):
     assert set(ranks[0]["grads"]) == set(grads)
     for name, grad in grads.items():
         for r in ranks:  # DDP leaves every rank with the same averaged gradient
-            torch.testing.assert_close(r["grads"][name], grad, atol=1e-6, rtol=1e-4, msg=name)
+            # (rounded otherwise: halves of the batch against the whole, then averaged; up to 2.3e-6 apart
+            # through MKL's products, 1e-6 through oneDNN's)
+            torch.testing.assert_close(r["grads"][name], grad, atol=1e-5, rtol=1e-4, msg=name)

@@ -4,6 +4,8 @@ where this CPU runs them faster (timed once per thread count, unless set)."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -230,9 +232,10 @@ def test_a_strided_bias_runs_pytorchs_own_products(products):
 
 @pytest.fixture
 def timings(monkeypatch) -> list[bool]:
-    """oneDNN's preference left to timing, from a clean slate; every timing recorded (True: oneDNN's)."""
+    """oneDNN's preference left to timing, from a clean slate (nothing decided, nothing inherited);
+    every timing recorded."""
     monkeypatch.setattr(onednn_gemm, "PREFERRED", None)
-    monkeypatch.setattr(onednn_gemm, "_BY_THREADS", {})
+    monkeypatch.delenv(onednn_gemm.ENV, raising=False)
     calls: list[bool] = []
     real = onednn_gemm._training_products_seconds
     monkeypatch.setattr(onednn_gemm, "_training_products_seconds", lambda: calls.append(True) or real())
@@ -241,26 +244,54 @@ def timings(monkeypatch) -> list[bool]:
 
 @pytest.mark.parametrize("onednn_speedup, taken", [(2.0, True), (onednn_gemm.MIN_GAIN + 0.05, True),
                                                    (onednn_gemm.MIN_GAIN - 0.03, False), (0.6, False)])
-def test_onednn_is_preferred_where_timed_min_gain_faster_once_per_thread_count(monkeypatch, onednn_speedup, taken):
+def test_onednn_is_preferred_where_timed_min_gain_faster_once_for_the_processes_to_come(monkeypatch, onednn_speedup,
+                                                                                        taken):
     monkeypatch.setattr(onednn_gemm, "PREFERRED", None)
-    monkeypatch.setattr(onednn_gemm, "_BY_THREADS", {})
+    monkeypatch.delenv(onednn_gemm.ENV, raising=False)
     calls = []
     monkeypatch.setattr(onednn_gemm, "_training_products_seconds",
                         lambda: calls.append(True) or (1.0, 1.0 / onednn_speedup))  # (MKL's, oneDNN's) seconds
     x, w = torch.randn(8, 16), torch.randn(4, 16)
     assert onednn_gemm.preferred() is taken and onednn_products(x, w) is taken
-    assert onednn_gemm.preferred() is taken and len(calls) == 1  # timed once
     before = torch.get_num_threads()
     torch.set_num_threads(before + 1)
     try:
-        onednn_gemm.preferred()  # another thread count: timed again
+        assert onednn_gemm.preferred() is taken  # another thread count: the same decision, not timed again
     finally:
         torch.set_num_threads(before)
-    assert len(calls) == 2
+    assert len(calls) == 1
+    # in the environment: a process started from here (a DDP worker) decides the same, untimed
+    assert os.environ[onednn_gemm.ENV] == ("1" if taken else "0")
+    monkeypatch.setattr(onednn_gemm, "PREFERRED", None)
+    assert onednn_gemm.preferred() is taken and len(calls) == 1
     for told in (True, False):  # set: as told, untimed
         monkeypatch.setattr(onednn_gemm, "PREFERRED", told)
         assert onednn_gemm.preferred() is told and onednn_products(x, w) is told
-    assert len(calls) == 2
+    assert len(calls) == 1
+
+
+def test_the_environment_fixes_the_choice_and_a_bad_value_is_refused(monkeypatch, timings):
+    for value, expected in (("1", True), ("0", False)):
+        monkeypatch.setattr(onednn_gemm, "PREFERRED", None)
+        monkeypatch.setenv(onednn_gemm.ENV, value)
+        assert onednn_gemm.preferred() is expected
+    monkeypatch.setattr(onednn_gemm, "PREFERRED", None)
+    monkeypatch.setenv(onednn_gemm.ENV, "yes")
+    with pytest.raises(ValueError, match=r"UNITOK_ONEDNN='yes': expected 1 \(oneDNN's products\) or 0"):
+        onednn_gemm.preferred()
+    assert timings == []
+
+
+def test_a_process_started_after_the_timing_inherits_it(monkeypatch, timings):
+    import subprocess
+    import sys
+
+    choice = onednn_gemm.preferred()
+    assert timings == [True]
+    code = ("import unitok.layers.onednn_gemm as o; o._training_products_seconds = None; "  # would fail if timed
+            "o.PREFERRED = None; print(o.preferred())")  # (None: as the fixture left this process, on any CPU)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == str(choice)
 
 
 def test_the_timing_runs_only_where_a_product_could_take_onednn_and_disturbs_nothing(timings):
@@ -296,4 +327,4 @@ def test_a_dispatch_mode_that_sees_every_op_gets_pytorchs_own_products_and_no_ti
     with FlopCounterMode(display=False) as counter:  # (its module hooks keep layers on F.linear: called directly)
         linear(x, fc.weight, fc.bias).sum().backward()
     assert counter.get_total_flops() == 3 * 2 * 8 * 16 * 4  # the forward and both gradients, counted
-    assert timings == [] and onednn_gemm._BY_THREADS == {}
+    assert timings == [] and onednn_gemm.PREFERRED is None

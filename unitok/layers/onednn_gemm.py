@@ -12,23 +12,27 @@ are half width) found oneDNN level with MKL (0.9-1.3x forward, no faster backwar
 Intel Xeon with AMX MKL is the faster (oneDNN 0.89x forward, 0.81x the weight gradient at that
 shape; 0.59x for a GPT head's weight gradient): a GPT step read 1.10x Hugging Face's through oneDNN
 there against 1.22x through MKL, T5's 0.95x against 1.06x. So where oneDNN runs at all (AVX-512
-CPUs; others keep PyTorch's path) the choice is timed once per process and thread count at the
-first product that could take it (`preferred`; a training step's, or an inference product that calls
-`linear` directly, the Conformer's convolution module, the fused loss in validation): a layer's three products at three shapes, each way, oneDNN
-taken where it is `MIN_GAIN` faster.
+CPUs; others keep PyTorch's path) the choice is timed once, at the first product that could take
+it (`preferred`: a training step's, or an inference product that calls `linear` directly, the
+Conformer's convolution module, the fused loss in validation): a layer's three products at three
+shapes, each way, oneDNN taken where it is `MIN_GAIN` faster. The decision goes into the
+environment (`ENV`), so every process started afterwards (DDP workers, subprocesses) multiplies
+the same way rather than timing again and perhaps deciding otherwise (rounding-level differences
+between ranks); setting it fixes the choice.
 
 `linear` is ``F.linear`` with its gradients through oneDNN (twice differentiable: its backward
 is built from itself), `mm` is ``a @ b``; both fall back to PyTorch's kernels wherever
 `onednn_products` says no: not a float32 CPU product, not an AVX-512 CPU, oneDNN timed slower
-here, oneDNN turned off
-(``torch.backends.mkldnn.flags(enabled=False)``), under autocast (its low-precision GEMMs are
-oneDNN's already), a strided bias (which oneDNN misreads), inside ``torch.func`` transforms, or
-while dynamo traces a graph (inductor chooses its own kernels) or a Python dispatch mode sees every op
-(``FakeTensorMode``, ``FlopCounterMode``: it knows PyTorch's ops, not oneDNN's call).
+here, oneDNN turned off (``torch.backends.mkldnn.flags(enabled=False)``), under autocast (its
+low-precision GEMMs are oneDNN's already), a strided bias (which oneDNN misreads), inside
+``torch.func`` transforms, while dynamo traces a graph (inductor chooses its own kernels) or where
+a Python dispatch mode sees every op (``FakeTensorMode``, ``FlopCounterMode``: they know PyTorch's
+ops, not oneDNN's call).
 """
 
 from __future__ import annotations
 
+import os
 import time
 
 import torch
@@ -40,13 +44,15 @@ from unitok.checks import dispatch_mode_active, func_transforms_active
 _mkldnn = torch.ops.mkldnn
 _AVAILABLE = torch.backends.mkldnn.is_available() and hasattr(_mkldnn, "_linear_pointwise")
 # Whether oneDNN's float32 kernels are preferred: False on CPUs without AVX-512 (or without oneDNN);
-# None: timed at the first use (`preferred`); True / False set it (as tests do).
+# None: decided at the first use (`preferred`); True / False set it (as tests do).
 PREFERRED: bool | None = None if _AVAILABLE and torch.backends.cpu.get_cpu_capability().startswith("AVX512") else False
 MIN_GAIN = 1.05  # oneDNN must be this much faster than MKL (timing noise is a few per cent)
 # (rows, in, out) of the layers timed: a widening and a narrowing layer of a width-256 model and a
 # (smaller) LM head, whose weight gradient is where the two differ most (Xeon: oneDNN 0.59x)
 TIMED_SHAPES = ((1024, 256, 768), (1024, 768, 256), (256, 256, 4096))
-_BY_THREADS: dict[int, bool] = {}
+# "1": oneDNN's products, "0": PyTorch's. The first timing writes it, so the processes started after
+# it (DDP workers, a CLI's subprocesses) inherit the decision and multiply alike; a user may set it.
+ENV = "UNITOK_ONEDNN"
 
 
 def _training_products_seconds() -> tuple[float, float]:
@@ -71,15 +77,20 @@ def _training_products_seconds() -> tuple[float, float]:
 
 
 def preferred() -> bool:
-    """Whether training's float32 products go through oneDNN on this CPU: `PREFERRED` where set,
-    else timed once per thread count (oneDNN where `MIN_GAIN` times faster than MKL)."""
-    if PREFERRED is not None:
-        return PREFERRED
-    threads = torch.get_num_threads()
-    if threads not in _BY_THREADS:
-        mkl, onednn = _training_products_seconds()
-        _BY_THREADS[threads] = onednn * MIN_GAIN <= mkl
-    return _BY_THREADS[threads]
+    """Whether training's float32 products go through oneDNN on this CPU: `PREFERRED` where set;
+    else `ENV` where the environment holds it (inherited from the process that timed it, or the
+    user's); else timed once (oneDNN where `MIN_GAIN` times faster than MKL, at this thread count)
+    and the decision kept in both, for this process and those it starts."""
+    global PREFERRED
+    if PREFERRED is None:
+        told = os.environ.get(ENV)
+        if told is not None and told not in ("0", "1"):
+            raise ValueError(f"{ENV}={told!r}: expected 1 (oneDNN's products) or 0 (PyTorch's own)")
+        if told is None:
+            mkl, onednn = _training_products_seconds()
+            told = os.environ[ENV] = "1" if onednn * MIN_GAIN <= mkl else "0"
+        PREFERRED = told == "1"
+    return PREFERRED
 
 
 def onednn_products(*tensors: Tensor | None) -> bool:
@@ -156,4 +167,4 @@ def mm(a: Tensor, b: Tensor) -> Tensor:
     return torch.mm(a, b)
 
 
-__all__ = ["MIN_GAIN", "PREFERRED", "TIMED_SHAPES", "linear", "mm", "onednn_products", "preferred"]
+__all__ = ["ENV", "MIN_GAIN", "PREFERRED", "TIMED_SHAPES", "linear", "mm", "onednn_products", "preferred"]
