@@ -380,7 +380,8 @@ def _static_generate(model: Decoder, input_ids: Tensor, mask: Tensor, cfg: Gener
         # compiled on the weights as stored). Whatever the number of new tokens: the compiled step
         # is traced for the weights' strides, so one layout keeps one graph for every length.
         module = _decoding_weights(model)
-        if (cfg.max_new_tokens > 1 and module is not None and cfg.input_major is not False  # else no step runs
+        # (one new token comes from the prompt's logits: no step runs)
+        if (cfg.max_new_tokens > 1 and module is not None and cfg.input_major is not False
                 and (cfg.input_major or (device.type == "cpu" and copy_bytes(module, B) <= MAX_COPY_BYTES))):
             layout.enter_context(input_major_weights(module, None if cfg.input_major else B))
         if device.type == "cuda" and cfg.cuda_graph and cfg.max_new_tokens > 1:

@@ -72,6 +72,9 @@ def test_small_products_autocast_other_dtypes_and_disabled_onednn_stay_unfused()
             assert linear(torch.randn(*BIG), fc).dtype == torch.bfloat16
         with torch.backends.mkldnn.flags(enabled=False):
             assert not uses_onednn(torch.randn(*BIG), fc)
+        x = torch.randn(*BIG)
+        with torch._subclasses.fake_tensor.FakeTensorMode(allow_non_fake_inputs=True):  # sees every op: F.linear's
+            assert not uses_onednn(x, fc)
         assert uses_onednn(torch.randn(*BIG), fc)
 
 

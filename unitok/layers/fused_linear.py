@@ -11,8 +11,9 @@ input); autocast, compiled graphs (inductor fuses on its own) and small products
 oneDNN's call overhead loses (measured crossover, ``MIN_ROWS`` / ``MIN_FEATURES``), keep
 ``F.linear``. A product that needs gradients (training) runs unfused through
 `unitok.layers.onednn_gemm.linear` where oneDNN is timed faster (AVX-512 CPUs only; on a Zen 5
-oneDNN's float32 GEMMs outrun MKL's 1.6-2.2x, forward and backward; on an AMX Xeon MKL's win), else ``F.linear``; the activation is then a pass of its own
-(its gradient needs the product before it). ``torch.backends.mkldnn.flags(enabled=False)``
+oneDNN's float32 GEMMs outrun MKL's 1.6-2.2x, forward and backward; on an AMX Xeon MKL's win),
+else ``F.linear``; the activation is then a pass of its own (its gradient needs the product
+before it). ``torch.backends.mkldnn.flags(enabled=False)``
 turns both off.
 """
 
