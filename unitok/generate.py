@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import numbers
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -33,7 +33,6 @@ from unitok.layers.decode_layout import (
     PACKED_ROWS,
     can_pack,
     copy_bytes,
-    input_major_weights,
     weight_bytes,
     widening_linears,
 )
@@ -95,8 +94,9 @@ class GenerationConfig(Config):
     against the layouts lent without them on this CPU, once per shape and thread count
     (`unitok.layers.layout_timing`): the fastest for the tokens asked for is lent (rules measured
     on one CPU lose on another: an AMX Xeon's 480 MB of L3 holds a D=256 GPT's weights, which
-    then run fastest as they are). The compiled path (``compile``) lends the input-major copy
-    alone, for one or two rows, untimed (its graph is traced for the weights' strides)."""
+    then run fastest as they are). The compiled path (``compile``) takes the input-major copy
+    alone, for one or two rows, timed on the pass alone for any number of tokens (its graph is
+    traced for the weights' strides: one layout, one graph)."""
 
     max_new_tokens: int = 32
     strategy: Strategy = "greedy"
@@ -283,10 +283,13 @@ def _decoding_weights(model: Decoder) -> nn.Module | None:
     return module if isinstance(module, nn.Module) else None
 
 
-def _decode_layouts(model: Decoder, rows: int, device: torch.device, cfg: GenerationConfig) -> tuple[Layouts, int | None]:
+def _decode_layouts(model: Decoder, rows: int, device: torch.device, cfg: GenerationConfig,
+                    compiled: bool = False) -> tuple[Layouts, int | None]:
     """The layouts (`unitok.layers.layout_timing.LAYOUTS`) decoding steps of ``rows`` rows run in,
     and the rows the input-major copy is made for (None: every widening layer): those the config
-    lends (True), and the fastest of those it leaves to the rules (None) on this CPU."""
+    lends (True), and the fastest of those it leaves to the rules (None) on this CPU. ``compiled``:
+    for the compiled step, which takes the input-major copy alone, chosen for any number of new
+    tokens (its graph is traced for the weights' strides: one layout, one graph for every length)."""
     module = _decoding_weights(model)
     if module is None or device.type != "cpu":
         return frozenset(), rows
@@ -295,7 +298,7 @@ def _decode_layouts(model: Decoder, rows: int, device: torch.device, cfg: Genera
     proposals: list[str] = []
     few, packable = FEW_ROWS[0] <= rows <= FEW_ROWS[1], can_pack() and PACKED_ROWS[0] <= rows <= PACKED_ROWS[1]
     # a proposal needs steps to run (one new token comes from the prompt's logits) and layers that take it
-    enough_tokens = cfg.max_new_tokens >= MIN_NEW_TOKENS
+    enough_tokens = cfg.max_new_tokens >= MIN_NEW_TOKENS or (compiled and cfg.max_new_tokens > 1)
     cold = (cfg.max_new_tokens > 1 and weight_bytes(module) >= MIN_COLD_BYTES
             and bool(widening_linears(module)))  # float32 layers to take output-major or packed products
     if cfg.strategy != "beam":  # (beam search's W + 1 rows gained nothing from the copy)
@@ -304,6 +307,8 @@ def _decode_layouts(model: Decoder, rows: int, device: torch.device, cfg: Genera
         elif (cfg.input_major is None and rows <= ALL_WIDENING_ROWS and enough_tokens
               and 0 < copy_bytes(module, rows) <= MAX_COPY_BYTES):
             proposals.append("input_major")
+    if compiled:
+        few = packable = False  # (a traced step multiplies as F.linear does: no output-major or packed products)
     if cfg.output_major and few:
         forced.add("output_major")
     elif cfg.output_major is None and few and cold:
@@ -316,8 +321,8 @@ def _decode_layouts(model: Decoder, rows: int, device: torch.device, cfg: Genera
     baseline = frozenset(forced)
     if not proposals or not timeable:
         return baseline, input_major_rows
-    return fastest_layouts(module, rows, cfg.max_new_tokens, baseline, [baseline | {name} for name in proposals],
-                           input_major_rows), input_major_rows
+    return fastest_layouts(module, rows, None if compiled else cfg.max_new_tokens, baseline,
+                           [baseline | {name} for name in proposals], input_major_rows), input_major_rows
 
 
 def _lend(layout: contextlib.ExitStack, model: Decoder, rows: int, layouts: Layouts,
@@ -336,14 +341,20 @@ def _static_step(model: StaticDecoder, new_ids: Tensor, positions: Tensor, keys:
     return model.decode_step(new_ids, positions, (keys & written)[:, None, None, :], cache)
 
 
-_compiled_steps: dict[str, Callable[..., Tensor]] = {}
+_compiled_steps: dict[tuple[str, str], Callable[..., Tensor]] = {}
 
 
-def _compiled_step(backend: str) -> Callable[..., Tensor]:
-    """`_static_step` compiled for ``backend`` (once a process: traces are cached per model and shape)."""
-    if backend not in _compiled_steps:
-        _compiled_steps[backend] = torch.compile(_static_step, backend=backend, fullgraph=True, dynamic=False)
-    return _compiled_steps[backend]
+def _compiled_step(backend: str, device: torch.device) -> Callable[..., Tensor]:
+    """`_static_step` compiled for ``backend`` (once a process: traces are cached per model and shape).
+    On the CPU, inductor's graph runs through its C++ wrapper: one call into compiled code a token
+    instead of a Python function calling each kernel (a one-row step is dozens of small kernels;
+    D=256 GPT on a Xeon, one thread: 1.94 against 2.17 ms a token, the same tokens)."""
+    key = (backend, device.type)
+    if key not in _compiled_steps:
+        options = {"cpp_wrapper": True} if backend == "inductor" and device.type == "cpu" else None
+        _compiled_steps[key] = torch.compile(_static_step, backend=backend, fullgraph=True, dynamic=False,
+                                             options=options)
+    return _compiled_steps[key]
 
 
 def _static_generate(model: Decoder, input_ids: Tensor, mask: Tensor, cfg: GenerationConfig,
@@ -356,9 +367,9 @@ def _static_generate(model: Decoder, input_ids: Tensor, mask: Tensor, cfg: Gener
     if not all(hasattr(model, name) for name in ("decode_step", "new_static_cache")):
         raise ValueError(f"compile needs a model with a decode_step and a new_static_cache (GPT has them); "
                          f"{type(model).__name__} decodes with compile=False")
-    step = _compiled_step("inductor" if cfg.compile is True else str(cfg.compile))
     B, S = input_ids.shape
     device = input_ids.device
+    step = _compiled_step("inductor" if cfg.compile is True else str(cfg.compile), device)
     cache = model.new_static_cache(S + cfg.max_new_tokens)  # type: ignore[attr-defined]
     T = cache.capacity  # ≥ S + max_new_tokens (a model may round it up, to share one compiled step)
     keys = torch.ones(B, T, dtype=torch.bool, device=device)  # which positions hold real tokens
@@ -375,15 +386,12 @@ def _static_generate(model: Decoder, input_ids: Tensor, mask: Tensor, cfg: Gener
     ids = input_ids
     running = torch.ones(B, dtype=torch.bool, device=device)
     with contextlib.ExitStack() as layout:
-        # The prompt ran as the weights are; the steps read them input-major where that is faster
-        # (GPT D=256 on the CPU: 1.97-2.16x Hugging Face's eager decoding, against 1.26-1.30x
-        # compiled on the weights as stored). Whatever the number of new tokens: the compiled step
-        # is traced for the weights' strides, so one layout keeps one graph for every length.
-        module = _decoding_weights(model)
-        # (one new token comes from the prompt's logits: no step runs)
-        if (cfg.max_new_tokens > 1 and module is not None and cfg.input_major is not False
-                and (cfg.input_major or (device.type == "cpu" and copy_bytes(module, B) <= MAX_COPY_BYTES))):
-            layout.enter_context(input_major_weights(module, None if cfg.input_major else B))
+        # The prompt ran as the weights are; the steps read them input-major where this CPU runs
+        # them faster so (timed: a Zen 4's 32 MB of L3, GPT D=256, 1.97-2.16x Hugging Face's eager
+        # decoding against 1.26-1.30x as stored; an AMX Xeon's 480 MB hold them, and there as
+        # stored is the faster). One new token comes from the prompt's logits: no step runs.
+        if cfg.max_new_tokens > 1:
+            _lend(layout, model, B, *_decode_layouts(model, B, device, cfg, compiled=True))
         if device.type == "cuda" and cfg.cuda_graph and cfg.max_new_tokens > 1:
             step = _cuda_graph_step(step, model, position, keys, index, cache)
         for t in range(cfg.max_new_tokens):
@@ -392,10 +400,29 @@ def _static_generate(model: Decoder, input_ids: Tensor, mask: Tensor, cfg: Gener
             if t + 1 == cfg.max_new_tokens or (cfg.eos_token_id is not None and not bool(running.any())):
                 break
             logits = step(model, token[:, None], position, keys, index, cache)
+            if t == 0:
+                layout.enter_context(_steady_guards())
             cache.length += 1
             index += 1  # in place: the cache (and a captured graph) reads the same tensor
             position = position + 1
     return ids
+
+
+@contextlib.contextmanager
+def _steady_guards() -> Iterator[None]:
+    """Dynamo evaluates only the guards that tell its compiled graphs apart, until the block ends.
+
+    Every step of one decoding has the first's shapes, dtypes, model and cache: that step ran
+    every guard (a recompile, had anything changed, would have happened there), and the later ones
+    would only pass them again — 0.13 ms a token on a Xeon, 7 % of a D=256 GPT's compiled step.
+    Left as it is under another stance (``force_eager``, a forced backend) or inside a trace."""
+    stance = getattr(torch._dynamo.eval_frame, "_stance", None)
+    if (torch.compiler.is_compiling() or stance is None or stance.stance != "default"
+            or stance.backend is not None or stance.skip_guard_eval_unsafe):
+        yield
+        return
+    with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
+        yield
 
 
 def _cuda_graph_step(step: Callable[..., Tensor], model: StaticDecoder, position: Tensor, keys: Tensor,

@@ -14,6 +14,7 @@ from unitok.layers import layout_timing
 from unitok.layers.layout_timing import (
     GIVE_UP,
     MIN_GAIN,
+    MIN_GAIN_ANY_LENGTH,
     fastest_layouts,
     forget_timings,
     layout_costs,
@@ -62,6 +63,9 @@ def test_the_cheapest_for_the_tokens_asked_for_wins_from_one_measurement():
     timer = Timer(plain=(1e-3, 1e-3), input_major=(2.8e-3, 0.8e-3))
     for steps, expected in ((5, PLAIN), (64, COPY), (11, PLAIN), (1000, COPY)):
         assert fastest_layouts(model, 1, steps, PLAIN, [COPY], input_major_rows=1, timer=timer) == expected, steps
+    # steps=None (the compiled step: one layout for every length): the pass alone, 0.8 against 1 ms,
+    # at least MIN_GAIN_ANY_LENGTH faster
+    assert fastest_layouts(model, 1, None, PLAIN, [COPY], input_major_rows=1, timer=timer) == COPY
     assert timer.calls == [("plain", 1), ("input_major", 1)] and timer.warm_ups == 1  # measured once, then kept
     costs = layout_costs(model, 1, (PLAIN, COPY), 1, timer)
     assert costs[PLAIN][0] < 0.1e-3 and costs[PLAIN][1] == 1e-3 and costs[COPY][1] == 0.8e-3  # nothing to lend
@@ -74,6 +78,11 @@ def test_a_proposal_must_beat_the_baseline_by_min_gain():
     step = 1e-3
     slightly = Timer(plain=(step, step), output_major=(step / (MIN_GAIN - 0.01), step / (MIN_GAIN - 0.01)))
     assert fastest_layouts(model, 5, 64, PLAIN, [frozenset({"output_major"})], timer=slightly) == PLAIN
+    assert fastest_layouts(model, 5, None, PLAIN, [frozenset({"output_major"})], timer=slightly) == PLAIN
+    forget_timings()  # any number of steps: the pass alone, MIN_GAIN_ANY_LENGTH faster than the baseline's
+    level = Timer(plain=(step, step), output_major=(step, step / (MIN_GAIN_ANY_LENGTH - 0.01)))
+    assert fastest_layouts(model, 5, 1000, PLAIN, [frozenset({"output_major"})], timer=level) == {"output_major"}
+    assert fastest_layouts(model, 5, None, PLAIN, [frozenset({"output_major"})], timer=level) == PLAIN
     forget_timings()
     clearly = Timer(plain=(step, step), output_major=(step / (MIN_GAIN + 0.1), step / (MIN_GAIN + 0.1)))
     assert fastest_layouts(model, 5, 64, PLAIN, [frozenset({"output_major"})], timer=clearly) == {"output_major"}

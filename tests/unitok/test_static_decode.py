@@ -78,11 +78,11 @@ def test_compiled_decoding_stops_at_eos_and_samples_as_eager_with_one_seed():
     assert torch.equal(draws[0], draws[1])
 
 
-def test_compiled_decoding_steps_on_input_major_weights_and_gives_them_back(monkeypatch):
-    import unitok.generate as generate
+def test_compiled_decoding_steps_on_input_major_weights_where_timed_faster_and_gives_them_back(monkeypatch, timed):
+    import unitok.layers.layout_timing as layout_timing
 
     lent = []  # how many weights each decoding laid out
-    real = generate.input_major_weights
+    real = layout_timing.input_major_weights
 
     @contextlib.contextmanager
     def spy(model, rows):
@@ -90,17 +90,54 @@ def test_compiled_decoding_steps_on_input_major_weights_and_gives_them_back(monk
             lent.append(count)
             yield count
 
-    monkeypatch.setattr(generate, "input_major_weights", spy)
+    monkeypatch.setattr(layout_timing, "input_major_weights", spy)
     gpt = tiny_gpt()
     before = {name: (p.data_ptr(), p.stride()) for name, p in gpt.named_parameters()}
     ids = torch.randint(0, 64, (1, 6), generator=torch.Generator().manual_seed(6))
     eager = gpt.generate(ids, max_new_tokens=8, input_major=False)
-    compiled = gpt.generate(ids, max_new_tokens=8, compile=BACKEND)  # one row: laid out, even for 8 tokens
+    timed.wins = "input_major"
+    compiled = gpt.generate(ids, max_new_tokens=8, compile=BACKEND)  # one row: proposed, even for 8 tokens
     assert lent == [7] and torch.equal(compiled, eager)  # per layer qkv, out, MLP in; the tied head
+    assert timed.proposed() == [{"input_major"}]  # the copy alone: a traced step multiplies as F.linear does
     assert {name: (p.data_ptr(), p.stride()) for name, p in gpt.named_parameters()} == before  # given back
-    gpt.generate(ids, max_new_tokens=8, compile=BACKEND, input_major=False)
-    gpt.generate(ids.repeat(3, 1), max_new_tokens=8, compile=BACKEND)  # three rows: as they are
-    assert lent == [7, 0]  # input_major=False: not asked; three rows: nothing gains
+    gpt.generate(ids, max_new_tokens=8, compile=BACKEND, input_major=False)  # not asked
+    gpt.generate(ids.repeat(3, 1), max_new_tokens=8, compile=BACKEND)  # three rows: nothing gains
+    assert lent == [7] and len(timed.asked) == 1  # neither proposed it
+    timed.wins = None  # this CPU runs the weights as stored faster (an AMX Xeon's 480 MB of L3)
+    assert torch.equal(gpt.generate(ids, max_new_tokens=8, compile=BACKEND), eager)
+    assert lent == [7] and len(timed.asked) == 2  # proposed, timed, not lent
+    gpt.generate(ids, max_new_tokens=1, compile=BACKEND)  # one new token: no step runs, nothing proposed
+    assert len(timed.asked) == 2
+
+
+def test_steps_after_the_first_evaluate_only_the_guards_that_tell_graphs_apart(monkeypatch):
+    import torch._dynamo.eval_frame as eval_frame
+
+    import unitok.generate as generate
+
+    real, seen = generate._compiled_step, []
+
+    def spy(backend, device):
+        step = real(backend, device)
+
+        def recording(*args):
+            seen.append((eval_frame._stance.stance, eval_frame._stance.skip_guard_eval_unsafe))
+            return step(*args)
+        return recording
+
+    monkeypatch.setattr(generate, "_compiled_step", spy)
+    wide, narrow = tiny_gpt(sharpen=3.0), tiny_gpt(sharpen=3.0, d_model=48)
+    ids = torch.randint(0, 64, (2, 6), generator=torch.Generator().manual_seed(7))
+    for gpt in (wide, narrow, wide):  # two models in turn: each decoding's first step runs every guard
+        seen.clear()
+        assert torch.equal(gpt.generate(ids, max_new_tokens=6, compile=BACKEND), gpt.generate(ids, max_new_tokens=6))
+        assert seen == [("default", False)] + [("default", True)] * 4  # 5 steps: the 6th token is the last's
+        assert not eval_frame._stance.skip_guard_eval_unsafe  # the stance given back
+    seen.clear()
+    with torch.compiler.set_stance("force_eager"):  # the caller's stance is kept: no compiled step at all
+        assert torch.equal(wide.generate(ids, max_new_tokens=4, compile=BACKEND), wide.generate(ids, max_new_tokens=4))
+        assert eval_frame._stance.stance == "force_eager"
+    assert seen == [("force_eager", False)] * 3
 
 
 def test_the_compiled_step_is_traced_once_for_every_new_token_and_prompt_length():

@@ -36,6 +36,11 @@ LAYOUTS = ("input_major", "output_major", "packed")
 # A proposal (a copy of the weights while decoding) is lent only where its cost is this much below
 # the baseline's (timing noise on a busy machine is a few per cent).
 MIN_GAIN = 1.05
+# A choice kept for any number of steps (the compiled step's: its graph is traced for one layout)
+# is made on the pass alone, which reads level within noise where the copy gains nothing: the Xeon
+# timed a D=256 GPT's one-row pass input-major at 0.95-1.10x as stored over eight processes, and its
+# compiled step ran 8 % slower on the copy; on a Zen 4 the copy made that step 1.6x faster.
+MIN_GAIN_ANY_LENGTH = 1.15
 PASSES = 3  # timed passes a layout (the fastest counts), after one that packs or warms up
 # A proposal whose timed pass is this many times the baseline's cannot win: its timing stops there
 # (output-major products of a GPT-124M-sized model's one-row steps take 2.2x as long on the Xeon).
@@ -120,17 +125,20 @@ def layout_costs(module: nn.Module, rows: int, candidates: Sequence[Layouts], in
     return _COSTS[key]
 
 
-def fastest_layouts(module: nn.Module, rows: int, steps: int, baseline: Layouts, proposals: Sequence[Layouts],
+def fastest_layouts(module: nn.Module, rows: int, steps: int | None, baseline: Layouts, proposals: Sequence[Layouts],
                     input_major_rows: int | None = None, timer: Timer = pass_seconds) -> Layouts:
     """The layouts to lend for ``steps`` decoding steps of ``rows`` rows of ``module``: the proposal
     whose cost (`layout_costs`: setup + steps x pass) is least, where it is `MIN_GAIN` times below
-    the baseline's; else the baseline. Without proposals nothing is timed."""
+    the baseline's; else the baseline. ``steps`` None: the pass alone counts, for any number of
+    steps (one choice for every length), and must be `MIN_GAIN_ANY_LENGTH` times below the
+    baseline's. Without proposals nothing is timed."""
     if not proposals:
         return baseline
     costs = layout_costs(module, rows, (baseline, *proposals), input_major_rows, timer)
-    total = {layouts: setup + steps * step for layouts, (setup, step) in costs.items()}
+    total = {layouts: step if steps is None else setup + steps * step for layouts, (setup, step) in costs.items()}
     best = min(proposals, key=total.__getitem__)
-    return best if total[best] * MIN_GAIN <= total[baseline] else baseline
+    gain = MIN_GAIN if steps is not None else MIN_GAIN_ANY_LENGTH
+    return best if total[best] * gain <= total[baseline] else baseline
 
 
 def forget_timings() -> None:
