@@ -8,11 +8,17 @@ import pytest
 import torch
 from torch import nn
 
-from unitok.layers import MLP
+from unitok.layers import MLP, onednn_gemm
 from unitok.layers.activations import TanhGELU, activate_fresh, make_activation
 from unitok.layers.fused_linear import MIN_FEATURES, MIN_ROWS, linear, uses_onednn
 
 BIG = (MIN_ROWS + 44, MIN_FEATURES)  # rows × in-features that take the fused path
+
+
+@pytest.fixture(autouse=True)
+def onednn_preferred(monkeypatch):
+    """oneDNN's products preferred, as a Zen 5 times them: products with no activation fuse too."""
+    monkeypatch.setattr(onednn_gemm, "PREFERRED", True)
 
 
 def big_linear(out_features: int = 2 * MIN_FEATURES) -> nn.Linear:
@@ -224,3 +230,14 @@ def test_a_strided_bias_is_added_as_its_values():
         expected = nn.functional.linear(x, fc.weight, fc.bias)
         assert not uses_onednn(x, fc)
         torch.testing.assert_close(linear(x, fc, "relu", nn.ReLU()), expected.relu())
+
+
+def test_without_an_activation_the_product_is_onednns_only_where_its_products_are_preferred(monkeypatch):
+    fc = big_linear()
+    x = torch.randn(*BIG)
+    monkeypatch.setattr(onednn_gemm, "PREFERRED", False)  # MKL timed faster (an AMX Xeon)
+    with torch.no_grad():
+        assert not uses_onednn(x, fc)
+        assert uses_onednn(x, fc, "gelu")  # a GELU pass saved is worth it
+        torch.testing.assert_close(linear(x, fc), fc(x))
+

@@ -5,7 +5,11 @@ PyTorch's ``F.linear`` on a CPU runs ``addmm``: the bias is first copied into ev
 then the GEMM adds to it, and the activation is another pass over the result. oneDNN's
 ``mkldnn::_linear_pointwise`` (the kernel inductor's CPU fusions emit) applies bias and
 activation inside the GEMM, and its blocking is faster at inference sizes: a Mixer-S forward
-(batch 8) runs 1.12-1.16x faster. It has no derivative, so the fused path is taken only when
+(batch 8) runs 1.12-1.16x faster. A product with no activation to fuse is oneDNN's only where
+oneDNN's products are preferred (`unitok.layers.onednn_gemm.preferred`, timed): on an AMX Xeon MKL
+runs them 1.0-1.2x faster (a 1,024 x 256 -> 8,192 LM head 1.12-1.21x), while fusing an exact GELU
+still gains (1,568 x 512 -> 2,048, a Mixer-S MLP's first layer, 1.41x: the separate GELU pass is
+slow there). It has no derivative, so the fused path is taken only when
 nothing needs a gradient (``torch.no_grad``, ``inference_mode``, frozen weights on detached
 input); autocast, compiled graphs (inductor fuses on its own) and small products, where
 oneDNN's call overhead loses (measured crossover, ``MIN_ROWS`` / ``MIN_FEATURES``), keep
@@ -62,6 +66,7 @@ def uses_onednn(x: Tensor, fc: nn.Linear, activation: Activation | None = None) 
         and torch.backends.mkldnn.enabled
         and replaceable(x, fc)
         and not dispatch_mode_active()  # FakeTensorMode, FlopCounterMode: they know F.linear, not oneDNN's call
+        and (activation is not None or onednn_gemm.preferred())  # last: timed once, where nothing else said no
     )
 
 

@@ -16,6 +16,7 @@ from timm.models.vision_transformer import ResPostBlock, VisionTransformer, chec
 from tests.unitok.convert.perturb import perturbed
 from tokenizers_mm import IMAGENET_MEAN, IMAGENET_STD
 from unitok.convert import from_timm
+from unitok.layers import onednn_gemm
 from unitok.layers.fused_linear import uses_onednn
 from unitok.models import DeiT, MixerConfig, MLPMixer, ViT
 
@@ -183,10 +184,11 @@ def test_mixer_non_square_and_custom_ratios():
 
 
 @pytest.mark.parametrize("kind", ["vit", "deit", "mixer"])
-def test_inference_at_fused_sizes_equals_timm_and_the_training_path(kind):
+def test_inference_at_fused_sizes_equals_timm_and_the_training_path(kind, monkeypatch):
     """At ViT-Tiny / Mixer widths and 16 images (272 / 256 token rows) inference runs the linear
     layers as fused oneDNN calls (`unitok.layers.fused_linear`): still timm's function, and
     the same as the differentiable path training takes."""
+    monkeypatch.setattr(onednn_gemm, "PREFERRED", True)  # as a Zen 5 times it: fc_out fuses too
     torch.manual_seed(0)
     if kind == "mixer":
         theirs = timm_mixer(embed_dim=128)
