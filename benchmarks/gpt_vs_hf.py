@@ -15,8 +15,9 @@ random weights and converted with ``unitok.convert.from_transformers``):
    generate exactly the same number of tokens; the two outputs are checked to be equal.
 4. Beam search (``--beams``, default 4): new tokens/s, batch 1, no EOS, outputs compared.
 
-   ``--compile-decode`` also times ``generate(compile=True)`` (a `StaticKVCache` and the decode
-   step compiled by inductor once, in the warm-up) against the same Hugging Face runs.
+   ``--compile-decode`` also times ``generate(compile=True)``, greedy and beam search (a
+   `StaticKVCache` and the decode step compiled by inductor once a shape, in the warm-up) against
+   the same Hugging Face runs; its tokens must equal eager decoding's.
 
 Training also prints model FLOP/s: 6·N + 12·L·D·T FLOPs a token (N parameters less the
 position table, as nanoGPT and PaLM count them: forward and backward of every weight, plus
@@ -116,8 +117,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="after training, profile three steps of each side's default path (labels=) and print "
                         "the ROWS operators with the most self time on the device (0: no profile)")
     p.add_argument("--compile-decode", action="store_true",
-                   help="also time generate(compile=True): the static-cache step compiled by inductor "
-                        "(compilation in the warm-up, not timed)")
+                   help="also time generate(compile=True), greedy and beam search: the static-cache step "
+                        "compiled by inductor (compilation in the warm-up, not timed)")
     return p.parse_args(argv)
 
 
@@ -389,10 +390,17 @@ def bench_beam(ours: nn.Module, hf: nn.Module, args: argparse.Namespace) -> dict
         outputs["hf"] = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
                                     num_beams=W, do_sample=False, eos_token_id=None, pad_token_id=0)
 
-    times = alternate({"unitok": run_ours, "unitok, HF's search": run_ours_plain, "hf": run_hf}, args.repeats,
-                      args.warmup, args.device, label="gpt beam search")
+    def run_compiled() -> None:
+        outputs["unitok compiled"] = ours.generate(ids, max_new_tokens=n, strategy="beam", num_beams=W,
+                                                   eos_token_id=None, compile=True)
+
+    runs = {"unitok": run_ours, "unitok, HF's search": run_ours_plain}
+    runs |= ({"unitok compiled": run_compiled} if args.compile_decode else {}) | {"hf": run_hf}
+    times = alternate(runs, args.repeats, args.warmup, args.device, label="gpt beam search")
     if not torch.equal(outputs["unitok, HF's search"].cpu(), outputs["hf"].cpu()):
         raise AssertionError("beam search without the greedy floor differs from Hugging Face's")
+    if args.compile_decode and not torch.equal(outputs["unitok compiled"].cpu(), outputs["unitok"].cpu()):
+        raise AssertionError("the compiled beam search found other beams than the eager one")
     same = bool(torch.equal(outputs["unitok"].cpu(), outputs["hf"].cpu()))
     return {name: n / statistics.median(t) for name, t in times.items()} | {"same_output": same}
 
@@ -465,6 +473,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                   f"identical outputs: {beam['same_output']}")
             rows.append((f"beam (W={args.beams}) new tokens/s", beam["unitok"], beam["hf"]))
             rows.append(("  HF's search (same work)", beam["unitok, HF's search"], beam["hf"]))
+            if args.compile_decode:
+                rows.append(("  compiled decode step", beam["unitok compiled"], beam["hf"]))
     print_table(rows)
     result["seconds"] = time.perf_counter() - start
     print(f"({result['seconds']:.0f} s)")

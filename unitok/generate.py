@@ -75,10 +75,11 @@ class GenerationConfig(Config):
     default: the mean log-probability per token), and returns the best-scoring one — never one
     that scores below the greedy answer's (``greedy_floor``: one more row per input follows the
     greedy path; False: Hugging Face's search exactly, W rows, a fifth less work at W=4). ``early_stopping`` ends a beam search as soon as
-    ``num_beams`` hypotheses are finished (the Hugging Face convention). ``compile`` (greedy and
-    sampling, for models with a ``decode_step``) decodes over a `StaticKVCache` with the step
-    compiled by `torch.compile` (True: inductor; or a backend's name): the same tokens, every
-    step one shape, no host sync but the end-of-sequence check; on a CUDA device the compiled
+    ``num_beams`` hypotheses are finished (the Hugging Face convention). ``compile`` (for models with
+    a ``decode_step``) decodes over a `StaticKVCache` with the step compiled by `torch.compile`
+    (True: inductor; or a backend's name): the same tokens, every step one shape, no host sync
+    in greedy and sampled decoding but the end-of-sequence check (beam search reorders the cache's
+    rows between steps, in place, and keeps its bookkeeping eager); on a CUDA device the compiled
     step is also captured once as a CUDA graph and replayed for each token (``cuda_graph``; a
     one-row step is hundreds of small kernels whose launches cost more than their work).
     The CPU decoding layouts of `unitok.layers.decode_layout` (the same tokens, each a copy of the
@@ -120,9 +121,6 @@ class GenerationConfig(Config):
             raise ValueError(f"compile must be True/False or a torch.compile backend name, got {self.compile!r}")
         if isinstance(self.compile, str):  # refused here, not at the first compiled step
             check_backend("compile", self.compile, callables=False, also="True/False")
-        if self.compile and self.strategy == "beam":
-            raise ValueError("compile serves greedy and sampled decoding; beam search reorders its cache every "
-                             "step (use compile=False)")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be ≥ 1, got {self.max_new_tokens}")
         check_number("temperature", self.temperature, 0.0, low_open=True)  # NaN would reach the sampler
@@ -227,10 +225,10 @@ def generate(
     Rows that reach EOS are filled with ``pad_token_id`` (default: EOS) until all rows end.
     """
     mask = _check_prompt(input_ids, attention_mask)
-    if cfg.compile:
-        return _static_generate(model, input_ids, mask, cfg, generator)
     if cfg.strategy == "beam":
         return _beam_search(model, input_ids, mask, cfg)
+    if cfg.compile:
+        return _static_generate(model, input_ids, mask, cfg, generator)
     return _decode(model, input_ids, mask, cfg, generator)
 
 
@@ -247,33 +245,80 @@ def _next_tokens(logits: Tensor, running: Tensor, cfg: GenerationConfig,
     return token, running & (token != cfg.eos_token_id)
 
 
+class _Steps:
+    """A decoding's model calls: the prompt's logits, then one step a token (`step`), rows copied out
+    from the prompt's (`expand`) or permuted (`reorder`) between them, and the layouts lent to its
+    steps (`lend`). A context manager: what it lent ends with it."""
+
+    def __init__(self, model: Decoder, input_ids: Tensor, cfg: GenerationConfig) -> None:
+        self.model, self.input_ids, self.cfg = model, input_ids, cfg
+        self.device = input_ids.device
+        self._stack = contextlib.ExitStack()
+
+    def __enter__(self) -> _Steps:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()
+
+    def lend(self, rows: int, layouts: Layouts, input_major_rows: int | None) -> None:
+        """Lend ``layouts`` to the steps of ``rows`` rows until the decoding ends."""
+        _lend(self._stack, self.model, rows, layouts, input_major_rows)
+
+
+class _GrowingSteps(_Steps):
+    """Steps over a growing `KVCache`, eagerly (any `Decoder`). Without padding the model needs no
+    mask: no per-step concatenation, and the backbone takes its fused causal / single-query path
+    directly. With padding, the mask of every length to come is made once; each step reads a
+    longer view."""
+
+    def __init__(self, model: Decoder, input_ids: Tensor, mask: Tensor, cfg: GenerationConfig) -> None:
+        super().__init__(model, input_ids, cfg)
+        B, S = input_ids.shape
+        self.cache = model.new_cache(S + cfg.max_new_tokens)
+        self.full_mask = None if bool(mask.all()) else torch.cat([mask, mask.new_ones(B, cfg.max_new_tokens)], dim=1)
+
+    def _mask(self, n_new: int) -> Tensor | None:
+        return None if self.full_mask is None else self.full_mask[:, : self.cache.seq_len + n_new]
+
+    def prompt(self) -> Tensor:
+        """The prompt's (B, V) next-token logits."""
+        return self.model.next_token_logits(self.input_ids, self._mask(self.input_ids.shape[1]), self.cache)
+
+    def expand(self, rows: Tensor) -> None:
+        """Each input's prompt row copied out to its rows (``rows``: the prompt row of each); an
+        encoder-decoder's rows of one source share its encoder states."""
+        self.cache.reorder(rows, cross=False)
+        self.full_mask = None if self.full_mask is None else self.full_mask[rows]
+
+    def reorder(self, rows: Tensor) -> None:
+        """The cache of row ``rows[i]`` becomes row i's (rows of one input: its mask is theirs)."""
+        self.cache.reorder(rows, cross=False)
+
+    def step(self, new_ids: Tensor) -> Tensor:
+        """(rows, 1) ids -> (rows, V) logits; the cache grows a position."""
+        return self.model.next_token_logits(new_ids, self._mask(new_ids.shape[1]), self.cache)
+
+
 def _decode(model: Decoder, input_ids: Tensor, mask: Tensor, cfg: GenerationConfig,
             generator: torch.Generator | None) -> Tensor:
     """Greedy or sampled decoding over a growing `KVCache`."""
-    B, S = input_ids.shape
-    cache = model.new_cache(S + cfg.max_new_tokens)
-    # Without padding the model needs no mask: no per-step concatenation, and the backbone
-    # takes its fused causal / single-query path directly.
-    # With padding, the mask of every length to come is made once; each step reads a longer view.
-    full_mask = None if bool(mask.all()) else torch.cat([mask, mask.new_ones(B, cfg.max_new_tokens)], dim=1)
-    step_mask = None if full_mask is None else full_mask[:, :S]
+    B = input_ids.shape[0]
     ids = input_ids
-    new = input_ids
     running = torch.ones(B, dtype=torch.bool, device=ids.device)
     layouts, input_major_rows = _decode_layouts(model, B, ids.device, cfg)
-    with contextlib.ExitStack() as layout:
-        _lend(layout, model, B, layouts - {"input_major"}, input_major_rows)
-        for step in range(cfg.max_new_tokens):
-            logits = model.next_token_logits(new, step_mask, cache)
+    new = input_ids
+    with _GrowingSteps(model, input_ids, mask, cfg) as steps:
+        steps.lend(B, layouts - {"input_major"}, input_major_rows)
+        for t in range(cfg.max_new_tokens):
+            logits = steps.prompt() if t == 0 else steps.step(new)
             token, running = _next_tokens(logits, running, cfg, generator)
             ids = torch.cat([ids, token[:, None]], dim=1)
             if cfg.eos_token_id is not None and not bool(running.any()):
                 break
             new = token[:, None]
-            if full_mask is not None:
-                step_mask = full_mask[:, : ids.shape[1]]
-            if step == 0:  # the prompt ran as the weights are; from here a step is B rows
-                _lend(layout, model, B, layouts & {"input_major"}, input_major_rows)
+            if t == 0:  # the prompt ran as the weights are; from here a step is B rows
+                steps.lend(B, layouts & {"input_major"}, input_major_rows)
     return ids
 
 
@@ -357,54 +402,86 @@ def _compiled_step(backend: str, device: torch.device) -> Callable[..., Tensor]:
     return _compiled_steps[key]
 
 
+class _StaticSteps(_Steps):
+    """Steps over a `StaticKVCache`, each through the compiled step (``compile=``): the prompt fills
+    positions 0..S-1 in one eager pass (its own shape); then every step writes one token a row at
+    ``index`` and attends over the whole buffer, the unwritten positions masked. After the first
+    step Dynamo evaluates only the guards that tell graphs apart (`_steady_guards`)."""
+
+    def __init__(self, model: Decoder, input_ids: Tensor, mask: Tensor, cfg: GenerationConfig) -> None:
+        if not all(hasattr(model, name) for name in ("decode_step", "new_static_cache")):
+            raise ValueError(f"compile needs a model with a decode_step and a new_static_cache (GPT has them); "
+                             f"{type(model).__name__} decodes with compile=False")
+        super().__init__(model, input_ids, cfg)
+        self.mask = mask
+        B, S = input_ids.shape
+        device = self.device
+        self.step_fn = _compiled_step("inductor" if cfg.compile is True else str(cfg.compile), device)
+        self.cache: StaticKVCache = model.new_static_cache(S + cfg.max_new_tokens)  # type: ignore[attr-defined]
+        T = self.cache.capacity  # ≥ S + max_new_tokens (a model may round it up, to share one compiled step)
+        self.keys = torch.ones(B, T, dtype=torch.bool, device=device)  # which positions hold real tokens
+        self.keys[:, :S] = mask.bool()
+        self.positions = positions_from_mask(mask)  # (B, S), as the growing-cache path counts them
+        self.index = torch.full((1,), S, dtype=torch.long, device=device)
+        self.position = self.positions[:, -1:] + 1  # (B, 1): the first step's
+        self.steps = 0
+
+    def prompt(self) -> Tensor:
+        """The prompt's (B, V) next-token logits, its keys and values written at 0..S-1."""
+        B, S = self.input_ids.shape
+        # The prompt's causal + padding mask over its own S keys; the rest of the buffer is not written yet.
+        prompt_mask = torch.zeros(B, 1, S, self.cache.capacity, dtype=torch.bool, device=self.device)
+        prompt_mask[..., :S] = build_attention_mask(S, S, True, self.mask, self.device)
+        self.cache.index = torch.arange(S, device=self.device)
+        logits = self.model.decode_step(self.input_ids, self.positions, prompt_mask,  # type: ignore[attr-defined]
+                                        self.cache, check=True)
+        self.cache.length = S
+        self.cache.index = self.index
+        return logits
+
+    def expand(self, rows: Tensor) -> None:
+        """Each input's prompt row copied out to its rows of the search (``rows``: the prompt row of each)."""
+        self.cache.reorder(rows)
+        self.keys, self.position = self.keys[rows], self.position[rows]
+
+    def reorder(self, rows: Tensor) -> None:
+        """The cache of row ``rows[i]`` becomes row i's (rows of one input: its keys and positions are theirs)."""
+        self.cache.reorder(rows)
+
+    def step(self, new_ids: Tensor) -> Tensor:
+        """(rows, 1) ids, one a row -> (rows, V) logits; the cache advances a position."""
+        if self.steps == 0 and self.device.type == "cuda" and self.cfg.cuda_graph and self.cfg.max_new_tokens > 1:
+            self.step_fn = _cuda_graph_step(self.step_fn, self.model, self.position, self.keys, self.index, self.cache)
+        logits = self.step_fn(self.model, new_ids, self.position, self.keys, self.index, self.cache)
+        if self.steps == 0:
+            self._stack.enter_context(_steady_guards())
+        self.steps += 1
+        self.cache.length += 1
+        self.index += 1  # in place: the cache (and a captured graph) reads the same tensor
+        self.position = self.position + 1
+        return logits
+
+
 def _static_generate(model: Decoder, input_ids: Tensor, mask: Tensor, cfg: GenerationConfig,
                      generator: torch.Generator | None) -> Tensor:
-    """Greedy or sampled decoding over a `StaticKVCache`, each new token through the compiled step.
-
-    The prompt fills positions 0..S-1 in one eager pass (its own shape); then every step writes
-    one token at ``index`` and attends over the whole buffer, the unwritten positions masked.
-    """
-    if not all(hasattr(model, name) for name in ("decode_step", "new_static_cache")):
-        raise ValueError(f"compile needs a model with a decode_step and a new_static_cache (GPT has them); "
-                         f"{type(model).__name__} decodes with compile=False")
-    B, S = input_ids.shape
-    device = input_ids.device
-    step = _compiled_step("inductor" if cfg.compile is True else str(cfg.compile), device)
-    cache = model.new_static_cache(S + cfg.max_new_tokens)  # type: ignore[attr-defined]
-    T = cache.capacity  # ≥ S + max_new_tokens (a model may round it up, to share one compiled step)
-    keys = torch.ones(B, T, dtype=torch.bool, device=device)  # which positions hold real tokens
-    keys[:, :S] = mask.bool()
-    positions = positions_from_mask(mask)  # (B, S), as the growing-cache path counts them
-    # The prompt's causal + padding mask over its own S keys; the rest of the buffer is not written yet.
-    prompt_mask = torch.zeros(B, 1, S, T, dtype=torch.bool, device=device)
-    prompt_mask[..., :S] = build_attention_mask(S, S, True, mask, device)
-    cache.index = torch.arange(S, device=device)
-    logits = model.decode_step(input_ids, positions, prompt_mask, cache, check=True)  # type: ignore[attr-defined]
-    cache.length = S
-    cache.index = index = torch.full((1,), S, dtype=torch.long, device=device)
-    position = positions[:, -1:] + 1  # (B, 1)
+    """Greedy or sampled decoding over a `StaticKVCache`, each new token through the compiled step."""
+    B = input_ids.shape[0]
     ids = input_ids
-    running = torch.ones(B, dtype=torch.bool, device=device)
-    with contextlib.ExitStack() as layout:
-        # The prompt ran as the weights are; the steps read them input-major where this CPU runs
-        # them faster so (timed: a Zen 4's 32 MB of L3, GPT D=256, 1.97-2.16x Hugging Face's eager
-        # decoding against 1.26-1.30x as stored; an AMX Xeon's 480 MB hold them, and there as
-        # stored is the faster). One new token comes from the prompt's logits: no step runs.
+    running = torch.ones(B, dtype=torch.bool, device=input_ids.device)
+    with _StaticSteps(model, input_ids, mask, cfg) as steps:
+        logits = steps.prompt()
+        # The prompt ran as the weights are; the steps read them input-major where this CPU runs them
+        # faster so (timed: a Zen 4's 32 MB of L3, GPT D=256, 1.97-2.16x Hugging Face's eager decoding
+        # against 1.26-1.30x as stored; an AMX Xeon's 480 MB hold them, and there as stored is the
+        # faster). One new token comes from the prompt's logits: no step runs.
         if cfg.max_new_tokens > 1:
-            _lend(layout, model, B, *_decode_layouts(model, B, device, cfg, compiled=True))
-        if device.type == "cuda" and cfg.cuda_graph and cfg.max_new_tokens > 1:
-            step = _cuda_graph_step(step, model, position, keys, index, cache)
+            steps.lend(B, *_decode_layouts(model, B, input_ids.device, cfg, compiled=True))
         for t in range(cfg.max_new_tokens):
             token, running = _next_tokens(logits, running, cfg, generator)
             ids = torch.cat([ids, token[:, None]], dim=1)
             if t + 1 == cfg.max_new_tokens or (cfg.eos_token_id is not None and not bool(running.any())):
                 break
-            logits = step(model, token[:, None], position, keys, index, cache)
-            if t == 0:
-                layout.enter_context(_steady_guards())
-            cache.length += 1
-            index += 1  # in place: the cache (and a captured graph) reads the same tensor
-            position = position + 1
+            logits = steps.step(token[:, None])
     return ids
 
 
@@ -496,25 +573,21 @@ def _beam_search(model: Decoder, input_ids: Tensor, mask: Tensor, cfg: Generatio
     greedy_len = torch.zeros(B, dtype=torch.long, device=device)  # new tokens, EOS included
     greedy_running = torch.ones(B, dtype=torch.bool, device=device)
 
-    cache = model.new_cache(max_len)
-    # As in greedy decoding: no mask at all when nothing is padded, else one made for every length.
-    full_mask = None if bool(mask.all()) else \
-        torch.cat([mask, mask.new_ones(B, cfg.max_new_tokens)], dim=1).repeat_interleave(R, dim=0)
     # The prompt runs once per input, its cache and logits then shared out to the input's R rows
     # (Hugging Face runs it R times: R·S rows of work where S do); each later step is B·R rows.
-    flat_mask = None if full_mask is None else mask  # (B, S); then (B·R, T), a longer view every step
+    steps = (_StaticSteps if cfg.compile else _GrowingSteps)(model, input_ids, mask, cfg)
     new = input_ids
     prompt_rows = torch.arange(B, device=device).repeat_interleave(R)
     batch_base = (torch.arange(B, device=device) * R)[:, None]
     top_w = torch.arange(keep, device=device)[None, :] < W
     searching = True
     pooled = False  # has any hypothesis finished yet?
-    with contextlib.ExitStack() as layout:
-        _lend(layout, model, B * R, *_decode_layouts(model, B * R, device, cfg))
+    with steps:
+        steps.lend(B * R, *_decode_layouts(model, B * R, device, cfg, compiled=bool(cfg.compile)))
         for cur in range(S, max_len):
-            logits = model.next_token_logits(new, flat_mask, cache).float()  # (B·R, V)
+            logits = (steps.prompt() if cur == S else steps.step(new)).float()  # (B·R, V)
             if cur == S:  # the prompt's: one row per input
-                cache.reorder(prompt_rows, cross=False)
+                steps.expand(prompt_rows)
                 logits = logits.repeat_interleave(R, dim=0)
             V = logits.shape[-1]
             all_logp = logits.log_softmax(dim=-1).view(B, R, V)
@@ -594,9 +667,8 @@ def _beam_search(model: Decoder, input_ids: Tensor, mask: Tensor, cfg: Generatio
             if track:
                 rows = torch.cat([rows, batch_base + W], dim=1)
                 next_ids = torch.cat([next_ids, greedy_seqs[:, cur, None]], dim=1)
-            cache.reorder(rows.reshape(-1), cross=False)  # beams of one input share its encoder states
+            steps.reorder(rows.reshape(-1))  # rows move among the beams of one input
             new = next_ids.reshape(B * R, 1)
-            flat_mask = None if full_mask is None else full_mask[:, : cur + 1]
     best, best_len = done_seqs[:, 0], done_lens[:, 0]
     if track:
         # An answer cut by the length limit is finished too, as in the beams' pool.

@@ -158,11 +158,34 @@ def test_the_compiled_step_is_traced_once_for_every_new_token_and_prompt_length(
         gpt.new_static_cache(49)
 
 
+@pytest.mark.parametrize("padded", [False, True])
+def test_compiled_beam_search_gives_the_eager_beams(padded):
+    gpt = tiny_gpt(sharpen=3.0)
+    ids = torch.randint(0, 64, (2, 7), generator=torch.Generator().manual_seed(8))
+    mask = torch.ones_like(ids)
+    if padded:
+        mask[1, :3] = 0  # left padding: rows of 7 and 4 real tokens
+    for options in (dict(num_beams=3), dict(num_beams=4, greedy_floor=False), dict(num_beams=1)):
+        eager = gpt.generate(ids, attention_mask=mask, max_new_tokens=9, strategy="beam", **options)
+        compiled = gpt.generate(ids, attention_mask=mask, max_new_tokens=9, strategy="beam", compile=BACKEND,
+                                **options)
+        assert torch.equal(compiled, eager), options
+    assert all(len(set(row)) > 2 for row in eager[:, 7:].tolist())  # tokens a wrongly reordered cache would change
+
+
+def test_compiled_beam_search_stops_at_eos_as_eager():
+    gpt = tiny_gpt(sharpen=3.0)
+    ids = torch.randint(0, 64, (2, 5), generator=torch.Generator().manual_seed(9))
+    eos = int(gpt.generate(ids, max_new_tokens=4, strategy="beam", num_beams=3)[0, 7])  # a token the beams reach
+    runs = [gpt.generate(ids, max_new_tokens=12, strategy="beam", num_beams=3, eos_token_id=eos, pad_token_id=0,
+                         early_stopping=stop, compile=backend)
+            for stop in (False, True) for backend in (False, BACKEND)]
+    assert torch.equal(runs[0], runs[1]) and torch.equal(runs[2], runs[3])
+    assert (runs[0] == eos).any()
+
+
 def test_bad_compiled_decoding_requests_are_refused_early():
-    gpt = tiny_gpt()
     ids = torch.randint(0, 64, (1, 5))
-    with pytest.raises(ValueError, match="beam search reorders"):
-        gpt.generate(ids, strategy="beam", compile=True)
     with pytest.raises(ValueError, match="compile must be"):
         GenerationConfig(compile="")
     with pytest.raises(TypeError, match="compile must be bool \\| str, got 1"):
@@ -172,6 +195,24 @@ def test_bad_compiled_decoding_requests_are_refused_early():
     t5 = T5(T5Config.from_name("t5-tiny", vocab_size=64)).eval()
     with pytest.raises(ValueError, match="T5 decodes with compile=False"):  # named by the model, not an internal class
         t5.generate(ids, max_new_tokens=3, compile=BACKEND)
+    with pytest.raises(ValueError, match="T5 decodes with compile=False"):
+        t5.generate(ids, max_new_tokens=3, strategy="beam", compile=BACKEND)
+
+
+def test_a_static_cache_reorders_its_rows_in_place_and_copies_them_out_to_more():
+    cache = StaticKVCache(1, 8)
+    keys, values = torch.randn(2, 3, 4, 5), torch.randn(2, 3, 4, 5)  # 2 rows, 3 heads, 4 positions
+    cache.index = torch.arange(4)
+    buffer, _ = cache.update(0, keys, values)
+    cache.length = 4
+    cache.reorder(torch.tensor([1, 1]))  # the same rows: in place, the buffer a compiled step reads kept
+    cache.index = torch.tensor([4])
+    k, v = cache.update(0, torch.zeros(2, 3, 1, 5), torch.zeros(2, 3, 1, 5))
+    assert k is buffer and torch.equal(k[:, :, :4], keys[[1, 1]]) and torch.equal(v[:, :, :4], values[[1, 1]])
+    cache.length = 5
+    cache.reorder(torch.tensor([0, 0, 1]))  # three rows from two: new buffers
+    k, _ = cache.update(0, torch.ones(3, 3, 1, 5), torch.ones(3, 3, 1, 5))
+    assert k.shape == (3, 3, 8, 5) and torch.equal(k[:, :, :4], keys[[1, 1, 1]])
 
 
 def test_a_static_cache_needs_its_write_positions_and_a_mask():

@@ -24,6 +24,18 @@ def check_continues(buffer: Tensor | None, keys: Tensor, values: Tensor) -> None
                          "continue a cache with the batch that filled it (or reorder it first)")
 
 
+def select_rows(buffer: Tensor | None, index: Tensor, end: int) -> Tensor | None:
+    """A (B, H, T, K) cache buffer's batch rows ``index``. The same number of rows, permuted: only
+    the first ``end`` (filled) positions gathered and written back in place, the preallocated buffer
+    (prompt + every token still to come) kept; another number of rows: a new buffer."""
+    if buffer is None:
+        return None
+    if index.numel() != buffer.shape[0]:
+        return buffer.index_select(0, index)
+    buffer[:, :, :end] = buffer[:, :, :end].index_select(0, index)
+    return buffer
+
+
 class KVCache:
     """Per-layer keys and values kept in buffers that grow geometrically.
 
@@ -82,17 +94,8 @@ class KVCache:
         if cross:
             self.cross = {i: (k.index_select(0, index), v.index_select(0, index)) for i, (k, v) in self.cross.items()}
         for layer in range(self.n_layers):
-            buf_k, buf_v = self._keys[layer], self._values[layer]
-            if buf_k is None or buf_v is None:
-                continue
-            if index.numel() != buf_k.shape[0]:  # a different number of rows: new buffers
-                self._keys[layer], self._values[layer] = buf_k.index_select(0, index), buf_v.index_select(0, index)
-                continue
-            # Same rows, permuted: gather only the filled positions and write them back in
-            # place; the preallocated buffer (prompt + every token still to come) stays.
-            end = self._lengths[layer]
-            buf_k[:, :, :end] = buf_k[:, :, :end].index_select(0, index)
-            buf_v[:, :, :end] = buf_v[:, :, :end].index_select(0, index)
+            self._keys[layer] = select_rows(self._keys[layer], index, self._lengths[layer])
+            self._values[layer] = select_rows(self._values[layer], index, self._lengths[layer])
 
     def layer(self, layer: int) -> tuple[Tensor, Tensor]:
         """The cached (B, H, T, K) keys and values of one layer."""
@@ -162,6 +165,18 @@ class StaticKVCache:
     def key_length(self, n_new: int) -> int:
         """Attention always reads the whole buffer (masked past what is written)."""
         return self.capacity
+
+    def reorder(self, index: Tensor, cross: bool = True) -> None:
+        """Select batch rows (beam search keeps the cache of the surviving beams). The same number of
+        rows: the written positions (``length``) gathered and written back in place, so that the
+        buffers a compiled step (or a captured CUDA graph) reads stay the same tensors; another
+        number (a prompt's row copied out to its beams): new buffers. ``cross=False`` leaves the
+        cross-attention entries alone, as `KVCache.reorder` does."""
+        if cross:
+            self.cross = {i: (k.index_select(0, index), v.index_select(0, index)) for i, (k, v) in self.cross.items()}
+        for layer in range(self.n_layers):
+            self._keys[layer] = select_rows(self._keys[layer], index, self.length)
+            self._values[layer] = select_rows(self._values[layer], index, self.length)
 
     def update(self, layer: int, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
         """Write (B, H, N, K) keys/values at ``index``; return the whole (B, H, capacity, K) buffers."""
