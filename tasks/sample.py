@@ -94,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=_seed, default=0)
     p.add_argument("--device", default="cpu")
     p.add_argument("--compile", type=_backend, default=None, metavar="BACKEND",
-                   help="greedy / sample: decode through the compiled static-cache step (e.g. inductor)")
+                   help="decode through the compiled static-cache step (e.g. inductor; greedy, sample and beam)")
     return p
 
 
