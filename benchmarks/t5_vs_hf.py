@@ -12,7 +12,9 @@ converted with ``unitok.convert.from_transformers``; logits are checked equal fi
    decoder, logits at every target position, as scoring a candidate answer runs).
 3. Beam search: new tokens/s of ``generate(num_beams=W, max_new_tokens=M)`` with EOS
    disabled (every row runs the full M steps on both sides), outputs checked identical; also
-   unitok without its greedy floor (``greedy_floor=False``: W rows a source, Hugging Face's work).
+   unitok without its greedy floor (``greedy_floor=False``: W rows a source, Hugging Face's work);
+   with ``--compile-decode`` also through the compiled static-cache step (``compile=True``), its
+   beams checked equal to the eager search's.
 
 Repetitions alternate between the libraries; medians and the ratio unitok / Hugging Face
 (> 1 means unitok is faster) are printed.
@@ -72,6 +74,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=positive_int, default=None)
     p.add_argument("--device", type=device_name, default="cpu")
     add_side_by_side_options(p)
+    p.add_argument("--compile-decode", action="store_true",
+                   help="also time the beam search through the compiled static-cache step "
+                        "(generate(compile=True); compilation in the warm-up, not timed)")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
 
@@ -182,19 +187,28 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return ours.generate(gen_src, max_new_tokens=args.new_tokens, strategy="beam", num_beams=args.beams,
                              eos_token_id=None, greedy_floor=False)
 
+    def gen_compiled() -> torch.Tensor:
+        return ours.generate(gen_src, max_new_tokens=args.new_tokens, strategy="beam", num_beams=args.beams,
+                             eos_token_id=None, compile=True)
+
     a, b, c = gen_ours(), gen_theirs(), gen_ours_plain()
     if a.tolist() != b.tolist() or c.tolist() != b.tolist():
         raise AssertionError("beam-search outputs differ")
-    times = alternate({"unitok": gen_ours, "unitok, HF's search": gen_ours_plain, "hf": gen_theirs}, args.repeats,
-                      args.warmup, args.device, label="t5 generate")
+    if args.compile_decode and gen_compiled().tolist() != a.tolist():
+        raise AssertionError("the compiled beam search found other beams than the eager one")
+    runs = {"unitok": gen_ours, "unitok, HF's search": gen_ours_plain}
+    runs |= ({"unitok compiled": gen_compiled} if args.compile_decode else {}) | {"hf": gen_theirs}
+    times = alternate(runs, args.repeats, args.warmup, args.device, label="t5 generate")
     new = args.gen_batch * args.new_tokens
     beam = {k: new / statistics.median(v) for k, v in times.items()}
     plain = {"unitok": beam["unitok, HF's search"], "hf": beam["hf"]}
+    compiled = {"unitok": beam["unitok compiled"], "hf": beam["hf"]} if args.compile_decode else None
 
     print(f"{'metric':<36}{'unitok':>10}{'HF':>10}{'ratio':>9}")
     for metric, r in (("training target tokens/s", train), ("  default paths (labels=)", train_default),
                       ("inference target tokens/s", infer),
-                      (f"beam search (W={args.beams}) new tokens/s", beam), ("  HF's search (same work)", plain)):
+                      (f"beam search (W={args.beams}) new tokens/s", beam), ("  HF's search (same work)", plain),
+                      *([("  compiled decode step", compiled)] if compiled else [])):
         print(f"{metric:<36}{r['unitok']:>10.1f}{r['hf']:>10.1f}{r['unitok'] / r['hf']:>8.2f}x")
     print(f"(ratio > 1: unitok faster; {time.perf_counter() - start:.0f} s in all)")
     return {"train": train, "train_default": train_default, "infer": infer, "beam": beam}

@@ -389,9 +389,10 @@ class Backbone(nn.Module):
             if mask is None:
                 raise ValueError("a StaticKVCache is read whole: pass mask= (batch|1, 1, N, capacity) saying "
                                  "which positions each query may see")
-            if self.relative_bias is not None:
-                raise ValueError("a relative position bias needs the queries' positions, which a StaticKVCache "
-                                 "does not know: decode with a KVCache")
+            if self.relative_bias is not None and (cache.index is None or cache.index.shape != (n_new,)):
+                shape = None if cache.index is None else tuple(cache.index.shape)
+                raise ValueError(f"a relative position bias reads the queries' positions from StaticKVCache.index: "
+                                 f"set it to the {n_new} positions being written, got {shape}")
         # A stack compiled by `unitok.compile` had its masks checked before its graph (`checked_masks`,
         # this call's ``_masks_checked``); traced any other way, it checks them here, as eager does.
         if not _masks_checked:
@@ -411,7 +412,10 @@ class Backbone(nn.Module):
             # T5: one bias table for every layer, for queries at positions past .. past + N − 1.
             if is_causal:
                 mask, is_causal = causal_mask(n_new, n_keys, x.device)[None, None], False
-            bias = self.relative_bias(n_new, n_keys, n_keys - n_new).to(x.dtype)
+            if isinstance(cache, StaticKVCache):  # the queries sit where they are written, keys 0..capacity-1
+                bias = self.relative_bias.at(cache.index, n_keys).to(x.dtype)  # type: ignore[arg-type]
+            else:
+                bias = self.relative_bias(n_new, n_keys, n_keys - n_new).to(x.dtype)
             mask = add_position_bias(bias, mask)
         memory_mask = None
         if encoder_hidden_states is not None and encoder_attention_mask is not None:

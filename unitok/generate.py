@@ -410,8 +410,8 @@ class _StaticSteps(_Steps):
 
     def __init__(self, model: Decoder, input_ids: Tensor, mask: Tensor, cfg: GenerationConfig) -> None:
         if not all(hasattr(model, name) for name in ("decode_step", "new_static_cache")):
-            raise ValueError(f"compile needs a model with a decode_step and a new_static_cache (GPT has them); "
-                             f"{type(model).__name__} decodes with compile=False")
+            raise ValueError(f"compile needs a model with a decode_step and a new_static_cache (GPT and T5 have "
+                             f"them); {type(model).__name__} decodes with compile=False")
         super().__init__(model, input_ids, cfg)
         self.mask = mask
         B, S = input_ids.shape
@@ -440,13 +440,14 @@ class _StaticSteps(_Steps):
         return logits
 
     def expand(self, rows: Tensor) -> None:
-        """Each input's prompt row copied out to its rows of the search (``rows``: the prompt row of each)."""
-        self.cache.reorder(rows)
+        """Each input's prompt row copied out to its rows of the search (``rows``: the prompt row of each);
+        an encoder-decoder's rows of one source share its encoder states."""
+        self.cache.reorder(rows, cross=False)
         self.keys, self.position = self.keys[rows], self.position[rows]
 
     def reorder(self, rows: Tensor) -> None:
         """The cache of row ``rows[i]`` becomes row i's (rows of one input: its keys and positions are theirs)."""
-        self.cache.reorder(rows)
+        self.cache.reorder(rows, cross=False)
 
     def step(self, new_ids: Tensor) -> Tensor:
         """(rows, 1) ids, one a row -> (rows, V) logits; the cache advances a position."""

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from unitok.backbone import Backbone, BackboneConfig
-from unitok.generate import GenerationConfig
+from unitok.generate import GenerationConfig, generate
 from unitok.layers import StaticKVCache
 from unitok.models import GPT, T5, GPTConfig, T5Config
 
@@ -184,6 +184,41 @@ def test_compiled_beam_search_stops_at_eos_as_eager():
     assert (runs[0] == eos).any()
 
 
+def tiny_t5() -> T5:
+    """A random T5 whose tokens vary along a decoding (a larger relative bias, weights scaled) and
+    whose 3-beam answers differ from greedy's."""
+    torch.manual_seed(1)
+    t5 = T5(T5Config.from_name("t5-tiny", vocab_size=64)).eval()
+    with torch.no_grad():
+        for name, p in t5.named_parameters():
+            p.normal_(0, 4.0) if "relative" in name else p.mul_(3.0)
+    return t5
+
+
+def test_compiled_t5_decoding_gives_the_eager_tokens_greedy_and_beam():
+    t5 = tiny_t5()
+    sources = torch.randint(2, 64, (2, 9), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(sources)
+    mask[1, 6:] = 0  # a padded source: the cross-attention's mask, checked once for the compiled step
+    answers = []
+    for options in (dict(), dict(strategy="beam", num_beams=3), dict(strategy="beam", num_beams=4, greedy_floor=False)):
+        eager = t5.generate(sources, attention_mask=mask, max_new_tokens=10, eos_token_id=None, **options)
+        compiled = t5.generate(sources, attention_mask=mask, max_new_tokens=10, eos_token_id=None, compile=BACKEND,
+                               **options)
+        assert torch.equal(compiled, eager), options
+        answers.append(eager)
+    assert all(len(set(row[1:])) >= 3 for answer in answers for row in answer.tolist())  # tokens that vary
+    assert not torch.equal(answers[0], answers[1])  # the beams' answer is not greedy's: their reordering counts
+
+
+def test_the_relative_bias_at_a_static_cache_index_is_the_growing_caches():
+    t5 = tiny_t5()
+    bias = t5.decoder.relative_bias
+    for index in (torch.tensor([0]), torch.tensor([5]), torch.arange(3, 7)):
+        expected = bias(len(index), 16, int(index[0]))  # queries at index[0].., keys 0..15
+        assert torch.equal(bias.at(index, 16), expected)
+
+
 def test_bad_compiled_decoding_requests_are_refused_early():
     ids = torch.randint(0, 64, (1, 5))
     with pytest.raises(ValueError, match="compile must be"):
@@ -192,11 +227,14 @@ def test_bad_compiled_decoding_requests_are_refused_early():
         GenerationConfig.from_dict({"compile": 1})
     with pytest.raises(TypeError, match="cuda_graph must be bool, got 'yes'"):
         GenerationConfig(compile=True, cuda_graph="yes")
-    t5 = T5(T5Config.from_name("t5-tiny", vocab_size=64)).eval()
-    with pytest.raises(ValueError, match="T5 decodes with compile=False"):  # named by the model, not an internal class
-        t5.generate(ids, max_new_tokens=3, compile=BACKEND)
-    with pytest.raises(ValueError, match="T5 decodes with compile=False"):
-        t5.generate(ids, max_new_tokens=3, strategy="beam", compile=BACKEND)
+    gpt = tiny_gpt()
+
+    class EagerOnly:  # a `Decoder` with no decode_step: a growing cache only
+        new_cache, next_token_logits = gpt.new_cache, gpt.next_token_logits
+
+    for strategy in ("greedy", "beam"):
+        with pytest.raises(ValueError, match="EagerOnly decodes with compile=False"):  # named by the model
+            generate(EagerOnly(), ids, GenerationConfig(max_new_tokens=3, strategy=strategy, compile=BACKEND))
 
 
 def test_a_static_cache_reorders_its_rows_in_place_and_copies_them_out_to_more():
@@ -230,5 +268,9 @@ def test_a_static_cache_needs_its_write_positions_and_a_mask():
     with pytest.raises(ValueError, match="capacity must be an integer ≥ 1, got 0"):
         StaticKVCache(1, 0)
     t5_like = Backbone(BackboneConfig(d_model=16, n_layers=1, n_heads=2, causal=True, relative_buckets=8)).eval()
-    with pytest.raises(ValueError, match="relative position bias"):
+    with pytest.raises(ValueError, match="relative position bias reads the queries' positions from "
+                                         "StaticKVCache.index: set it to the 3 positions being written, got None"):
         t5_like(x, cache=StaticKVCache(1, 8), mask=mask)
+    cache = StaticKVCache(1, 8)
+    cache.index = torch.arange(3)
+    assert t5_like(x, cache=cache, mask=mask).last_hidden_state.shape == (1, 3, 16)  # read where they are written

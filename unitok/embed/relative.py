@@ -91,3 +91,11 @@ class RelativePositionBias(nn.Module):
     def forward(self, n_queries: int, n_keys: int, offset: int = 0) -> Tensor:
         bucket = self.buckets(n_queries, n_keys, offset)
         return self.weight[bucket].permute(2, 0, 1)[None]  # (N, T, H) -> (1, H, N, T)
+
+    def at(self, queries: Tensor, n_keys: int) -> Tensor:
+        """(1, H, N, T) bias for queries at the (N,) positions ``queries`` against keys 0..T−1: a
+        `StaticKVCache`'s write index, a tensor read without a host sync (a compiled decode step)."""
+        keys = torch.arange(n_keys, device=queries.device)
+        bucket = relative_position_bucket(keys[None, :] - queries[:, None], self.bidirectional, self.num_buckets,
+                                          self.max_distance)
+        return self.weight[bucket].permute(2, 0, 1)[None]

@@ -29,7 +29,7 @@ from unitok.layers.activations import Activation
 from unitok.layers.attention import CrossAttention, Kernel, SelfAttention, check_padding_mask
 from unitok.layers.decode_layout import head_logits
 from unitok.layers.fused_linear import linear
-from unitok.layers.kv_cache import KVCache
+from unitok.layers.kv_cache import KVCache, StaticKVCache
 from unitok.losses import cross_entropy, linear_cross_entropy
 from unitok.models.base import PretrainedModel
 from unitok.outputs import BackboneOutput, Seq2SeqLMOutput
@@ -322,9 +322,6 @@ class T5(T5Encoder):
         options.setdefault("pad_token_id", self.config.pad_token_id)
         cfg = GenerationConfig.from_dict({"max_new_tokens": max_new_tokens, "strategy": strategy, **options})
         cfg.check_vocabulary(self.config.vocab_size)
-        if cfg.compile:
-            raise ValueError(f"T5 decodes with compile=False (got compile={cfg.compile!r}): the compiled static-cache "
-                             "step serves GPT")
         if 1 + max_new_tokens > self.config.max_decoder_length:
             raise ValueError(f"1 + max_new_tokens = {1 + max_new_tokens} exceeds max_decoder_length="
                              f"{self.config.max_decoder_length}")
@@ -352,6 +349,9 @@ class _DecodingSession:
 
     def __init__(self, model: T5, memory: Tensor, memory_mask: Tensor | None) -> None:
         self.model, self.memory, self.memory_mask = model, memory, memory_mask
+        # as the decoder's mask checks leave it for the eager steps (its values were checked as the
+        # encoder read it): None where nothing is padded, for the compiled step, which skips them
+        self.unpadded_memory_mask = None if memory_mask is None or bool(memory_mask.bool().all()) else memory_mask
         # what the decoding steps read (the layouts of `unitok.layers.decode_layout` serve these, and
         # their timing runs them): the decoder's layers and the head, not the encoder, nor
         # cross-attention's keys and values (computed once from the source)
@@ -365,3 +365,27 @@ class _DecodingSession:
     def next_token_logits(self, new_ids: Tensor, attention_mask: Tensor | None, cache: KVCache) -> Tensor:
         h, _ = self.model._head_input(new_ids, self.memory, self.memory_mask, attention_mask, cache, False, "sdpa")
         return head_logits(h[:, -1], self.model.lm_head)  # the last position's only
+
+    def new_static_cache(self, capacity: int) -> StaticKVCache:
+        """A fixed-capacity cache of the decoder's self-attention for `decode_step` (the start token and
+        every new one), rounded up to a multiple of 64 within ``max_decoder_length``, as GPT's is:
+        other lengths then reuse one compiled step. Cross-attention's keys and values join it at the first step."""
+        limit = self.model.config.max_decoder_length
+        if not 1 <= capacity <= limit:
+            raise ValueError(f"a static cache of {capacity} positions does not fit max_decoder_length={limit}")
+        return StaticKVCache(self.model.config.decoder_layers, min(limit, -(-capacity // 64) * 64))
+
+    def decode_step(self, new_ids: Tensor, positions: Tensor, mask: Tensor, cache: StaticKVCache,
+                    check: bool = False) -> Tensor:
+        """One shape-stable decoding step over a `StaticKVCache` (what ``generate(compile=...)``
+        compiles): (B, N) ids written at ``cache.index`` (the relative bias reads the queries'
+        positions there; ``positions`` is unused: T5 has no absolute ones), each query seeing the
+        keys ``mask`` (B, 1, N, capacity) allows and the sources -> (B, V) logits after the last id.
+        No host syncs: the sources' mask was checked once (``unpadded_memory_mask``)."""
+        x = self.model.shared(new_ids, check=check)
+        out = self.model.decoder(x, cache=cache, mask=mask, encoder_hidden_states=self.memory,
+                                 encoder_attention_mask=self.unpadded_memory_mask, _masks_checked=True)
+        h = out.last_hidden_state[:, -1]
+        if self.model.config.scales_output:
+            h = h * self.model.config.d_model**-0.5  # as `T5._head_input`
+        return self.model.lm_head(h)
