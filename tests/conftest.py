@@ -121,9 +121,11 @@ class TimedChoice:
     def __init__(self) -> None:
         self.wins: str | None = None
         self.asked: list[tuple[int, frozenset[str], tuple[frozenset[str], ...]]] = []
+        self.steps: list[int | None] = []  # each choice's steps (None: for any number, the compiled step's)
 
     def __call__(self, module, rows, steps, baseline, proposals, input_major_rows=None, timer=None):
         self.asked.append((rows, baseline, tuple(proposals)))
+        self.steps.append(steps)
         return next((p for p in proposals if self.wins in p), baseline)
 
     def proposed(self) -> list[set[str]]:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import numbers
+import threading
+import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -386,18 +388,24 @@ def _static_step(model: StaticDecoder, new_ids: Tensor, positions: Tensor, keys:
     return model.decode_step(new_ids, positions, (keys & written)[:, None, None, :], cache)
 
 
-_compiled_steps: dict[tuple[str, str], Callable[..., Tensor]] = {}
+_compiled_steps: dict[tuple[str, str, int], Callable[..., Tensor]] = {}
 
 
-def _compiled_step(backend: str, device: torch.device) -> Callable[..., Tensor]:
-    """`_static_step` compiled for ``backend`` (once a process: traces are cached per model and shape).
-    On the CPU, inductor's graph runs through its C++ wrapper: one call into compiled code a token
-    instead of a Python function calling each kernel (a one-row step is dozens of small kernels;
-    D=256 GPT on a Xeon, one thread: 1.94 against 2.17 ms a token, the same tokens)."""
-    key = (backend, device.type)
+def _compiled_step(backend: str, device: torch.device, rows: int) -> Callable[..., Tensor]:
+    """`_static_step` compiled for ``backend`` and steps of ``rows`` rows (once a process: traces are
+    cached per model and shape). Each (backend, device, rows) compiles a copy of the function with a
+    code object of its own: Dynamo keeps graphs, and counts recompilations against its limit (8,
+    then a hard error under ``fullgraph``), per code object, and one shared by every batch size and
+    beam width would reach it at the ninth. On the CPU, inductor's graph runs through its C++
+    wrapper: one call into compiled code a token instead of a Python function calling each kernel
+    (a one-row step is dozens of small kernels; D=256 GPT on a Xeon, one thread: 1.94 against
+    2.17 ms a token, the same tokens)."""
+    key = (backend, device.type, rows)
     if key not in _compiled_steps:
+        code = _static_step.__code__.replace(co_name=f"_static_step_{backend}_{device.type}_{rows}")
+        function = types.FunctionType(code, _static_step.__globals__, code.co_name)
         options = {"cpp_wrapper": True} if backend == "inductor" and device.type == "cpu" else None
-        _compiled_steps[key] = torch.compile(_static_step, backend=backend, fullgraph=True, dynamic=False,
+        _compiled_steps[key] = torch.compile(function, backend=backend, fullgraph=True, dynamic=False,
                                              options=options)
     return _compiled_steps[key]
 
@@ -416,7 +424,8 @@ class _StaticSteps(_Steps):
         self.mask = mask
         B, S = input_ids.shape
         device = self.device
-        self.step_fn = _compiled_step("inductor" if cfg.compile is True else str(cfg.compile), device)
+        self.backend = "inductor" if cfg.compile is True else str(cfg.compile)
+        self.step_fn: Callable[..., Tensor] | None = None  # compiled for the steps' rows, at the first
         self.cache: StaticKVCache = model.new_static_cache(S + cfg.max_new_tokens)  # type: ignore[attr-defined]
         T = self.cache.capacity  # ≥ S + max_new_tokens (a model may round it up, to share one compiled step)
         self.keys = torch.ones(B, T, dtype=torch.bool, device=device)  # which positions hold real tokens
@@ -442,17 +451,23 @@ class _StaticSteps(_Steps):
     def expand(self, rows: Tensor) -> None:
         """Each input's prompt row copied out to its rows of the search (``rows``: the prompt row of each);
         an encoder-decoder's rows of one source share its encoder states."""
-        self.cache.reorder(rows, cross=False)
+        self.cache.reorder(rows, cross=False, written=self.cache.length)
         self.keys, self.position = self.keys[rows], self.position[rows]
 
     def reorder(self, rows: Tensor) -> None:
         """The cache of row ``rows[i]`` becomes row i's (rows of one input: its keys and positions are theirs)."""
-        self.cache.reorder(rows, cross=False)
+        self.cache.reorder(rows, cross=False, written=self.cache.length)
 
     def step(self, new_ids: Tensor) -> Tensor:
         """(rows, 1) ids, one a row -> (rows, V) logits; the cache advances a position."""
-        if self.steps == 0 and self.device.type == "cuda" and self.cfg.cuda_graph and self.cfg.max_new_tokens > 1:
-            self.step_fn = _cuda_graph_step(self.step_fn, self.model, self.position, self.keys, self.index, self.cache)
+        if self.step_fn is None:
+            self.step_fn = _compiled_step(self.backend, self.device, new_ids.shape[0])
+            if self.device.type == "cuda" and self.cfg.cuda_graph and self.cfg.max_new_tokens > 1:
+                self.step_fn = _cuda_graph_step(self.step_fn, self.model, self.position, self.keys, self.index,
+                                                self.cache)
+        # contiguous: a view into the search's sequences has their length as its stride, which the
+        # graph would be specialised for (one graph per length, then the recompile limit)
+        new_ids = new_ids.contiguous()
         logits = self.step_fn(self.model, new_ids, self.position, self.keys, self.index, self.cache)
         if self.steps == 0:
             self._stack.enter_context(_steady_guards())
@@ -486,6 +501,13 @@ def _static_generate(model: Decoder, input_ids: Tensor, mask: Tensor, cfg: Gener
     return ids
 
 
+def _only_thread() -> bool:
+    """Whether no other thread could run compiled code meanwhile: none is alive but this one and
+    tqdm's monitor (which only refreshes progress bars; libraries start it along the way)."""
+    current = threading.current_thread()
+    return all(thread is current or type(thread).__name__ == "TMonitor" for thread in threading.enumerate())
+
+
 @contextlib.contextmanager
 def _steady_guards() -> Iterator[None]:
     """Dynamo evaluates only the guards that tell its compiled graphs apart, until the block ends.
@@ -493,10 +515,12 @@ def _steady_guards() -> Iterator[None]:
     Every step of one decoding has the first's shapes, dtypes, model and cache: that step ran
     every guard (a recompile, had anything changed, would have happened there), and the later ones
     would only pass them again — 0.13 ms a token on a Xeon, 7 % of a D=256 GPT's compiled step.
-    Left as it is under another stance (``force_eager``, a forced backend) or inside a trace."""
+    Left as it is under another stance (``force_eager``, a forced backend), inside a trace, and
+    wherever another thread runs: the stance is the process's, and another thread's compiled code
+    would skip its guards too (a wrong graph reused without a word)."""
     stance = getattr(torch._dynamo.eval_frame, "_stance", None)
     if (torch.compiler.is_compiling() or stance is None or stance.stance != "default"
-            or stance.backend is not None or stance.skip_guard_eval_unsafe):
+            or stance.backend is not None or stance.skip_guard_eval_unsafe or not _only_thread()):
         yield
         return
     with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):

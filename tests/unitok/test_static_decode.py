@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 
 import pytest
 import torch
@@ -79,7 +80,9 @@ def test_compiled_decoding_stops_at_eos_and_samples_as_eager_with_one_seed():
 
 
 def test_compiled_decoding_steps_on_input_major_weights_where_timed_faster_and_gives_them_back(monkeypatch, timed):
+    import unitok.generate as generate_module
     import unitok.layers.layout_timing as layout_timing
+    from unitok.layers.decode_layout import can_pack
 
     lent = []  # how many weights each decoding laid out
     real = layout_timing.input_major_weights
@@ -99,6 +102,7 @@ def test_compiled_decoding_steps_on_input_major_weights_where_timed_faster_and_g
     compiled = gpt.generate(ids, max_new_tokens=8, compile=BACKEND)  # one row: proposed, even for 8 tokens
     assert lent == [7] and torch.equal(compiled, eager)  # per layer qkv, out, MLP in; the tied head
     assert timed.proposed() == [{"input_major"}]  # the copy alone: a traced step multiplies as F.linear does
+    assert timed.steps == [None]  # chosen for any number of tokens: one layout, one graph
     assert {name: (p.data_ptr(), p.stride()) for name, p in gpt.named_parameters()} == before  # given back
     gpt.generate(ids, max_new_tokens=8, compile=BACKEND, input_major=False)  # not asked
     gpt.generate(ids.repeat(3, 1), max_new_tokens=8, compile=BACKEND)  # three rows: nothing gains
@@ -108,6 +112,11 @@ def test_compiled_decoding_steps_on_input_major_weights_where_timed_faster_and_g
     assert lent == [7] and len(timed.asked) == 2  # proposed, timed, not lent
     gpt.generate(ids, max_new_tokens=1, compile=BACKEND)  # one new token: no step runs, nothing proposed
     assert len(timed.asked) == 2
+    monkeypatch.setattr(generate_module, "MIN_COLD_BYTES", 0)  # as if out of cache: eager steps of 5 rows would
+    gpt.generate(ids, max_new_tokens=20, strategy="beam")  # be proposed output-major and packed products...
+    assert timed.proposed()[-1] == ({"output_major", "packed"} if can_pack() else {"output_major"})
+    gpt.generate(ids, max_new_tokens=20, strategy="beam", compile=BACKEND)  # ...a traced step none of them
+    assert len(timed.asked) == 3
 
 
 def test_steps_after_the_first_evaluate_only_the_guards_that_tell_graphs_apart(monkeypatch):
@@ -117,8 +126,8 @@ def test_steps_after_the_first_evaluate_only_the_guards_that_tell_graphs_apart(m
 
     real, seen = generate._compiled_step, []
 
-    def spy(backend, device):
-        step = real(backend, device)
+    def spy(backend, device, rows):
+        step = real(backend, device, rows)
 
         def recording(*args):
             seen.append((eval_frame._stance.stance, eval_frame._stance.skip_guard_eval_unsafe))
@@ -126,6 +135,7 @@ def test_steps_after_the_first_evaluate_only_the_guards_that_tell_graphs_apart(m
         return recording
 
     monkeypatch.setattr(generate, "_compiled_step", spy)
+    monkeypatch.setattr(threading, "enumerate", lambda: [threading.current_thread()])  # (whatever earlier tests left)
     wide, narrow = tiny_gpt(sharpen=3.0), tiny_gpt(sharpen=3.0, d_model=48)
     ids = torch.randint(0, 64, (2, 6), generator=torch.Generator().manual_seed(7))
     for gpt in (wide, narrow, wide):  # two models in turn: each decoding's first step runs every guard
@@ -138,6 +148,18 @@ def test_steps_after_the_first_evaluate_only_the_guards_that_tell_graphs_apart(m
         assert torch.equal(wide.generate(ids, max_new_tokens=4, compile=BACKEND), wide.generate(ids, max_new_tokens=4))
         assert eval_frame._stance.stance == "force_eager"
     assert seen == [("force_eager", False)] * 3
+    seen.clear()
+    monkeypatch.undo()  # the real threads again, and the spy reinstated
+    monkeypatch.setattr(generate, "_compiled_step", spy)
+    release = threading.Event()
+    other = threading.Thread(target=release.wait)  # another thread's compiled code would skip its guards too
+    other.start()
+    try:
+        assert torch.equal(wide.generate(ids, max_new_tokens=4, compile=BACKEND), wide.generate(ids, max_new_tokens=4))
+    finally:
+        release.set()
+        other.join()
+    assert seen == [("default", False)] * 3  # every guard evaluated while it ran
 
 
 def test_the_compiled_step_is_traced_once_for_every_new_token_and_prompt_length():
@@ -219,6 +241,23 @@ def test_the_relative_bias_at_a_static_cache_index_is_the_growing_caches():
         assert torch.equal(bias.at(index, 16), expected)
 
 
+def test_compiled_beam_search_is_traced_once_for_every_length_and_any_number_of_beam_widths():
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    gpt = tiny_gpt(sharpen=3.0)
+    ids = torch.randint(0, 64, (1, 6), generator=torch.Generator().manual_seed(10))
+    for new_tokens in range(3, 13):  # Hugging Face's search (no greedy row): its ids are views of longer sequences
+        gpt.generate(ids, max_new_tokens=new_tokens, strategy="beam", num_beams=3, greedy_floor=False,
+                     compile=BACKEND)
+    assert counters["stats"]["unique_graphs"] == 1
+    for width in range(1, 11):  # ten row counts, each its own compiled step: no recompile limit reached
+        compiled = gpt.generate(ids, max_new_tokens=4, strategy="beam", num_beams=width, compile=BACKEND)
+        assert torch.equal(compiled, gpt.generate(ids, max_new_tokens=4, strategy="beam", num_beams=width))
+
+
 def test_bad_compiled_decoding_requests_are_refused_early():
     ids = torch.randint(0, 64, (1, 5))
     with pytest.raises(ValueError, match="compile must be"):
@@ -242,15 +281,18 @@ def test_a_static_cache_reorders_its_rows_in_place_and_copies_them_out_to_more()
     keys, values = torch.randn(2, 3, 4, 5), torch.randn(2, 3, 4, 5)  # 2 rows, 3 heads, 4 positions
     cache.index = torch.arange(4)
     buffer, _ = cache.update(0, keys, values)
-    cache.length = 4
-    cache.reorder(torch.tensor([1, 1]))  # the same rows: in place, the buffer a compiled step reads kept
+    cache.reorder(torch.tensor([1, 1]), written=4)  # the same rows: in place, the buffer a compiled step reads kept
     cache.index = torch.tensor([4])
     k, v = cache.update(0, torch.zeros(2, 3, 1, 5), torch.zeros(2, 3, 1, 5))
     assert k is buffer and torch.equal(k[:, :, :4], keys[[1, 1]]) and torch.equal(v[:, :, :4], values[[1, 1]])
-    cache.length = 5
     cache.reorder(torch.tensor([0, 0, 1]))  # three rows from two: new buffers
     k, _ = cache.update(0, torch.ones(3, 3, 1, 5), torch.ones(3, 3, 1, 5))
     assert k.shape == (3, 3, 8, 5) and torch.equal(k[:, :, :4], keys[[1, 1, 1]])
+    before = k.clone()
+    cache.reorder(torch.tensor([2, 0, 1]))  # nothing said of what is written: the whole buffer moves
+    cache.index = torch.tensor([7])  # (an unwritten position, written as it would read after the move)
+    moved = before[[2, 0, 1]]
+    assert torch.equal(cache.update(0, moved[:, :, 7:], moved[:, :, 7:])[0], moved)
 
 
 def test_a_static_cache_needs_its_write_positions_and_a_mask():

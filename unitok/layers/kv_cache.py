@@ -166,17 +166,19 @@ class StaticKVCache:
         """Attention always reads the whole buffer (masked past what is written)."""
         return self.capacity
 
-    def reorder(self, index: Tensor, cross: bool = True) -> None:
+    def reorder(self, index: Tensor, cross: bool = True, written: int | None = None) -> None:
         """Select batch rows (beam search keeps the cache of the surviving beams). The same number of
-        rows: the written positions (``length``) gathered and written back in place, so that the
-        buffers a compiled step (or a captured CUDA graph) reads stay the same tensors; another
-        number (a prompt's row copied out to its beams): new buffers. ``cross=False`` leaves the
+        rows: gathered and written back in place, so that the buffers a compiled step (or a captured
+        CUDA graph) reads stay the same tensors; another number (a prompt's row copied out to its
+        beams): new buffers. ``written``: how many leading positions hold keys, the only ones moved
+        (a decoding knows: its ``length``); None: the whole buffer. ``cross=False`` leaves the
         cross-attention entries alone, as `KVCache.reorder` does."""
+        end = self.capacity if written is None else written
         if cross:
             self.cross = {i: (k.index_select(0, index), v.index_select(0, index)) for i, (k, v) in self.cross.items()}
         for layer in range(self.n_layers):
-            self._keys[layer] = select_rows(self._keys[layer], index, self.length)
-            self._values[layer] = select_rows(self._values[layer], index, self.length)
+            self._keys[layer] = select_rows(self._keys[layer], index, end)
+            self._values[layer] = select_rows(self._values[layer], index, end)
 
     def update(self, layer: int, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
         """Write (B, H, N, K) keys/values at ``index``; return the whole (B, H, capacity, K) buffers."""

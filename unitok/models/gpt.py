@@ -301,7 +301,7 @@ class GPT(PretrainedModel):
         """Continue prompts; returns (B, S + new) ids including the prompt.
 
         ``strategy``: "greedy", "sample" (``temperature``, ``top_k``, ``top_p``) or "beam"
-        (``num_beams``, ``length_penalty``, ``early_stopping``); ``compile=True`` (greedy, sample)
+        (``num_beams``, ``length_penalty``, ``early_stopping``); ``compile=True`` (any strategy)
         decodes through a compiled, shape-stable step (`GenerationConfig`). Batched prompts must be left
         padded (``BPETokenizer.batch_encode(..., padding_side="left")``). Generation stops at
         ``eos_token_id`` (default: the config's).
