@@ -45,7 +45,7 @@ Strategy = Literal["greedy", "sample", "beam"]
 
 
 class StaticDecoder(Protocol):
-    """What ``compile=`` decoding needs of a model (GPT has it)."""
+    """What ``compile=`` decoding needs of a model (GPT has it; T5's decoding session too)."""
 
     def new_static_cache(self, capacity: int) -> StaticKVCache: ...
 
@@ -388,26 +388,39 @@ def _static_step(model: StaticDecoder, new_ids: Tensor, positions: Tensor, keys:
     return model.decode_step(new_ids, positions, (keys & written)[:, None, None, :], cache)
 
 
-_compiled_steps: dict[tuple[str, str, int], Callable[..., Tensor]] = {}
+_compiled_steps: dict[tuple, Callable[..., Tensor]] = {}
 
 
-def _compiled_step(backend: str, device: torch.device, rows: int) -> Callable[..., Tensor]:
-    """`_static_step` compiled for ``backend`` and steps of ``rows`` rows (once a process: traces are
-    cached per model and shape). Each (backend, device, rows) compiles a copy of the function with a
-    code object of its own: Dynamo keeps graphs, and counts recompilations against its limit (8,
-    then a hard error under ``fullgraph``), per code object, and one shared by every batch size and
-    beam width would reach it at the ninth. On the CPU, inductor's graph runs through its C++
-    wrapper: one call into compiled code a token instead of a Python function calling each kernel
-    (a one-row step is dozens of small kernels; D=256 GPT on a Xeon, one thread: 1.94 against
-    2.17 ms a token, the same tokens)."""
-    key = (backend, device.type, rows)
-    if key not in _compiled_steps:
-        code = _static_step.__code__.replace(co_name=f"_static_step_{backend}_{device.type}_{rows}")
-        function = types.FunctionType(code, _static_step.__globals__, code.co_name)
-        options = {"cpp_wrapper": True} if backend == "inductor" and device.type == "cpu" else None
-        _compiled_steps[key] = torch.compile(function, backend=backend, fullgraph=True, dynamic=False,
-                                             options=options)
-    return _compiled_steps[key]
+def _compile_step(backend: str, device_type: str) -> Callable[..., Tensor]:
+    """`_static_step` compiled for ``backend``, as a copy with a code object of its own: Dynamo keeps
+    its graphs, and counts them against its recompile limit (8; then, under ``fullgraph``, an error),
+    per code object. On the CPU, inductor's graph runs through its C++ wrapper: one call into
+    compiled code a token instead of a Python function calling each kernel (a one-row step is
+    dozens of small kernels; D=256 GPT on a Xeon, one thread: 1.94 against 2.17 ms a token)."""
+    code = _static_step.__code__.replace(co_name=f"_static_step_{len(_compiled_steps)}")
+    function = types.FunctionType(code, _static_step.__globals__, code.co_name)
+    options = {"cpp_wrapper": True} if backend == "inductor" and device_type == "cpu" else None
+    return torch.compile(function, backend=backend, fullgraph=True, dynamic=False, options=options)
+
+
+def _compiled_step(backend: str, device: torch.device, shapes: tuple) -> Callable[..., Tensor]:
+    """The compiled step for ``backend`` and steps of these ``shapes`` (rows, the cache's capacity,
+    cross-attention's keys: each a graph of its own), kept for the process. One copy per shapes,
+    so that batch sizes, beam widths, cache sizes and source lengths do not share a recompile
+    limit; and where a copy's graphs are all taken (a ninth model of those shapes), a fresh copy
+    replaces it: the limit is met before anything runs, so the step is simply taken again."""
+    key = (backend, device.type, shapes)
+
+    def step(*args: Any) -> Tensor:
+        if key not in _compiled_steps:
+            _compiled_steps[key] = _compile_step(backend, device.type)
+        try:
+            return _compiled_steps[key](*args)
+        except torch._dynamo.exc.FailOnRecompileLimitHit:
+            _compiled_steps[key] = _compile_step(backend, device.type)
+            return _compiled_steps[key](*args)
+
+    return step
 
 
 class _StaticSteps(_Steps):
@@ -461,7 +474,8 @@ class _StaticSteps(_Steps):
     def step(self, new_ids: Tensor) -> Tensor:
         """(rows, 1) ids, one a row -> (rows, V) logits; the cache advances a position."""
         if self.step_fn is None:
-            self.step_fn = _compiled_step(self.backend, self.device, new_ids.shape[0])
+            shapes = (new_ids.shape[0], self.cache.capacity, *(tuple(k.shape) for k, _ in self.cache.cross.values()))
+            self.step_fn = _compiled_step(self.backend, self.device, shapes)
             if self.device.type == "cuda" and self.cfg.cuda_graph and self.cfg.max_new_tokens > 1:
                 self.step_fn = _cuda_graph_step(self.step_fn, self.model, self.position, self.keys, self.index,
                                                 self.cache)

@@ -126,8 +126,8 @@ def test_steps_after_the_first_evaluate_only_the_guards_that_tell_graphs_apart(m
 
     real, seen = generate._compiled_step, []
 
-    def spy(backend, device, rows):
-        step = real(backend, device, rows)
+    def spy(backend, device, shapes):
+        step = real(backend, device, shapes)
 
         def recording(*args):
             seen.append((eval_frame._stance.stance, eval_frame._stance.skip_guard_eval_unsafe))
@@ -231,6 +231,22 @@ def test_compiled_t5_decoding_gives_the_eager_tokens_greedy_and_beam():
         answers.append(eager)
     assert all(len(set(row[1:])) >= 3 for answer in answers for row in answer.tolist())  # tokens that vary
     assert not torch.equal(answers[0], answers[1])  # the beams' answer is not greedy's: their reordering counts
+
+
+def test_compiled_decoding_serves_any_number_of_source_lengths_and_models():
+    # Dynamo keeps 8 graphs a code object, then fails under fullgraph: each step shape compiles its own
+    # copy of the step, and a ninth model of one shape gets a fresh copy
+    t5 = tiny_t5()
+    for length in range(3, 12):  # nine source lengths (one past the limit): cross-attention's keys, a graph each
+        sources = torch.randint(2, 64, (1, length), generator=torch.Generator().manual_seed(length))
+        assert torch.equal(t5.generate(sources, max_new_tokens=4, eos_token_id=None, compile=BACKEND),
+                           t5.generate(sources, max_new_tokens=4, eos_token_id=None))
+    ids = torch.randint(0, 64, (1, 3), generator=torch.Generator().manual_seed(11))
+    with torch._dynamo.config.patch(recompile_limit=1):  # one graph a copy: the second model's fills it
+        for activation in ("gelu_tanh", "relu", "gelu"):  # models of one shape, each its own graph
+            gpt = tiny_gpt(sharpen=3.0, activation=activation)
+            assert torch.equal(gpt.generate(ids, max_new_tokens=3, compile=BACKEND),
+                               gpt.generate(ids, max_new_tokens=3))
 
 
 def test_the_relative_bias_at_a_static_cache_index_is_the_growing_caches():
