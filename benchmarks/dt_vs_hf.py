@@ -9,7 +9,9 @@ get the same tensors and compute the loss the same way, outside the model. Dropo
 configured on both sides (default 0.1, the paper's). unitok runs as `DecisionTransformerTask`
 trains (``actions_only=True``: the last block computes only the state tokens the action head
 reads, the same actions and gradients); the plain forward over every token, the same matrix
-work as Hugging Face's, is a second row ("all tokens").
+work as Hugging Face's, is a second row ("all tokens"). A third, "both fused AdamW", is each
+library's default path: both sides step PyTorch's fused AdamW (unitok's tasks do; so does Hugging
+Face's Trainer on torch >= 2.8).
 
 Inference: windows/s of an eval-mode ``no_grad`` forward to action predictions on the same batch,
 unitok as its `DecisionTransformerTask` predicts (``actions_only=True``) and over every token.
@@ -145,11 +147,12 @@ def check_same(ours: nn.Module, hf: nn.Module, batch: dict[str, Tensor], atol: f
 
 
 def make_train_step(model: nn.Module, batch: dict[str, Tensor], steps: int,
-                    amp: Callable[[], AbstractContextManager] = nullcontext,
+                    amp: Callable[[], AbstractContextManager] = nullcontext, fused: bool | None = None,
                     **options: Any) -> Callable[[], float]:
-    """A closure running ``steps`` AdamW steps on ``model`` (own optimizer); returns the loss."""
+    """A closure running ``steps`` AdamW steps on ``model`` (own optimizer; ``fused``: PyTorch's
+    fused kernel); returns the loss."""
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=1e-4)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=1e-4, fused=fused)
 
     def run() -> float:
         loss = torch.zeros(())
@@ -185,12 +188,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     runs = {"unitok": make_train_step(copy.deepcopy(ours), batch, args.train_steps, amp, actions_only=True),
             "unitok_all_tokens": make_train_step(copy.deepcopy(ours), batch, args.train_steps, amp),
             "hf": make_train_step(copy.deepcopy(hf), batch, args.train_steps, amp)}
+    # each library's default path: both step PyTorch's fused AdamW (unitok's tasks; Hugging Face's
+    # Trainer on torch >= 2.8, optim="adamw_torch_fused")
+    runs |= {"unitok_fused": make_train_step(copy.deepcopy(ours), batch, args.train_steps, amp, fused=True,
+                                             actions_only=True),
+             "hf_fused": make_train_step(copy.deepcopy(hf), batch, args.train_steps, amp, fused=True)}
     times = alternate(runs, args.repeats, args.warmup, args.device, label="dt train")
     rates = {name: args.train_steps / statistics.median(t) for name, t in times.items()}
     ratio, ratio_all = rates["unitok"] / rates["hf"], rates["unitok_all_tokens"] / rates["hf"]
+    ratio_default = rates["unitok_fused"] / rates["hf_fused"]
     print(f"{'metric':<28}{'unitok':>10}{'HF':>10}{'ratio':>9}")
     print(f"{'train steps/s':<28}{rates['unitok']:>10.2f}{rates['hf']:>10.2f}{ratio:>8.2f}x")
     print(f"{'  all tokens':<28}{rates['unitok_all_tokens']:>10.2f}{rates['hf']:>10.2f}{ratio_all:>8.2f}x")
+    print(f"{'  both fused AdamW':<28}{rates['unitok_fused']:>10.2f}{rates['hf_fused']:>10.2f}{ratio_default:>8.2f}x")
     inputs = {k: batch[k] for k in KEYS}
     evals = {"unitok": copy.deepcopy(ours).eval(), "hf": copy.deepcopy(hf).eval()}
     infer_runs = {"unitok": lambda: evals["unitok"](**inputs, actions_only=True).action_preds,
@@ -204,7 +214,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
           f"{infer['unitok_all_tokens'] / infer['hf']:>8.2f}x")
     seconds = time.perf_counter() - start
     print(f"({seconds:.0f} s)")
-    return {"train_steps_per_s": rates, "ratio": ratio, "ratio_all_tokens": ratio_all, "infer": infer,
+    return {"train_steps_per_s": rates, "ratio": ratio, "ratio_all_tokens": ratio_all, "ratio_fused_adamw": ratio_default,
+            "infer": infer,
             "max_abs_diff": diff, "seconds": seconds,
             "threads": torch.get_num_threads(), "device": args.device}
 

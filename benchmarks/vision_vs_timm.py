@@ -8,6 +8,9 @@ random weights and converted with ``unitok.convert.from_timm``):
    CE(class head, labels) / 2 + CE(distillation head, teacher labels) / 2 (random labels
    stand in for the teacher's); timm's model runs with ``set_distilled_training(True)`` so
    it returns both heads too.
+   On the CPU a third row, "fused AdamW", steps unitok's side with PyTorch's fused AdamW, as its
+   tasks do, against timm's side as timm's optimizer factory builds it (``torch.optim.AdamW``,
+   ``foreach`` left to PyTorch: its single-tensor loop on a CPU): each library's default path.
 2. Inference: images/s of a ``no_grad`` forward in eval mode.
 
 unitok's ViT and DeiT run as its tasks and pipelines run them: the last block computes the
@@ -224,8 +227,13 @@ def bench_train(ours: nn.Module, theirs: nn.Module, kind: str, args: argparse.Na
                 batch: tuple[Tensor, Tensor, Tensor]) -> dict[str, float]:
     """Training images/s (median over repetitions) for each side, on training copies."""
     amp = functools.partial(autocast, args.device, args.precision)
+    models = sides(ours, theirs)
     runs = {name: make_train_step(prepare_for_training(model, kind), kind, batch, args.train_steps, amp)
-            for name, model in sides(ours, theirs).items()}
+            for name, model in models.items()}
+    if args.device == "cpu":  # unitok's tasks step PyTorch's fused AdamW; timm's (torch.optim.AdamW,
+        # foreach left to PyTorch) runs its single-tensor loop on the CPU: each library's default
+        runs["unitok_fused_adamw"] = make_train_step(prepare_for_training(models["unitok"], kind), kind, batch,
+                                                     args.train_steps, amp, fused=True)
     times = alternate(runs, args.repeats, args.warmup, args.device, label=f"{kind} train")
     images = args.batch_size * args.train_steps
     return {name: images / statistics.median(t) for name, t in times.items()}
@@ -328,6 +336,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             rows.append((kind, "train images/s", train["unitok"], train["timm"]))
             if "unitok_all_tokens" in train:
                 rows.append((kind, "  all tokens", train["unitok_all_tokens"], train["timm"]))
+            if "unitok_fused_adamw" in train:
+                rows.append((kind, "  fused AdamW", train["unitok_fused_adamw"], train["timm"]))
         if not args.skip_infer:
             infer = bench_infer(ours, theirs, args, batch[0], kind)
             result[kind]["infer"] = infer
