@@ -4,7 +4,9 @@ A random ``torchaudio.models.Conformer`` (plus a linear CTC head) is converted w
 ``unitok.convert.from_torchaudio``; outputs are checked equal, then both train on the same
 padded batch of random frames with CTC loss and AdamW, and run it through an eval-mode
 ``no_grad`` forward to CTC logits (inference). Reported: input frames/s (median of alternating
-repetitions) and the ratio unitok / torchaudio (> 1 means unitok is faster).
+repetitions) and the ratio unitok / torchaudio (> 1 means unitok is faster). On the CPU a second
+training row, "fused AdamW", steps unitok's side with PyTorch's fused AdamW, as its tasks do,
+against torchaudio's with ``torch.optim.AdamW`` left to itself: each library's default path.
 
 Run::
 
@@ -87,9 +89,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
           f"max |diff| {diff:.1e} | device={args.device} threads={torch.get_num_threads()} "
           f"torch={torch.__version__} torchaudio={torchaudio.__version__}")
 
-    def step_fn(model: nn.Module, forward: Callable) -> Callable[[], float]:
+    def step_fn(model: nn.Module, forward: Callable, fused: bool | None = None) -> Callable[[], float]:
         model = copy.deepcopy(model).train()
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused)
 
         def run() -> float:
             loss = torch.zeros(())
@@ -107,12 +109,18 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     reference = nn.ModuleDict({"conformer": ref, "head": head})
     runs = {"unitok": step_fn(ours, lambda m: m(frames, lengths).logits),
             "torchaudio": step_fn(reference, lambda m: m["head"](m["conformer"](frames, lengths)[0]))}
+    if args.device == "cpu":  # each library's default: unitok's tasks step PyTorch's fused AdamW; torchaudio
+        # has no trainer, and torch.optim.AdamW left to itself runs its single-tensor loop on a CPU
+        runs["unitok_fused_adamw"] = step_fn(ours, lambda m: m(frames, lengths).logits, fused=True)
     times = alternate(runs, args.repeats, args.warmup, args.device, label="conformer train")
     total = int(lengths.sum()) * args.train_steps
     rates = {k: total / statistics.median(v) for k, v in times.items()}
     print(f"{'metric':<24}{'unitok':>10}{'torchaudio':>12}{'ratio':>9}")
     print(f"{'training frames/s':<24}{rates['unitok']:>10.1f}{rates['torchaudio']:>12.1f}"
           f"{rates['unitok'] / rates['torchaudio']:>8.2f}x")
+    if "unitok_fused_adamw" in rates:
+        print(f"{'  fused AdamW':<24}{rates['unitok_fused_adamw']:>10.1f}{rates['torchaudio']:>12.1f}"
+              f"{rates['unitok_fused_adamw'] / rates['torchaudio']:>8.2f}x")
     infer_runs = {"unitok": torch.no_grad()(lambda: ours(frames, lengths).logits),
                   "torchaudio": torch.no_grad()(lambda: head(ref(frames, lengths)[0]))}
     infer_times = alternate(infer_runs, args.repeats, args.warmup, args.device, label="conformer infer")
