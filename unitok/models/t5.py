@@ -351,7 +351,7 @@ class _DecodingSession:
         self.model, self.memory, self.memory_mask = model, memory, memory_mask
         # as the decoder's mask checks leave it for the eager steps (its values were checked as the
         # encoder read it): None where nothing is padded, for the compiled step, which skips them
-        self.unpadded_memory_mask = None if memory_mask is None or bool(memory_mask.bool().all()) else memory_mask
+        self.checked_memory_mask = None if memory_mask is None or bool(memory_mask.bool().all()) else memory_mask
         # what the decoding steps read (the layouts of `unitok.layers.decode_layout` serve these, and
         # their timing runs them): the decoder's layers and the head, not the encoder, nor
         # cross-attention's keys and values (computed once from the source)
@@ -381,10 +381,10 @@ class _DecodingSession:
         compiles): (B, N) ids written at ``cache.index`` (the relative bias reads the queries'
         positions there; ``positions`` is unused: T5 has no absolute ones), each query seeing the
         keys ``mask`` (B, 1, N, capacity) allows and the sources -> (B, V) logits after the last id.
-        No host syncs: the sources' mask was checked once (``unpadded_memory_mask``)."""
+        No host syncs: the sources' mask was checked once (``checked_memory_mask``)."""
         x = self.model.shared(new_ids, check=check)
         out = self.model.decoder(x, cache=cache, mask=mask, encoder_hidden_states=self.memory,
-                                 encoder_attention_mask=self.unpadded_memory_mask, _masks_checked=True)
+                                 encoder_attention_mask=self.checked_memory_mask, _masks_checked=True)
         h = out.last_hidden_state[:, -1]
         if self.model.config.scales_output:
             h = h * self.model.config.d_model**-0.5  # as `T5._head_input`
