@@ -14,7 +14,7 @@ import torch
 
 from unitok.backbone import Backbone, BackboneConfig
 from unitok.generate import GenerationConfig, generate
-from unitok.layers import StaticKVCache
+from unitok.layers import KVCache, StaticKVCache
 from unitok.models import GPT, T5, GPTConfig, T5Config
 
 BACKEND = os.environ.get("UNITOK_COMPILE_BACKEND", "aot_eager")
@@ -203,7 +203,7 @@ def test_compiled_beam_search_stops_at_eos_as_eager():
                          early_stopping=stop, compile=backend)
             for stop in (False, True) for backend in (False, BACKEND)]
     assert torch.equal(runs[0], runs[1]) and torch.equal(runs[2], runs[3])
-    assert (runs[0] == eos).any()
+    assert (runs[0][:, 5:] == eos).any()  # a beam ended there
 
 
 def tiny_t5() -> T5:
@@ -309,6 +309,9 @@ def test_a_static_cache_reorders_its_rows_in_place_and_copies_them_out_to_more()
     cache.index = torch.tensor([7])  # (an unwritten position, written as it would read after the move)
     moved = before[[2, 0, 1]]
     assert torch.equal(cache.update(0, moved[:, :, 7:], moved[:, :, 7:])[0], moved)
+    for bad in (-1, 9, 2.5):  # a slice would read -1 from the end, clamp 9, or fail later
+        with pytest.raises(ValueError, match=f"written must be .*got {bad}"):
+            cache.reorder(torch.tensor([0, 1, 2]), written=bad)
 
 
 def test_a_static_cache_needs_its_write_positions_and_a_mask():
@@ -331,4 +334,6 @@ def test_a_static_cache_needs_its_write_positions_and_a_mask():
         t5_like(x, cache=StaticKVCache(1, 8), mask=mask)
     cache = StaticKVCache(1, 8)
     cache.index = torch.arange(3)
-    assert t5_like(x, cache=cache, mask=mask).last_hidden_state.shape == (1, 3, 16)  # read where they are written
+    causal = (torch.arange(8)[None, :] <= torch.arange(3)[:, None])[None, None]  # (1, 1, 3, 8): keys up to each query
+    static = t5_like(x, cache=cache, mask=causal).last_hidden_state  # the bias read where the queries are written
+    torch.testing.assert_close(static, t5_like(x, cache=KVCache(1)).last_hidden_state, atol=1e-6, rtol=0)

@@ -173,7 +173,9 @@ class StaticKVCache:
         beams): new buffers. ``written``: how many leading positions hold keys, the only ones moved
         (a decoding knows: its ``length``); None: the whole buffer. ``cross=False`` leaves the
         cross-attention entries alone, as `KVCache.reorder` does."""
-        end = self.capacity if written is None else written
+        end = self.capacity if written is None else check_int("written", written, at_least=0)
+        if end > self.capacity:  # a slice would clamp it, and "written" would say more than the buffer holds
+            raise ValueError(f"written must be within 0..{self.capacity} (the cache's capacity), got {written}")
         if cross:
             self.cross = {i: (k.index_select(0, index), v.index_select(0, index)) for i, (k, v) in self.cross.items()}
         for layer in range(self.n_layers):
