@@ -11,7 +11,8 @@
    deferred (`unitok.checks.deferred_checks`), and bad ids, labels and pixels are still named.
 6. Decoding on CUDA: greedy and beam search (GPT, left-padded batches too; T5) give the CPU's tokens; ``generate(compile=True)`` (a
    static cache, the step compiled and captured as a CUDA graph) gives eager's tokens, greedy,
-   left-padded and seeded sampling alike.
+   left-padded and seeded sampling alike; so does compiled beam search (GPT on a left-padded
+   batch, T5 with its cross-attention), whose reorders move the rows inside the graph's buffers.
 
 Run::
 
@@ -260,6 +261,22 @@ def compiled_decoding_as_eager(gpt: GPT, device: str, graph: bool, prompt: torch
     return "greedy, left-padded, batch 1 and seeded samples: same tokens"
 
 
+def compiled_search_as_eager(model: GPT | T5, device: str, graph: bool, prompt: torch.Tensor,
+                             mask: torch.Tensor) -> str:
+    """Greedy and beam search through the compiled step (a CUDA graph where ``graph``) give eager's tokens:
+    the graph reads the cache's buffers where they lie, so a beam reorder must move rows in place."""
+    model = copy.deepcopy(model).to(device)
+    prompt, mask = prompt.to(device), mask.to(device)
+    for options in (dict(max_new_tokens=40), dict(strategy="beam", num_beams=4, max_new_tokens=32)):
+        eager = model.generate(prompt, attention_mask=mask, **options)
+        compiled = model.generate(prompt, attention_mask=mask, compile=True, cuda_graph=graph, **options)
+        if not torch.equal(compiled, eager):
+            differ = (compiled != eager).nonzero()[0].tolist() if compiled.shape == eager.shape else None
+            raise AssertionError(f"{options.get('strategy', 'greedy')} tokens differ: shapes {tuple(compiled.shape)} "
+                                 f"and {tuple(eager.shape)}, first difference at (row, position) {differ}")
+    return "greedy and 4-beam search on a padded batch of 2: same tokens"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", type=device_name, default="cuda", help="cuda, or cpu for a dry run of the script")
@@ -324,6 +341,11 @@ def main(argv: list[str] | None = None) -> int:
     for graph in (True, False):
         check(f"compile=True decoding on cuda == eager (static cache, cuda_graph={graph})",
               compiled_decoding_as_eager, gpt, device, graph, prompt, padded, mask)
+    for graph in (True, False):
+        check(f"compile=True beam search on cuda == eager (GPT, cuda_graph={graph})", compiled_search_as_eager,
+              gpt, device, graph, padded, mask)
+        check(f"compile=True T5 greedy and beam search on cuda == eager (cuda_graph={graph})",
+              compiled_search_as_eager, t5, device, graph, padded.flip(1), mask.flip(1))
 
     if not RESULTS:
         raise SystemExit(f"no check's name contains any of {ONLY}")

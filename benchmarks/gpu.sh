@@ -6,7 +6,7 @@
 # ViT / DeiT / Mixer against timm at batch 8 (long repetitions) and at a GPU's batch (ViT-S width,
 # 12 blocks, batch 128, bf16), every family's table on CUDA. Each step has its own time limit, so one that
 # hangs does not take the others with it; logs go to $LOG_DIR (default runs/bench-gpu). Steps by name as arguments (default: all but autotune32):
-#   train generate checks compiled compiled32 compiled64 autotune32 syncs fit vision8 vision summary
+#   train generate t5generate checks compiled compiled32 compiled64 autotune32 syncs fit vision8 vision summary
 # (compiled64: batch 64 x 1,024, llm.c's micro-batch on an H100; autotune32: inductor's
 # max-autotune-no-cudagraphs, Triton GEMM templates timed against cuBLAS, at batch 32; both only
 # each library's labels= path; autotune32 runs only by name: its compilation outlasted 300 s on an
@@ -19,7 +19,7 @@ PY=${PYTHON:-python3}
 LOG=${LOG_DIR:-runs/bench-gpu}
 mkdir -p "$LOG"
 failed=0
-STEPS=${*:-train generate checks compiled compiled32 compiled64 syncs fit vision8 vision summary}
+STEPS=${*:-train generate t5generate checks compiled compiled32 compiled64 syncs fit vision8 vision summary}
 step() {  # step NAME SECONDS COMMAND...: run one step (if asked for), log it, count a failure
   local name=$1 limit=$2; shift 2
   [[ " $STEPS " == *" $name "* ]] || return 0
@@ -35,7 +35,9 @@ GPT124=(--device cuda --d-model 768 --n-layers 12 --n-heads 12 --vocab-size 5030
 step train 120 $PY benchmarks/gpt_vs_hf.py "${GPT124[@]}" --precision bf16 --batch-size 16 \
   --seq-len 1024 --skip-generate --fused-adamw
 step generate 150 $PY benchmarks/gpt_vs_hf.py "${GPT124[@]}" --skip-train --new-tokens 128 --compile-decode
-step checks 200 $PY benchmarks/cuda_checks.py
+# T5 (the CPU benchmark's D=256, 4 layers): greedy and beam search, eager and through the compiled step
+step t5generate 150 $PY benchmarks/t5_vs_hf.py --device cuda --compile-decode --train-steps 1 --repeats 3
+step checks 240 $PY benchmarks/cuda_checks.py
 step compiled 240 $PY benchmarks/gpt_vs_hf.py "${GPT124[@]}" --precision bf16 --batch-size 16 \
   --seq-len 1024 --skip-generate --fused-adamw --compile --profile 30
 step compiled32 150 $PY benchmarks/gpt_vs_hf.py "${GPT124[@]}" --precision bf16 --batch-size 32 \
