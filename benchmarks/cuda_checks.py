@@ -277,6 +277,25 @@ def compiled_search_as_eager(model: GPT | T5, device: str, graph: bool, prompt: 
     return "greedy and 4-beam search on a padded batch of 2: same tokens"
 
 
+def compiled_decoding_holds_nothing_after(gpt: GPT, device: str) -> str:
+    """Repeated ``generate(compile=True)`` calls hold no more device memory than the first left
+    held (the CUDA graph's side stream, and the cuBLAS workspace kept for it, are made once)."""
+    gpt = copy.deepcopy(gpt).to(device)
+    prompt = torch.randint(0, 512, (1, 12), generator=torch.Generator().manual_seed(8)).to(device)
+    gpt.generate(prompt, max_new_tokens=24, compile=True)  # compiled, its side stream made
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    peaks = []
+    for _ in range(4):
+        torch.cuda.reset_peak_memory_stats()
+        gpt.generate(prompt, max_new_tokens=24, compile=True)
+        torch.cuda.synchronize()
+        peaks.append((torch.cuda.max_memory_allocated() - before) / 2**20)
+    held = (torch.cuda.memory_allocated() - before) / 2**20
+    assert held == 0, f"{held:.1f} MiB more held after four calls (peaks {peaks} MiB)"
+    return f"nothing more held after four calls; a call's peak {max(peaks):.1f} MiB"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", type=device_name, default="cuda", help="cuda, or cpu for a dry run of the script")
@@ -346,6 +365,10 @@ def main(argv: list[str] | None = None) -> int:
               gpt, device, graph, padded, mask)
         check(f"compile=True T5 greedy and beam search on cuda == eager (cuda_graph={graph})",
               compiled_search_as_eager, t5, device, graph, padded.flip(1), mask.flip(1))
+
+    if device.startswith("cuda"):  # the allocator's counts: nothing to dry-run on the CPU
+        check("compile=True decoding on cuda holds no more memory call after call", compiled_decoding_holds_nothing_after,
+              gpt, device)
 
     if not RESULTS:
         raise SystemExit(f"no check's name contains any of {ONLY}")

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from unitok.layers import KVCache, StaticKVCache
+from unitok.layers.kv_cache import static_capacity
 
 
 def test_appends_grow_past_capacity_and_keep_everything():
@@ -81,3 +82,19 @@ def test_a_static_cache_refuses_write_positions_it_cannot_hold_where_they_are_se
         cache.index = index
     cache.index = torch.tensor([5, 0, 7])  # distinct, in any order
     assert cache.index.tolist() == [5, 0, 7]
+
+
+@pytest.mark.parametrize(("needed", "capacity"), [(1, 16), (16, 16), (17, 32), (29, 32), (80, 80), (144, 144),
+                                                  (145, 160), (257, 288), (600, 640), (1025, 1152)])
+def test_static_capacity_rounds_up_by_at_most_an_eighth_or_16(needed, capacity):
+    """Nearby lengths share a capacity (one compiled step), and the rounding costs at most 16
+    positions or an eighth of the cache."""
+    got = static_capacity(needed, limit=4096)
+    assert got == capacity
+    assert needed <= got <= max(needed + 15, needed * 9 // 8)
+
+
+def test_static_capacity_stays_within_the_limit_and_refuses_nothing_needed():
+    assert static_capacity(1000, limit=1010) == 1010
+    with pytest.raises(ValueError, match="needed"):
+        static_capacity(0, limit=64)

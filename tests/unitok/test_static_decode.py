@@ -171,11 +171,12 @@ def test_the_compiled_step_is_traced_once_for_every_new_token_and_prompt_length(
     gpt = tiny_gpt()
     ids = torch.randint(0, 64, (1, 9), generator=torch.Generator().manual_seed(5))
     gpt.generate(ids, max_new_tokens=20, compile=BACKEND)
-    # a shorter prompt and fewer new tokens fit the same cache (rounded up to 64 positions within
-    # the context of 48): nothing new to trace
+    # a shorter prompt and fewer new tokens fit the same cache (29 and 17 positions, both rounded
+    # up to 32): nothing new to trace
     gpt.generate(ids[:, :5], max_new_tokens=12, compile=BACKEND)
     assert counters["stats"]["unique_graphs"] == 1
-    assert gpt.new_static_cache(20).capacity == 48
+    assert gpt.new_static_cache(20).capacity == 32
+    assert gpt.new_static_cache(33).capacity == 48  # 48 rounded within the context length of 48
     with pytest.raises(ValueError, match="does not fit the context length 48"):
         gpt.new_static_cache(49)
 
@@ -265,7 +266,9 @@ def test_compiled_beam_search_is_traced_once_for_every_length_and_any_number_of_
     counters.clear()
     gpt = tiny_gpt(sharpen=3.0)
     ids = torch.randint(0, 64, (1, 6), generator=torch.Generator().manual_seed(10))
-    for new_tokens in range(3, 13):  # Hugging Face's search (no greedy row): its ids are views of longer sequences
+    # eight lengths, 9 to 16 positions, in one cache of 16; Hugging Face's search (no greedy row): its
+    # ids are views of longer sequences
+    for new_tokens in range(3, 11):
         gpt.generate(ids, max_new_tokens=new_tokens, strategy="beam", num_beams=3, greedy_floor=False,
                      compile=BACKEND)
     assert counters["stats"]["unique_graphs"] == 1

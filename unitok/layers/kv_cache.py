@@ -24,6 +24,18 @@ def check_continues(buffer: Tensor | None, keys: Tensor, values: Tensor) -> None
                          "continue a cache with the batch that filled it (or reorder it first)")
 
 
+def static_capacity(needed: int, limit: int) -> int:
+    """A static cache's capacity for ``needed`` positions: rounded up so that prompts of nearby
+    lengths share one compiled decode step (each capacity compiles its own), by steps of 16
+    positions below 256 and of an eighth of the power of two at or below ``needed`` above (256
+    -> 32, 1,024 -> 128): at most 16 positions or an eighth more memory than ``needed``, where
+    multiples of 64 held up to 2.2x (29 -> 64) at decoding's usual lengths. At most ``limit``
+    (the model's context)."""
+    check_int("needed", needed, at_least=1)
+    step = max(16, 1 << max(needed.bit_length() - 4, 0))  # 2 ** floor(log2(needed)) / 8, at least 16
+    return min(limit, -(-needed // step) * step)
+
+
 def select_rows(buffer: Tensor | None, index: Tensor, end: int) -> Tensor | None:
     """A (B, H, T, K) cache buffer's batch rows ``index``. The same number of rows, permuted: only
     the first ``end`` (filled) positions gathered and written back in place, the preallocated buffer

@@ -26,7 +26,7 @@ from unitok.layers.activations import Activation
 from unitok.layers.attention import Kernel
 from unitok.layers.decode_layout import head_logits
 from unitok.layers.fused_linear import linear
-from unitok.layers.kv_cache import KVCache, StaticKVCache
+from unitok.layers.kv_cache import KVCache, StaticKVCache, static_capacity
 from unitok.losses import causal_lm_loss, linear_cross_entropy
 from unitok.models.base import PretrainedModel
 from unitok.outputs import CausalLMOutput
@@ -269,12 +269,12 @@ class GPT(PretrainedModel):
 
     def new_static_cache(self, capacity: int) -> StaticKVCache:
         """A fixed-capacity cache for `decode_step` holding at least ``capacity`` positions (prompt +
-        every new token), rounded up to a multiple of 64 within the context length: prompts of
-        other lengths then reuse one compiled step instead of compiling their own."""
+        every new token), rounded up within the context length (`static_capacity`): prompts of
+        nearby lengths then reuse one compiled step instead of compiling their own."""
         if not 1 <= capacity <= self.config.context_length:
             raise ValueError(f"a static cache of {capacity} positions does not fit the context length "
                              f"{self.config.context_length}")
-        return StaticKVCache(self.config.n_layers, min(self.config.context_length, -(-capacity // 64) * 64))
+        return StaticKVCache(self.config.n_layers, static_capacity(capacity, self.config.context_length))
 
     def decode_step(self, new_ids: Tensor, positions: Tensor, mask: Tensor, cache: StaticKVCache,
                     check: bool = False) -> Tensor:

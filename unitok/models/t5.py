@@ -29,7 +29,7 @@ from unitok.layers.activations import Activation
 from unitok.layers.attention import CrossAttention, Kernel, SelfAttention, check_padding_mask
 from unitok.layers.decode_layout import head_logits
 from unitok.layers.fused_linear import linear
-from unitok.layers.kv_cache import KVCache, StaticKVCache
+from unitok.layers.kv_cache import KVCache, StaticKVCache, static_capacity
 from unitok.losses import cross_entropy, linear_cross_entropy
 from unitok.models.base import PretrainedModel
 from unitok.outputs import BackboneOutput, Seq2SeqLMOutput
@@ -368,12 +368,12 @@ class _DecodingSession:
 
     def new_static_cache(self, capacity: int) -> StaticKVCache:
         """A fixed-capacity cache of the decoder's self-attention for `decode_step` (the start token and
-        every new one), rounded up to a multiple of 64 within ``max_decoder_length``, as GPT's is:
-        other lengths then reuse one compiled step. Cross-attention's keys and values join it at the first step."""
+        every new one), rounded up within ``max_decoder_length`` as GPT's is (`static_capacity`):
+        nearby lengths then reuse one compiled step. Cross-attention's keys and values join it at the first step."""
         limit = self.model.config.max_decoder_length
         if not 1 <= capacity <= limit:
             raise ValueError(f"a static cache of {capacity} positions does not fit max_decoder_length={limit}")
-        return StaticKVCache(self.model.config.decoder_layers, min(limit, -(-capacity // 64) * 64))
+        return StaticKVCache(self.model.config.decoder_layers, static_capacity(capacity, limit))
 
     def decode_step(self, new_ids: Tensor, positions: Tensor, mask: Tensor, cache: StaticKVCache,
                     check: bool = False) -> Tensor:
