@@ -14,6 +14,7 @@ that trains with it reads from `loss_backend`.
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -36,6 +37,10 @@ class _OwnMark:
         return type(None), ()
 
 
+# Backends Dynamo registers whatever is installed, whose package it imports only when it first compiles.
+BACKEND_PACKAGES = {"tvm": "tvm", "openxla": "torch_xla", "openxla_eval": "torch_xla"}
+
+
 def check_backend(name: str, backend: Any, callables: bool = True, also: str | None = None) -> None:
     """Refuse a ``backend`` that `torch.compile` would refuse only at compile time: not a
     registered name (`torch._dynamo.list_backends`, the debugging ones such as ``eager`` and
@@ -49,6 +54,9 @@ def check_backend(name: str, backend: Any, callables: bool = True, also: str | N
     if not isinstance(backend, str) or backend not in names:
         takes = [*([also] if also else []), *(["a callable"] if callables else []), "the name of a torch.compile backend"]
         raise ValueError(f"{name} must be {' or '.join(takes)} ({', '.join(names)}), got {backend!r}")
+    package = BACKEND_PACKAGES.get(backend)
+    if package is not None and importlib.util.find_spec(package) is None:
+        raise ValueError(f"{name}={backend!r} needs the {package!r} package, which is not installed")
 
 
 _FORWARD = inspect.signature(Backbone.forward)

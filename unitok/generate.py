@@ -439,8 +439,10 @@ class _StaticSteps(_Steps):
         device = self.device
         self.backend = "inductor" if cfg.compile is True else str(cfg.compile)
         self.step_fn: Callable[..., Tensor] | None = None  # compiled for the steps' rows, at the first
-        self.cache: StaticKVCache = model.new_static_cache(S + cfg.max_new_tokens)  # type: ignore[attr-defined]
-        T = self.cache.capacity  # ≥ S + max_new_tokens (a model may round it up, to share one compiled step)
+        # The last new token comes from the last step's logits and is never written: S + max_new_tokens - 1
+        # positions (eager decoding fits the context the same way)
+        self.cache: StaticKVCache = model.new_static_cache(S + cfg.max_new_tokens - 1)  # type: ignore[attr-defined]
+        T = self.cache.capacity  # ≥ that (a model may round it up, to share one compiled step)
         self.keys = torch.ones(B, T, dtype=torch.bool, device=device)  # which positions hold real tokens
         self.keys[:, :S] = mask.bool()
         self.positions = positions_from_mask(mask)  # (B, S), as the growing-cache path counts them
@@ -479,9 +481,11 @@ class _StaticSteps(_Steps):
             if self.device.type == "cuda" and self.cfg.cuda_graph and self.cfg.max_new_tokens > 1:
                 self.step_fn = _cuda_graph_step(self.step_fn, self.model, self.position, self.keys, self.index,
                                                 self.cache)
-        # contiguous: a view into the search's sequences has their length as its stride, which the
-        # graph would be specialised for (one graph per length, then the recompile limit)
-        new_ids = new_ids.contiguous()
+        # copied where strided: a view into the search's sequences has their length as its stride,
+        # which the graph would be specialised for (one graph per length, then the recompile limit);
+        # a (1, 1) view counts as contiguous whatever its strides, so `contiguous` would keep it
+        if new_ids.stride() != (1, 1):
+            new_ids = new_ids.clone(memory_format=torch.contiguous_format)
         logits = self.step_fn(self.model, new_ids, self.position, self.keys, self.index, self.cache)
         if self.steps == 0:
             self._stack.enter_context(_steady_guards())

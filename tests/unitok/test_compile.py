@@ -8,6 +8,7 @@ through inductor."""
 from __future__ import annotations
 
 import copy
+import importlib.util
 import os
 import pickle
 
@@ -237,6 +238,20 @@ def test_a_backend_torch_compile_does_not_know_is_refused_before_compiling():
                                          r"\(.*aot_eager.*\), got 'bogus'"):
         compile_backbones(gpt, backend="bogus")
     assert not getattr(gpt.backbone, "_unitok_compiled", False) and loss_backend(gpt) is False
+
+
+def test_a_registered_backend_whose_package_is_missing_is_refused_before_compiling():
+    # Dynamo registers tvm and openxla whether or not their packages are installed (here they are not)
+    from unitok.generate import GenerationConfig
+
+    for backend, package in (("tvm", "tvm"), ("openxla", "torch_xla")):
+        assert importlib.util.find_spec(package) is None
+        gpt = GPT(GPTConfig.from_name("gpt-nano", vocab_size=64))
+        with pytest.raises(ValueError, match=f"backend='{backend}' needs the '{package}' package, which is not installed"):
+            compile_backbones(gpt, backend=backend)
+        assert not getattr(gpt.backbone, "_unitok_compiled", False)
+        with pytest.raises(ValueError, match=f"compile='{backend}' needs the '{package}' package"):
+            GenerationConfig(compile=backend)
 
 
 def test_the_compile_callback_trains_a_task_to_the_eager_losses(tmp_path):

@@ -94,7 +94,12 @@ def test_static_capacity_rounds_up_by_at_most_an_eighth_or_16(needed, capacity):
     assert needed <= got <= max(needed + 15, needed * 9 // 8)
 
 
-def test_static_capacity_stays_within_the_limit_and_refuses_nothing_needed():
+def test_static_capacity_stays_within_the_limit_and_refuses_what_does_not_fit():
     assert static_capacity(1000, limit=1010) == 1010
     with pytest.raises(ValueError, match="needed"):
         static_capacity(0, limit=64)
+    with pytest.raises(ValueError, match="a static cache of 100 positions does not fit the limit of 64"):
+        static_capacity(100, limit=64)
+    for limit in (0, -3, 16.5):
+        with pytest.raises((TypeError, ValueError), match="limit"):
+            static_capacity(5, limit=limit)

@@ -171,14 +171,29 @@ def test_the_compiled_step_is_traced_once_for_every_new_token_and_prompt_length(
     gpt = tiny_gpt()
     ids = torch.randint(0, 64, (1, 9), generator=torch.Generator().manual_seed(5))
     gpt.generate(ids, max_new_tokens=20, compile=BACKEND)
-    # a shorter prompt and fewer new tokens fit the same cache (29 and 17 positions, both rounded
-    # up to 32): nothing new to trace
-    gpt.generate(ids[:, :5], max_new_tokens=12, compile=BACKEND)
+    # a shorter prompt and fewer new tokens fit the same cache (28 and 18 positions written, both
+    # rounded up to 32): nothing new to trace
+    gpt.generate(ids[:, :5], max_new_tokens=14, compile=BACKEND)
     assert counters["stats"]["unique_graphs"] == 1
     assert gpt.new_static_cache(20).capacity == 32
-    assert gpt.new_static_cache(33).capacity == 48  # 48 rounded within the context length of 48
+    shorter = GPT(GPTConfig.from_name("gpt-nano", vocab_size=64, context_length=40))
+    assert shorter.new_static_cache(35).capacity == 40  # 48, rounded, cut to the context length of 40
     with pytest.raises(ValueError, match="does not fit the context length 48"):
         gpt.new_static_cache(49)
+
+
+def test_the_static_cache_holds_the_positions_written_up_to_the_context_edge(monkeypatch):
+    gpt = tiny_gpt(sharpen=3.0)
+    ids = torch.randint(0, 64, (1, 9), generator=torch.Generator().manual_seed(4))
+    asked: list[int] = []
+    make = gpt.new_static_cache
+    monkeypatch.setattr(gpt, "new_static_cache", lambda n: asked.append(n) or make(n))
+    gpt.generate(ids, max_new_tokens=8, compile=BACKEND)
+    assert asked == [16]  # 9 + 8 - 1: the last new token is never fed back; one cache of 16, not 32
+    for options in (dict(), dict(strategy="beam", num_beams=2)):  # 9 + 39: the whole context of 48
+        eager = gpt.generate(ids, max_new_tokens=39, **options)
+        assert eager.shape == (1, 48)
+        assert torch.equal(gpt.generate(ids, max_new_tokens=39, compile=BACKEND, **options), eager), options
 
 
 @pytest.mark.parametrize("padded", [False, True])
@@ -272,6 +287,10 @@ def test_compiled_beam_search_is_traced_once_for_every_length_and_any_number_of_
         gpt.generate(ids, max_new_tokens=new_tokens, strategy="beam", num_beams=3, greedy_floor=False,
                      compile=BACKEND)
     assert counters["stats"]["unique_graphs"] == 1
+    # one beam on one row: its (1, 1) ids are a view whose strides say the sequences' length
+    for new_tokens in range(3, 11):
+        gpt.generate(ids, max_new_tokens=new_tokens, strategy="beam", num_beams=1, compile=BACKEND)
+    assert counters["stats"]["unique_graphs"] == 2
     for width in range(1, 11):  # ten row counts, each its own compiled step: no recompile limit reached
         compiled = gpt.generate(ids, max_new_tokens=4, strategy="beam", num_beams=width, compile=BACKEND)
         assert torch.equal(compiled, gpt.generate(ids, max_new_tokens=4, strategy="beam", num_beams=width))

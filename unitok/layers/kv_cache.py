@@ -30,8 +30,11 @@ def static_capacity(needed: int, limit: int) -> int:
     positions below 256 and of an eighth of the power of two at or below ``needed`` above (256
     -> 32, 1,024 -> 128): at most 16 positions or an eighth more memory than ``needed``, where
     multiples of 64 held up to 2.2x (29 -> 64) at decoding's usual lengths. At most ``limit``
-    (the model's context)."""
+    (the model's context), which must hold ``needed``."""
     check_int("needed", needed, at_least=1)
+    check_int("limit", limit, at_least=1)
+    if needed > limit:
+        raise ValueError(f"a static cache of {needed} positions does not fit the limit of {limit}")
     step = max(16, 1 << max(needed.bit_length() - 4, 0))  # 2 ** floor(log2(needed)) / 8, at least 16
     return min(limit, -(-needed // step) * step)
 
