@@ -68,7 +68,9 @@ def test_the_cheapest_for_the_tokens_asked_for_wins_from_one_measurement():
     assert fastest_layouts(model, 1, None, PLAIN, [COPY], input_major_rows=1, timer=timer) == COPY
     assert timer.calls == [("plain", 1), ("input_major", 1)] and timer.warm_ups == 1  # measured once, then kept
     costs = layout_costs(model, 1, (PLAIN, COPY), 1, timer)
-    assert costs[PLAIN][0] < 0.1e-3 and costs[PLAIN][1] == 1e-3 and costs[COPY][1] == 0.8e-3  # nothing to lend
+    # nothing to lend: no first-pass excess, only entering the block, read on the wall clock (tens of
+    # microseconds; bounded loosely, as a loaded CI machine once took 0.11 ms)
+    assert costs[PLAIN][0] < 1e-3 and costs[PLAIN][1] == 1e-3 and costs[COPY][1] == 0.8e-3
     # setup: the first pass's excess, 2 ms, and the copy's own time (a tiny model's: microseconds)
     assert 2e-3 < costs[COPY][0] < 10e-3
 
