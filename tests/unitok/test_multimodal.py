@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tokenizers_mm import SpectrogramConfig, Tokens, TrajectoryWindows
+from tokenizers_mm import PatchTokenizer, SpectrogramConfig, Tokens, TrajectoryWindows
 from unitok.backbone import Backbone, BackboneConfig
 from unitok.models import (
     GPT,
@@ -496,3 +496,84 @@ def test_an_audio_segment_mask_of_other_values_than_1_and_0_is_refused():
     bad = Tokens(features=bad.features, attention_mask=bad.attention_mask * 2, modality="audio")
     with pytest.raises(ValueError, match=r"segment 'audio' attention_mask holds \[2\]: expected 1 for a real token"):
         model({"audio": bad})
+
+
+def test_text_patch_and_trajectory_masks_of_other_values_than_1_and_0_are_refused():
+    # a 0/2 or an additive (0 / -1e9) mask would be read as something else: positions counted by the
+    # mask, the padding taken for the only real tokens
+    model = four_modalities()
+    ids = text().ids
+    for bad in (torch.full_like(ids, 2), torch.where(torch.rand(ids.shape) < 0.5, 0.0, -1e9)):
+        with pytest.raises(ValueError, match=r"segment 'text' attention_mask holds .*expected 1 for a real token"):
+            model({"text": Tokens(ids=ids, attention_mask=bad)})
+    patches = PatchTokenizer(model.default_processor().image).encode(torch.rand(2, 1, 32, 32))
+    with pytest.raises(ValueError, match=r"segment 'image' attention_mask holds \[-1000000000.0\]"):
+        model({"image": Tokens(features=patches.features, grid=patches.grid,
+                               attention_mask=torch.full(patches.features.shape[:2], -1e9))})
+    windows = trajectory()
+    with pytest.raises(ValueError, match=r"segment 'trajectory' attention_mask holds \[2\]"):
+        model({"trajectory": TrajectoryWindows(**{**windows.as_dict(), "attention_mask": windows.attention_mask * 2})})
+
+
+def test_padded_patches_of_an_image_segment_are_not_read():
+    # patch padding (a batch of images with fewer patches in one row): the padded patches change nothing
+    model = four_modalities()
+    patches = PatchTokenizer(model.default_processor().image).encode(torch.rand(2, 1, 32, 32))
+    mask = torch.ones(patches.features.shape[:2], dtype=torch.long)
+    mask[1, -4:] = 0
+    noisy = patches.features.clone()
+    noisy[1, -4:] = 100.0  # what the padding holds must not matter
+    with torch.no_grad():
+        a = model({"image": Tokens(features=patches.features, grid=patches.grid, attention_mask=mask)}).heads["digit"]
+        b = model({"image": Tokens(features=noisy, grid=patches.grid, attention_mask=mask)}).heads["digit"]
+        unmasked = model({"image": Tokens(features=noisy, grid=patches.grid)}).heads["digit"]
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+    assert not torch.allclose(unmasked[1], b[1], atol=1e-3)  # unmasked, the same patches do change it
+
+
+def test_returns_to_go_of_another_shape_are_refused_by_segment():
+    model = four_modalities()
+    windows = trajectory()
+    with pytest.raises(ValueError, match=r"segment 'trajectory' returns_to_go must be \(batch, steps\) or "
+                                         r"\(batch, steps, 1\) = \(2, 6\) or \(2, 6, 1\), got \(2, 6, 2\)"):
+        model({"trajectory": TrajectoryWindows(**{**windows.as_dict(), "returns_to_go": torch.randn(2, K, 2)})})
+    flat = TrajectoryWindows(**{**windows.as_dict(), "returns_to_go": windows.returns_to_go[..., 0]})
+    torch.testing.assert_close(model({"trajectory": flat}).heads["act"], model({"trajectory": windows}).heads["act"])
+
+
+def test_an_utterance_fits_by_its_real_frames_whatever_its_batch_pads_to():
+    # 100 real frames give 24 positions (max_frames 32); padded to 200 frames beside a row of the
+    # same length, it is read as when alone
+    model = four_modalities()
+    alone = audio(lengths=(100,))
+    padded = Tokens(features=torch.cat([alone.features, torch.zeros(1, 100, 16)], 1),
+                    attention_mask=torch.cat([alone.attention_mask, torch.zeros(1, 100, dtype=torch.long)], 1),
+                    modality="audio")
+    with torch.no_grad():
+        torch.testing.assert_close(model({"audio": padded}).heads["embed"], model({"audio": alone}).heads["embed"],
+                                   atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="segment 'audio': an utterance gives 49 subsampled positions, more than the 32"):
+        model({"audio": audio(lengths=(200, 100))})
+
+
+def test_segment_and_head_names_are_module_names():
+    for modalities, heads in (({"my.text": TextModality(vocab_size=V)}, {}),
+                              ({"": TextModality(vocab_size=V)}, {}),
+                              ({"text": TextModality(vocab_size=V)}, {"a.b": LMHeadConfig(segment="text")})):
+        with pytest.raises(ValueError, match="names must be non-empty strings without a '.'"):
+            MultimodalConfig(modalities=modalities, heads=heads, d_model=32, n_layers=1, n_heads=4)
+
+
+def test_two_image_segments_of_different_settings_save_a_folder_that_loads(tmp_path):
+    # the processor is the first image segment's by name: the order a saved config.json lists them in
+    torch.manual_seed(0)
+    model = MultimodalTransformer(MultimodalConfig(
+        modalities={"zscan": ImageModality(image_size=32, patch_size=8, channels=1),
+                    "aphoto": ImageModality(image_size=16, patch_size=8, channels=3, mean=(0.5,) * 3, std=(0.5,) * 3)},
+        heads={"digit": ClassifierHeadConfig(segment="zscan", num_classes=10)},
+        d_model=32, n_layers=1, n_heads=4)).eval()
+    model.save_pretrained(tmp_path)
+    loaded = MultimodalTransformer.from_pretrained(tmp_path)
+    assert loaded.processor.image.channels == 3 and tuple(loaded.processor.image.image_size) == (16, 16)
+    pixels = {"zscan": torch.randn(2, 1, 32, 32), "aphoto": torch.randn(2, 3, 16, 16)}
+    torch.testing.assert_close(loaded(pixels).heads["digit"], model(pixels).heads["digit"])

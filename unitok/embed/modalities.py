@@ -105,9 +105,11 @@ class AudioEmbedder(nn.Module):
         x, lengths = self.frontend(frames, lengths)
         if bool((lengths < 1).any()):
             raise ValueError("an utterance is too short for ×4 subsampling (needs ≥ 7 frames, 70 ms)")
-        if x.shape[1] > self.max_frames:
-            raise ValueError(f"{frames.shape[1]} frames give {x.shape[1]} subsampled positions, more than the "
+        longest = int(lengths.max()) if lengths.numel() else 0
+        if longest > self.max_frames:  # the real frames count, not a batch's padding
+            raise ValueError(f"an utterance gives {longest} subsampled positions, more than the "
                              f"{self.max_frames} configured (max_frames; {self.max_frames * 4} input frames)")
+        x = x[:, : min(x.shape[1], self.max_frames)]  # past every row's real positions: padding only
         if self.pos_embed is not None:
             x = x + self.pos_embed.span(0, x.shape[1])
         return x, lengths

@@ -328,6 +328,10 @@ class MultimodalConfig(Config):
         object.__setattr__(self, "heads", heads)
         if not modalities:
             raise ValueError("a MultimodalConfig needs at least one modality")
+        for what, names in (("modality", modalities), ("head", heads)):
+            for name in names:  # each is a submodule's name: PyTorch refuses "" and dots only when building
+                if not isinstance(name, str) or not name or "." in name:
+                    raise ValueError(f"{what} names must be non-empty strings without a '.', got {name!r}")
         for name, head in heads.items():
             if head.segment is not None and head.segment not in modalities:
                 raise ValueError(f"head {name!r} reads segment {head.segment!r}, which is not a modality "
@@ -513,10 +517,12 @@ class MultimodalTransformer(PretrainedModel):
         return ProjectionHead(D, head.embed_dim)
 
     def default_processor(self) -> Processor | None:
-        """Images, audio and episodes as the first segment of each kind stores them (a text
-        segment's tokenizer comes from its data and is saved with the model)."""
+        """Images, audio and episodes as the first segment of each kind by name stores them (a text
+        segment's tokenizer comes from its data and is saved with the model). By name, not by the
+        config's order: a saved config.json lists the segments sorted, and the processor saved beside
+        it must be the one its loader builds."""
         parts: dict[str, Any] = {}
-        for m in self.config.modalities.values():
+        for _, m in sorted(self.config.modalities.items()):
             if m.kind == "image" and "image" not in parts:
                 parts["image"] = ImagePreprocessConfig(patch_size=m.patch_size, channels=m.channels, mean=m.mean,
                                                        std=m.std, image_size=m.image_size)
@@ -657,7 +663,11 @@ class MultimodalTransformer(PretrainedModel):
             raise ValueError(f"segment {name!r} is text: it reads Tokens with ids, got {_describe(value)}")
         if value.seq_len == 0:
             raise ValueError(f"segment {name!r} is empty")
-        mask = value.attention_mask.bool() if value.attention_mask is not None else _ones(value.ids)
+        if value.attention_mask is None:
+            mask = _ones(value.ids)
+        else:  # a 0/2 or an additive mask would be read as something else (positions count the mask)
+            check_padding_mask(value.attention_mask, tuple(value.ids.shape), f"segment {name!r} attention_mask")
+            mask = value.attention_mask.bool()
         return embedder(value.ids, value.attention_mask, value.positions), mask
 
     @staticmethod
@@ -679,6 +689,8 @@ class MultimodalTransformer(PretrainedModel):
             check_dtype(value.features, next(embedder.parameters()), f"segment {name!r} patch features")
             check_finite(value.features, f"segment {name!r} patch features")
             patches, grid, given = value.features, value.grid, value.attention_mask
+            if given is not None:
+                check_padding_mask(given, tuple(patches.shape[:2]), f"segment {name!r} attention_mask")
         else:
             raise ValueError(f"segment {name!r} is image: it reads patch Tokens (features with a grid, from "
                              f"PatchTokenizer) or pixel tensors, got {_describe(value)}")
@@ -741,7 +753,11 @@ class MultimodalTransformer(PretrainedModel):
         elif tuple(actions.shape) != (B, K):
             raise ValueError(f"segment {name!r} reads discrete action ids of shape (B, K) = {(B, K)}, got "
                              f"{tuple(actions.shape)}")
+        check_padding_mask(value.attention_mask, (B, K), f"segment {name!r} attention_mask")
         if value.returns_to_go is not None:
+            if tuple(value.returns_to_go.shape) not in ((B, K), (B, K, 1)):
+                raise ValueError(f"segment {name!r} returns_to_go must be (batch, steps) or (batch, steps, 1) = "
+                                 f"{(B, K)} or {(B, K, 1)}, got {tuple(value.returns_to_go.shape)}")
             check_finite(value.returns_to_go, f"segment {name!r} returns_to_go")
         try:
             x = embedder(value.states, actions, value.returns_to_go, value.timesteps)
