@@ -253,7 +253,8 @@ def test_save_and_load_round_trip_with_tied_lm_head(tmp_path):
     model.save_pretrained(tmp_path)
     saved = json.loads((tmp_path / "config.json").read_text())
     assert saved["family"] == "MultimodalTransformer" and saved["modalities"]["audio"]["kind"] == "audio"
-    loaded = MultimodalTransformer.from_pretrained(tmp_path).eval()
+    loaded = MultimodalTransformer.from_pretrained(tmp_path)
+    assert not loaded.training  # ready to use: in eval mode as loaded
     assert loaded.config == model.config
     assert loaded.heads["lm"].weight is loaded.embedders["text"].tok_embed.weight
     inputs = {"image": image(), "audio": audio(), "text": text(), "trajectory": trajectory()}
