@@ -281,7 +281,7 @@ def test_compiled_beam_search_is_traced_once_for_every_length_and_any_number_of_
     counters.clear()
     gpt = tiny_gpt(sharpen=3.0)
     ids = torch.randint(0, 64, (1, 6), generator=torch.Generator().manual_seed(10))
-    # eight lengths, 9 to 16 positions, in one cache of 16; Hugging Face's search (no greedy row): its
+    # eight lengths, 8 to 15 positions written (the last new token never is), in one cache of 16; Hugging Face's search (no greedy row): its
     # ids are views of longer sequences
     for new_tokens in range(3, 11):
         gpt.generate(ids, max_new_tokens=new_tokens, strategy="beam", num_beams=3, greedy_floor=False,
